@@ -1,0 +1,4 @@
+//! specgate: an OpenAI-compatible LLM serving gateway built around speculative decoding.
+
+pub mod generate;
+pub mod tokenizer;

@@ -1,0 +1,385 @@
+//! Chat-template rendering with minijinja, made to behave like Hugging Face
+//! `transformers.apply_chat_template`: `trim_blocks` and `lstrip_blocks` on, lenient
+//! undefined values, `raise_exception(msg)`, `strftime_now(fmt)` (UTC), a `tojson` filter
+//! with Python `json.dumps` formatting (`", "`/`": "` separators, `indent`, `sort_keys`,
+//! `ensure_ascii`, `separators`), and Python string/dict methods (`.strip()`,
+//! `.startswith()`, `.items()`, ...) from `minijinja-contrib`'s pycompat layer.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use minijinja::value::Kwargs;
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+use super::TokenizerError;
+
+/// One chat turn as the template sees it (`message.role`, `message.content`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool` (templates decide what they accept).
+    pub role: String,
+    /// The turn's text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with the given role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// A compiled chat template with the HF-compatible environment around it.
+pub(crate) struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. Errors: [`TokenizerError::ChatTemplate`] on a syntax error.
+    pub(crate) fn compile(source: String) -> Result<Self, TokenizerError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source)
+            .map_err(|e| TokenizerError::ChatTemplate(e.to_string()))?;
+        Ok(Self { env })
+    }
+
+    /// Renders over `messages`; `bos_token`/`eos_token` are defined only when known.
+    pub(crate) fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<String, TokenizerError> {
+        let mut ctx = vec![
+            ("messages", Value::from_serialize(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+        ];
+        ctx.extend(bos_token.map(|t| ("bos_token", Value::from(t))));
+        ctx.extend(eos_token.map(|t| ("eos_token", Value::from(t))));
+        let ctx: Value = ctx.into_iter().collect();
+        let err = |e: Error| TokenizerError::ChatTemplate(e.to_string());
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .map_err(err)?
+            .render(ctx)
+            .map_err(err)
+    }
+}
+
+/// `raise_exception(msg)`: templates call it to reject a conversation.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(fmt)`: the current UTC time formatted like Python's `strftime`.
+fn strftime_now(format: String) -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));
+    format_utc(secs, &format)
+}
+
+/// Formats a Unix timestamp (UTC) with the common `strftime` directives:
+/// `%Y %y %m %d %e %j %H %I %M %S %p %a %A %b %B %h %%`, and the `-` flag for no padding
+/// (`%-d`). Unknown directives are kept verbatim.
+pub(crate) fn format_utc(secs: i64, format: &str) -> String {
+    const DAYS: [&str; 7] = [
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+    ];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let yday = days - days_from_civil(year, 1, 1) + 1;
+    let weekday = (days.rem_euclid(7) + 4) % 7; // 1970-01-01 was a Thursday
+    let (hour, minute, second) = (sod / 3600, sod / 60 % 60, sod % 60);
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+    let month_name = MONTHS[(month - 1) as usize];
+    let day_name = DAYS[weekday as usize];
+
+    let mut out = String::with_capacity(format.len() + 16);
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let no_pad = chars.peek() == Some(&'-');
+        if no_pad {
+            chars.next();
+        }
+        let num = |v: i64, width: usize| {
+            if no_pad {
+                v.to_string()
+            } else {
+                format!("{v:0width$}")
+            }
+        };
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&num(year.rem_euclid(100), 2)),
+            Some('m') => out.push_str(&num(month, 2)),
+            Some('d') => out.push_str(&num(day, 2)),
+            Some('e') => out.push_str(&format!("{day:>2}")),
+            Some('j') => out.push_str(&num(yday, 3)),
+            Some('H') => out.push_str(&num(hour, 2)),
+            Some('I') => out.push_str(&num(hour12, 2)),
+            Some('M') => out.push_str(&num(minute, 2)),
+            Some('S') => out.push_str(&num(second, 2)),
+            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            Some('a') => out.push_str(&day_name[..3]),
+            Some('A') => out.push_str(day_name),
+            Some('b') | Some('h') => out.push_str(&month_name[..3]),
+            Some('B') => out.push_str(month_name),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                if no_pad {
+                    out.push('-');
+                }
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Days since 1970-01-01 -> (year, month 1..=12, day 1..=31), proleptic Gregorian.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// (year, month, day) -> days since 1970-01-01; inverse of [`civil_from_days`].
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// `tojson` with Python `json.dumps(ensure_ascii=False)` output, as transformers renders it.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => match (v.as_i64(), v.as_str()) {
+            (Some(n), _) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
+            (None, Some(s)) => Some(s.to_owned()),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an int or a string",
+                ))
+            }
+        },
+    };
+    let (item_sep, key_sep) = match separators.as_deref() {
+        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        None => (", ".to_owned(), ": ".to_owned()),
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ))
+        }
+    };
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let style = PyJson {
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
+    let mut out = String::new();
+    style.write(&mut out, &json, 0);
+    Ok(Value::from_safe_string(out))
+}
+
+/// Python `json.dumps` formatting options.
+struct PyJson {
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+impl PyJson {
+    fn write(&self, out: &mut String, v: &serde_json::Value, depth: usize) {
+        use serde_json::Value as J;
+        match v {
+            J::Null => out.push_str("null"),
+            J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            J::Number(n) => out.push_str(&n.to_string()),
+            J::String(s) => self.write_str(out, s),
+            J::Array(items) if items.is_empty() => out.push_str("[]"),
+            J::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item_sep);
+                    }
+                    self.newline(out, depth + 1);
+                    self.write(out, item, depth + 1);
+                }
+                self.newline(out, depth);
+                out.push(']');
+            }
+            J::Object(map) if map.is_empty() => out.push_str("{}"),
+            J::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                out.push('{');
+                for (i, (k, item)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item_sep);
+                    }
+                    self.newline(out, depth + 1);
+                    self.write_str(out, k);
+                    out.push_str(&self.key_sep);
+                    self.write(out, item, depth + 1);
+                }
+                self.newline(out, depth);
+                out.push('}');
+            }
+        }
+    }
+
+    fn newline(&self, out: &mut String, depth: usize) {
+        if let Some(indent) = &self.indent {
+            out.push('\n');
+            for _ in 0..depth {
+                out.push_str(indent);
+            }
+        }
+    }
+
+    fn write_str(&self, out: &mut String, s: &str) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{08}' => out.push_str("\\b"),
+                '\u{0c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !(' '..='~').contains(&c)) => {
+                    let mut buf = [0u16; 2];
+                    for unit in c.encode_utf16(&mut buf) {
+                        out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(src: &str, messages: &[ChatMessage]) -> Result<String, TokenizerError> {
+        ChatTemplate::compile(src.to_owned())?.render(messages, true, Some("<s>".into()), None)
+    }
+
+    #[test]
+    fn hf_environment_semantics() {
+        let msgs = [ChatMessage::new("user", "  Hi  ")];
+        // trim_blocks + lstrip_blocks, bos defined, eos undefined renders empty.
+        let src = "  {% for m in messages %}\n{{ bos_token }}[{{ m.role }}]{{ m.content.strip() }}{{ eos_token }}\n  {% endfor %}\n";
+        assert_eq!(render(src, &msgs).unwrap(), "<s>[user]Hi\n");
+        let src =
+            "{% if messages[0].role == 'user' %}{{ raise_exception('no users here') }}{% endif %}";
+        let err = render(src, &msgs).unwrap_err().to_string();
+        assert!(err.contains("no users here"), "{err}");
+        assert!(matches!(
+            ChatTemplate::compile("{% for %}".into()),
+            Err(TokenizerError::ChatTemplate(_))
+        ));
+        let year = render("{{ strftime_now('%Y') }}", &msgs).unwrap();
+        assert!(year.len() == 4 && year.as_str() >= "2024", "{year}");
+    }
+
+    #[test]
+    fn tojson_matches_python() {
+        let src = r#"{{ {"a": [1, "x\"y", none, true], "b": {}, "c": "é\n"} | tojson }}|{{ [1, {"k": "v"}] | tojson(indent=2) }}|{{ "é" | tojson(ensure_ascii=true) }}|{{ [1,2] | tojson(separators=[",", ":"]) }}"#;
+        let out = render(src, &[]).unwrap();
+        let expected = "{\"a\": [1, \"x\\\"y\", null, true], \"b\": {}, \"c\": \"é\\n\"}|[\n  1,\n  {\n    \"k\": \"v\"\n  }\n]|\"\\u00e9\"|[1,2]";
+        assert_eq!(out, expected);
+        assert!(render("{{ 1 | tojson(bogus=1) }}", &[]).is_err());
+    }
+
+    #[test]
+    fn utc_formatting() {
+        // 2024-02-29T13:05:09Z, a Thursday (leap day).
+        let t = 1_709_211_909;
+        assert_eq!(format_utc(t, "%d %b %Y"), "29 Feb 2024");
+        assert_eq!(
+            format_utc(t, "%A %B %-d, %y %H:%M:%S %I%p %j %%"),
+            "Thursday February 29, 24 13:05:09 01PM 060 %"
+        );
+        assert_eq!(format_utc(0, "%Y-%m-%d %a %q"), "1970-01-01 Thu %q");
+        assert_eq!(format_utc(-1, "%Y-%m-%d %H:%M:%S"), "1969-12-31 23:59:59");
+        for days in [-1000, 0, 59, 10_956, 19_782, 100_000] {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Streaming detokenization: turns generated ids, one at a time, into text deltas
+//! (the prefix-offset / read-offset scheme of text-generation-inference).
+//!
+//! Each push decodes a short window twice — `ids[prefix..read]` (text already emitted)
+//! and `ids[prefix..]` — and emits the difference, unless the window's text ends in
+//! U+FFFD, i.e. a multi-byte character cut between byte-level tokens; then it holds the
+//! text back until a later token completes the character (or [`IncrementalDecoder::finish`]
+//! flushes it). Decoding a window rather than single tokens keeps decoders that depend on
+//! neighbours (e.g. SentencePiece leading spaces) correct.
+
+use super::{TextTokenizer, TokenizerError};
+
+/// Incremental detokenizer for one sequence.
+///
+/// Invariant (byte-level tokenizers): the concatenation of every [`push`](Self::push)
+/// output followed by [`finish`](Self::finish) equals `tok.decode(all pushed ids,
+/// skip_special)`, and no output ends in a character cut in half.
+#[derive(Debug, Clone, Default)]
+pub struct IncrementalDecoder {
+    ids: Vec<u32>,
+    /// Start of the decode window (context for the text before `read_offset`).
+    prefix_offset: usize,
+    /// End of the text already emitted.
+    read_offset: usize,
+    skip_special: bool,
+    /// Text decoded past `read_offset` but held back.
+    pending: String,
+}
+
+impl IncrementalDecoder {
+    /// A decoder for a fresh sequence; with `skip_special`, control tokens emit nothing.
+    pub fn new(skip_special: bool) -> Self {
+        Self {
+            skip_special,
+            ..Self::default()
+        }
+    }
+
+    /// A decoder whose first window starts with `context` (e.g. the last few prompt ids),
+    /// which is never emitted. Only decoders that strip or merge across token boundaries
+    /// (SentencePiece-style leading spaces) need it; byte-level BPE does not.
+    pub fn with_context(skip_special: bool, context: &[u32]) -> Self {
+        Self {
+            ids: context.to_vec(),
+            prefix_offset: 0,
+            read_offset: context.len(),
+            skip_special,
+            pending: String::new(),
+        }
+    }
+
+    /// Adds one generated id and returns the newly completed text (often empty while a
+    /// multi-byte character is incomplete).
+    ///
+    /// Errors: [`TokenizerError::TokenIdOutOfRange`] (the id is not added) or a decode
+    /// failure from the tokenizer.
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<String, TokenizerError> {
+        tok.check_id(id)?;
+        self.ids.push(id);
+        let decoded = tok
+            .decode(
+                &self.ids[self.prefix_offset..self.read_offset],
+                self.skip_special,
+            )
+            .and_then(|prefix| {
+                let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
+                Ok((prefix, full))
+            });
+        let (prefix_text, new_text) = match decoded {
+            Ok(texts) => texts,
+            Err(e) => {
+                self.ids.pop();
+                return Err(e);
+            }
+        };
+        let delta = text_after(&prefix_text, &new_text);
+        if !delta.is_empty() && !new_text.ends_with(char::REPLACEMENT_CHARACTER) {
+            let out = delta.to_owned();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            self.pending.clear();
+            Ok(out)
+        } else {
+            self.pending = delta.to_owned();
+            Ok(String::new())
+        }
+    }
+
+    /// Returns the text held back so far (an incomplete character decodes to U+FFFD) and
+    /// marks it emitted. Call once the sequence ends.
+    pub fn finish(&mut self) -> String {
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Every id pushed so far (after any context).
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+}
+
+/// The part of `full` after `prefix`. When `full` does not start with `prefix` (a decoder
+/// that rewrites earlier text), the part after their longest common prefix.
+fn text_after<'a>(prefix: &str, full: &'a str) -> &'a str {
+    if let Some(rest) = full.strip_prefix(prefix) {
+        return rest;
+    }
+    let common = prefix
+        .char_indices()
+        .zip(full.chars())
+        .find(|((_, a), b)| a != b)
+        .map_or(prefix.len().min(full.len()), |((i, _), _)| i);
+    full.get(common..).unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::tiny;
+    use super::*;
+
+    /// Pushes ids one at a time; returns the chunks (finish() output last).
+    fn stream(tok: &TextTokenizer, ids: &[u32], skip_special: bool) -> Vec<String> {
+        let mut dec = IncrementalDecoder::new(skip_special);
+        let mut chunks: Vec<String> = ids.iter().map(|&id| dec.push(tok, id).unwrap()).collect();
+        chunks.push(dec.finish());
+        chunks
+    }
+
+    #[test]
+    fn multibyte_characters_are_held_back_until_complete() {
+        let t = tiny();
+        // The tiny vocabulary has no merges for these: one token per byte.
+        let ids = t.encode("🦀", false).unwrap();
+        assert_eq!(ids.len(), 4);
+        assert_eq!(stream(&t, &ids, false), ["", "", "", "🦀", ""]);
+
+        let text = "hello 中文 world 🚀!\n∑∫√ café";
+        let ids = t.encode(text, false).unwrap();
+        let chunks = stream(&t, &ids, false);
+        assert_eq!(chunks.concat(), text);
+        assert!(chunks.iter().all(|c| !c.contains('\u{FFFD}')));
+        // "中" is 3 bytes: two pushes emit nothing, the third emits the character.
+        let zh = t.encode(" 中", false).unwrap();
+        assert_eq!(stream(&t, &zh, false), [" ", "", "", "中", ""]);
+    }
+
+    #[test]
+    fn special_tokens_and_finish() {
+        let t = tiny();
+        let ids = t
+            .encode("<|im_start|>hello world<|im_end|>", false)
+            .unwrap();
+        assert_eq!(stream(&t, &ids, true).concat(), "hello world");
+        assert_eq!(
+            stream(&t, &ids, false).concat(),
+            "<|im_start|>hello world<|im_end|>"
+        );
+
+        // A cut character at the end is flushed by finish() as U+FFFD, like decode().
+        let mut ids = t.encode("a", false).unwrap();
+        ids.extend(&t.encode("🦀", false).unwrap()[..2]);
+        let chunks = stream(&t, &ids, false);
+        assert_eq!(chunks.concat(), t.decode(&ids, false).unwrap());
+        assert_eq!(chunks.last().unwrap(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn bad_id_leaves_state_untouched() {
+        let t = tiny();
+        let mut dec = IncrementalDecoder::new(false);
+        let h = t.token_to_id("hello").unwrap();
+        assert_eq!(dec.push(&t, h).unwrap(), "hello");
+        assert!(dec.push(&t, u32::MAX).is_err());
+        assert_eq!(dec.ids(), &[h]);
+        let w = t.token_to_id("Ġworld").unwrap();
+        assert_eq!(dec.push(&t, w).unwrap(), " world");
+        assert_eq!(dec.finish(), "");
+    }
+
+    #[test]
+    fn context_is_not_emitted() {
+        let t = tiny();
+        let ctx = t.encode("hello", false).unwrap();
+        let mut dec = IncrementalDecoder::with_context(false, &ctx);
+        let w = t.token_to_id("Ġworld").unwrap();
+        assert_eq!(dec.push(&t, w).unwrap(), " world");
+    }
+
+    #[test]
+    fn text_after_handles_rewrites() {
+        assert_eq!(text_after("ab", "abc"), "c");
+        assert_eq!(text_after("ab", "axyz"), "xyz");
+        assert_eq!(text_after("héllo", "hé"), "");
+        assert_eq!(text_after("", "x"), "x");
+    }
+}

@@ -1,0 +1,217 @@
+//! Unit tests for the tokenizer core on a tiny in-code GGUF vocabulary (no files needed).
+
+use super::*;
+use gguf_file::Value as V;
+
+pub(crate) const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+fn strings(xs: &[String]) -> V {
+    V::Array(xs.iter().map(|s| V::String(s.clone())).collect())
+}
+
+/// A tiny byte-level vocabulary: all 256 byte tokens, a few merges up to "hello" and
+/// "Ġworld", three control tokens and one user-defined token.
+pub(crate) fn tiny_metadata() -> GgufMetadata {
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| byte_level_char(b).to_string())
+        .collect();
+    let merges = [
+        "h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld",
+    ];
+    for m in merges {
+        tokens.push(m.replace(' ', ""));
+    }
+    let mut types = vec![1i32; tokens.len()];
+    for (t, ty) in [
+        ("<|endoftext|>", 3),
+        ("<|im_start|>", 3),
+        ("<|im_end|>", 3),
+        ("<tool_call>", 4),
+    ] {
+        tokens.push(t.to_owned());
+        types.push(ty);
+    }
+    let n = tokens.len() as u32;
+    let mut md = GgufMetadata::new();
+    md.insert(KEY_MODEL.into(), V::String("gpt2".into()));
+    md.insert(KEY_PRE.into(), V::String("qwen2".into()));
+    md.insert(KEY_TOKENS.into(), strings(&tokens));
+    md.insert(
+        KEY_TOKEN_TYPE.into(),
+        V::Array(types.into_iter().map(V::I32).collect()),
+    );
+    md.insert(KEY_MERGES.into(), strings(&merges.map(String::from)));
+    md.insert(KEY_BOS.into(), V::U32(n - 4));
+    md.insert(KEY_EOS.into(), V::U32(n - 2));
+    md.insert(KEY_ADD_BOS.into(), V::Bool(false));
+    md.insert(KEY_CHAT_TEMPLATE.into(), V::String(CHATML.into()));
+    md
+}
+
+pub(crate) fn tiny() -> TextTokenizer {
+    TextTokenizer::from_gguf_metadata(&tiny_metadata()).expect("tiny tokenizer builds")
+}
+
+#[test]
+fn byte_level_table_is_a_bijection() {
+    let chars: std::collections::HashSet<char> = (0..=255u8).map(byte_level_char).collect();
+    assert_eq!(chars.len(), 256);
+    assert_eq!(byte_level_char(b' '), 'Ġ');
+    assert_eq!(byte_level_char(b'\n'), 'Ċ');
+    assert_eq!(byte_level_char(b'a'), 'a');
+}
+
+#[test]
+fn tiny_encode_decode_and_specials() {
+    let t = tiny();
+    let hello = t.token_to_id("hello").unwrap();
+    let world = t.token_to_id("Ġworld").unwrap();
+    assert_eq!(t.encode("hello world", false).unwrap(), vec![hello, world]);
+    let (s, e) = (
+        t.token_to_id("<|im_start|>").unwrap(),
+        t.token_to_id("<|im_end|>").unwrap(),
+    );
+    let ids = t.encode("<|im_start|>hello<|im_end|>", false).unwrap();
+    assert_eq!(ids, vec![s, hello, e]);
+    assert_eq!(
+        t.decode(&ids, false).unwrap(),
+        "<|im_start|>hello<|im_end|>"
+    );
+    assert_eq!(t.decode(&ids, true).unwrap(), "hello");
+    // User-defined tokens are single tokens and survive skip_special.
+    let tc = t.token_to_id("<tool_call>").unwrap();
+    assert_eq!(t.encode("<tool_call>", false).unwrap(), vec![tc]);
+    assert_eq!(t.decode(&[tc], true).unwrap(), "<tool_call>");
+    for text in ["", "🦀 中文 café\n\n\tx", "  hello  world  ", "it's 42!"] {
+        let ids = t.encode(text, false).unwrap();
+        assert_eq!(t.decode(&ids, false).unwrap(), text);
+    }
+}
+
+#[test]
+fn tiny_ids_bos_eos() {
+    let t = tiny();
+    let eos = t.token_to_id("<|im_end|>").unwrap();
+    let eot = t.token_to_id("<|endoftext|>").unwrap();
+    assert_eq!(t.eos_token_id(), Some(eos));
+    assert_eq!(t.eos_token_ids(), &[eos, eot]);
+    assert!(t.is_eos(eot) && !t.is_eos(0));
+    assert_eq!(t.bos_token_id(), Some(eot));
+    assert_eq!(t.vocab_size(), 256 + 9 + 4);
+    // add_bos_token = false: no BOS even when asked.
+    assert_eq!(
+        t.encode("hello", true).unwrap(),
+        vec![t.token_to_id("hello").unwrap()]
+    );
+    let mut md = tiny_metadata();
+    md.insert(KEY_ADD_BOS.into(), V::Bool(true));
+    let t = TextTokenizer::from_gguf_metadata(&md).unwrap();
+    assert!(t.add_bos_token());
+    assert_eq!(t.encode("hello", true).unwrap()[0], eot);
+    assert_eq!(t.encode("hello", false).unwrap().len(), 1);
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let t = tiny();
+    let n = t.vocab_size() as u32;
+    assert!(matches!(
+        t.decode(&[0, n], false),
+        Err(TokenizerError::TokenIdOutOfRange { id, .. }) if id == n
+    ));
+    assert_eq!(t.id_to_token(n), None);
+    let check = |key: &str, value: Option<V>, want: &str| {
+        let mut md = tiny_metadata();
+        match value {
+            Some(v) => md.insert(key.into(), v),
+            None => md.remove(key),
+        };
+        let err = TextTokenizer::from_gguf_metadata(&md)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{key}: {err}");
+    };
+    check(KEY_MODEL, Some(V::String("llama".into())), "`llama`");
+    check(KEY_PRE, Some(V::String("klingon".into())), "`klingon`");
+    check(KEY_TOKENS, None, KEY_TOKENS);
+    check(
+        KEY_MERGES,
+        Some(V::Array(vec![V::String("nospace".into())])),
+        KEY_MERGES,
+    );
+    check(
+        KEY_MERGES,
+        Some(V::Array(vec![V::String("q z".into())])),
+        "qz",
+    );
+    check(KEY_EOS, Some(V::U32(1_000_000)), KEY_EOS);
+    check(
+        KEY_TOKEN_TYPE,
+        Some(V::Array(vec![V::I32(1)])),
+        KEY_TOKEN_TYPE,
+    );
+    check(KEY_BOS, Some(V::String("1".into())), KEY_BOS);
+}
+
+#[test]
+fn incomplete_vocabulary_reports_unencodable_bytes() {
+    let mut md = tiny_metadata();
+    if let Some(V::Array(tokens)) = md.get_mut(KEY_TOKENS) {
+        tokens[usize::from(b'q')] = V::String("[unused]".into());
+    }
+    let t = TextTokenizer::from_gguf_metadata(&md).unwrap();
+    assert!(matches!(
+        t.encode("quiz", false),
+        Err(TokenizerError::UnencodableByte(b'q'))
+    ));
+    assert!(t.encode("hello", false).is_ok());
+}
+
+#[test]
+fn merge_split_follows_llama_cpp() {
+    assert_eq!(split_merge("Ġ t"), Some(("Ġ".into(), "t".into())));
+    // A leading space is part of the first token.
+    assert_eq!(split_merge("  a"), Some((" ".into(), "a".into())));
+    assert_eq!(split_merge("ab"), None);
+    assert_eq!(split_merge("a "), None);
+    assert_eq!(split_merge(""), None);
+}
+
+#[test]
+fn tokenizer_json_round_trip() {
+    let t = tiny();
+    let path = std::env::temp_dir().join(format!("specgate-tok-{}.tmp.json", std::process::id()));
+    t.save_tokenizer_json(&path).unwrap();
+    let j = TextTokenizer::from_tokenizer_json(&path, Some(CHATML.into()), Some("<|im_end|>"));
+    let _ = std::fs::remove_file(&path);
+    let j = j.unwrap();
+    for text in ["hello world", "<|im_start|>hello<|im_end|>", "🦀 x\n"] {
+        assert_eq!(
+            j.encode(text, false).unwrap(),
+            t.encode(text, false).unwrap()
+        );
+    }
+    assert_eq!(j.eos_token_ids(), t.eos_token_ids());
+    assert_eq!(j.vocab_size(), t.vocab_size());
+    let msgs = [ChatMessage::new("user", "hi")];
+    assert_eq!(
+        j.apply_chat_template(&msgs, true).unwrap(),
+        t.apply_chat_template(&msgs, true).unwrap()
+    );
+    let missing = std::env::temp_dir().join("specgate-no-such-tokenizer.json");
+    assert!(matches!(
+        TextTokenizer::from_tokenizer_json(&missing, None, None),
+        Err(TokenizerError::Json { .. })
+    ));
+    assert!(matches!(
+        TextTokenizer::from_gguf_file(&missing),
+        Err(TokenizerError::Io { .. })
+    ));
+}
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<TextTokenizer>();
+    assert_send_sync::<IncrementalDecoder>();
+}

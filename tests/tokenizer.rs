@@ -1,0 +1,276 @@
+//! Tokenizer tests against real GGUF files: the committed vectors in
+//! `tests/fixtures/tokenizer-vectors.json` (ids from llama.cpp reading the same files),
+//! chat templates, end-of-generation ids and streaming detokenization.
+//!
+//! Models are looked up in `$SPECGATE_MODELS_DIR` (default `<crate>/models`, filled by
+//! `scripts/fetch-models.sh`); a test whose file is absent prints a line and passes.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use specgate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
+
+const QWEN_1_5B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+const QWEN_0_5B: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+#[derive(Deserialize)]
+struct Vector {
+    text: String,
+    ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct Vectors {
+    #[serde(rename = "qwen2.5")]
+    qwen: Vec<Vector>,
+    smollm2: Vec<Vector>,
+}
+
+fn vectors() -> &'static Vectors {
+    static V: OnceLock<Vectors> = OnceLock::new();
+    V.get_or_init(|| {
+        serde_json::from_str(include_str!("fixtures/tokenizer-vectors.json"))
+            .expect("fixture parses")
+    })
+}
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("SPECGATE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
+}
+
+/// Loads (once per test binary) the tokenizer of `file`, or `None` when it is absent.
+fn load(file: &'static str) -> Option<&'static TextTokenizer> {
+    static QWEN_LARGE: OnceLock<Option<TextTokenizer>> = OnceLock::new();
+    static QWEN_SMALL: OnceLock<Option<TextTokenizer>> = OnceLock::new();
+    static SMOL: OnceLock<Option<TextTokenizer>> = OnceLock::new();
+    let cell = match file {
+        QWEN_1_5B => &QWEN_LARGE,
+        QWEN_0_5B => &QWEN_SMALL,
+        SMOLLM2 => &SMOL,
+        other => panic!("no cache slot for {other}"),
+    };
+    cell.get_or_init(|| {
+        let path = models_dir().join(file);
+        path.exists().then(|| {
+            TextTokenizer::from_gguf_file(&path)
+                .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+        })
+    })
+    .as_ref()
+}
+
+macro_rules! require {
+    ($file:expr) => {
+        match load($file) {
+            Some(t) => t,
+            None => {
+                eprintln!("SKIP: {} not found in {}", $file, models_dir().display());
+                return;
+            }
+        }
+    };
+}
+
+fn check_vectors(tok: &TextTokenizer, vectors: &[Vector], name: &str) {
+    assert_eq!(vectors.len(), 14, "{name}: fixture size");
+    let mut failures = Vec::new();
+    for v in vectors {
+        let ids = tok.encode(&v.text, false).unwrap();
+        if ids != v.ids {
+            failures.push(format!("{:?}\n  got  {ids:?}\n  want {:?}", v.text, v.ids));
+        }
+        assert_eq!(tok.decode(&v.ids, false).unwrap(), v.text, "{name}: decode");
+    }
+    assert!(failures.is_empty(), "{name}: {}", failures.join("\n"));
+}
+
+fn check_streaming(tok: &TextTokenizer, vectors: &[Vector]) {
+    for v in vectors {
+        let mut dec = IncrementalDecoder::new(false);
+        let mut out = String::new();
+        for &id in &v.ids {
+            let chunk = dec.push(tok, id).unwrap();
+            assert!(
+                !chunk.contains('\u{FFFD}'),
+                "{:?}: cut character in {chunk:?}",
+                v.text
+            );
+            out.push_str(&chunk);
+        }
+        out.push_str(&dec.finish());
+        assert_eq!(out, v.text);
+    }
+}
+
+#[test]
+fn qwen_1_5b_matches_reference_vectors() {
+    let tok = require!(QWEN_1_5B);
+    check_vectors(tok, &vectors().qwen, QWEN_1_5B);
+}
+
+#[test]
+fn qwen_0_5b_matches_reference_vectors() {
+    let tok = require!(QWEN_0_5B);
+    check_vectors(tok, &vectors().qwen, QWEN_0_5B);
+}
+
+#[test]
+fn smollm2_matches_reference_vectors() {
+    let tok = require!(SMOLLM2);
+    check_vectors(tok, &vectors().smollm2, SMOLLM2);
+}
+
+#[test]
+fn qwen_special_ids() {
+    let tok = require!(QWEN_1_5B);
+    assert_eq!(
+        tok.encode("Hello, world!", false).unwrap(),
+        [9707, 11, 1879, 0]
+    );
+    // add_bos_token is false for Qwen2.5: asking for BOS adds nothing.
+    assert_eq!(
+        tok.encode("Hello, world!", true).unwrap(),
+        [9707, 11, 1879, 0]
+    );
+    assert!(!tok.add_bos_token());
+    assert_eq!(tok.vocab_size(), 151_936);
+    assert_eq!(tok.bos_token_id(), Some(151_643));
+    assert_eq!(tok.eos_token_id(), Some(151_645));
+    assert_eq!(tok.pad_token_id(), Some(151_643));
+    assert_eq!(tok.eos_token_ids(), [151_645, 151_643]);
+    assert_eq!(tok.token_to_id("<|im_start|>"), Some(151_644));
+    assert_eq!(tok.id_to_token(1879).as_deref(), Some("Ġworld"));
+    let chat = "<|im_start|>user\nhi<|im_end|>";
+    let ids = tok.encode(chat, false).unwrap();
+    assert_eq!(tok.decode(&ids, true).unwrap(), "user\nhi");
+    assert!(tok.decode(&[151_936], false).is_err());
+}
+
+#[test]
+fn smollm2_special_ids() {
+    let tok = require!(SMOLLM2);
+    assert_eq!(tok.vocab_size(), 49_152);
+    assert_eq!(tok.eos_token_id(), Some(2));
+    assert_eq!(tok.eos_token_ids(), [2, 0]);
+    assert_eq!(tok.bos_token_id(), Some(1));
+    assert!(!tok.add_bos_token());
+}
+
+#[test]
+fn qwen_chat_template() {
+    let tok = require!(QWEN_1_5B);
+    let msgs = [
+        ChatMessage::new("system", "You are terse."),
+        ChatMessage::new("user", "Write hello world in Rust."),
+    ];
+    let prompt = tok.apply_chat_template(&msgs, true).unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nYou are terse.<|im_end|>\n\
+         <|im_start|>user\nWrite hello world in Rust.<|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+    assert!(prompt.starts_with("<|im_start|>system\n"));
+    assert!(prompt.ends_with("<|im_start|>assistant\n"));
+    let no_gen = tok.apply_chat_template(&msgs, false).unwrap();
+    assert!(no_gen.ends_with("Rust.<|im_end|>\n"));
+    // Without a system turn the template supplies Qwen's default one.
+    let prompt = tok
+        .apply_chat_template(&[ChatMessage::new("user", "hi")], true)
+        .unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = tok.encode(&prompt, false).unwrap();
+    assert_eq!(ids[0], 151_644);
+    assert_eq!(ids.iter().filter(|&&i| i == 151_645).count(), 2);
+    assert_eq!(&ids[ids.len() - 3..], [151_644, 77_091, 198]); // "<|im_start|>assistant\n"
+                                                               // Multi-turn with an assistant message renders, and the 0.5B file's template agrees.
+    let turns = [
+        ChatMessage::new("user", "2+2?"),
+        ChatMessage::new("assistant", "4"),
+        ChatMessage::new("user", "and 3+3?"),
+    ];
+    let rendered = tok.apply_chat_template(&turns, true).unwrap();
+    assert!(rendered.contains("<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\nand 3+3?"));
+    if let Some(small) = load(QWEN_0_5B) {
+        assert_eq!(small.apply_chat_template(&turns, true).unwrap(), rendered);
+    }
+}
+
+#[test]
+fn smollm2_chat_template() {
+    let tok = require!(SMOLLM2);
+    let prompt = tok
+        .apply_chat_template(&[ChatMessage::new("user", "hi")], true)
+        .unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "hi"),
+    ];
+    assert_eq!(
+        tok.apply_chat_template(&msgs, false).unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    );
+    let ids = tok.encode(&prompt, false).unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(tok.decode(&ids, false).unwrap(), prompt);
+}
+
+#[test]
+fn streaming_matches_decode_on_reference_vectors() {
+    if let Some(tok) = load(QWEN_1_5B) {
+        check_streaming(tok, &vectors().qwen);
+    } else {
+        eprintln!("SKIP: {QWEN_1_5B} not found in {}", models_dir().display());
+    }
+    let tok = require!(SMOLLM2);
+    check_streaming(tok, &vectors().smollm2);
+}
+
+#[test]
+fn qwen_emoji_split_across_tokens_streams_whole() {
+    let tok = require!(QWEN_1_5B);
+    // From the vectors: " 🦀" is three byte-level tokens [11162, 99, 222]; the first
+    // holds the space and the emoji's first two bytes, so nothing is emitted until the
+    // character is complete.
+    let mut dec = IncrementalDecoder::new(false);
+    let chunks: Vec<String> = [11_162, 99, 222]
+        .iter()
+        .map(|&id| dec.push(tok, id).unwrap())
+        .collect();
+    assert_eq!(tok.id_to_token(11_162).as_deref(), Some("ĠðŁ"));
+    assert_eq!(chunks, ["", "", " 🦀"]);
+    assert_eq!(dec.finish(), "");
+}
+
+#[test]
+fn gguf_vocabulary_exports_to_tokenizer_json() {
+    let tok = require!(QWEN_0_5B);
+    let path = std::env::temp_dir().join(format!("specgate-qwen-{}.tmp.json", std::process::id()));
+    tok.save_tokenizer_json(&path).unwrap();
+    let loaded = TextTokenizer::from_tokenizer_json(&path, None, Some("<|im_end|>"));
+    let _ = std::fs::remove_file(&path);
+    let loaded = loaded.unwrap();
+    for v in &vectors().qwen {
+        assert_eq!(
+            loaded.encode(&v.text, false).unwrap(),
+            v.ids,
+            "{:?}",
+            v.text
+        );
+    }
+    assert_eq!(loaded.eos_token_ids(), [151_645, 151_643]);
+    assert_eq!(loaded.vocab_size(), 151_936);
+}

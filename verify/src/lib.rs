@@ -1,0 +1,16 @@
+//! specgate-verify: the model runtime that scores tokens.
+//!
+//! Owns weight loading (GGUF and safetensors), the ONE forward pass per
+//! architecture family over a paged KV pool, and logits -> probabilities
+//! sampling. It knows nothing of HTTP, JSON requests or the config file.
+
+pub mod error;
+pub mod kv_pool;
+pub mod model;
+pub mod sample;
+pub mod tiny;
+
+pub use error::VerifyError;
+pub use kv_pool::KvPool;
+pub use model::{Arch, LogitsWanted, Model, ModelConfig, RopeStyle, SeqInput};
+pub use sample::{Sampler, SamplingParams};

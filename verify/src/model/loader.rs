@@ -1,0 +1,328 @@
+//! Weight loading: GGUF files (weights stay quantized as candle `QTensor`s)
+//! and safetensors + config.json (dense, used by generated test models) for
+//! the llama family. A missing tensor or metadata key is an error naming it.
+
+use super::{Arch, Embedding, Layer, Linear, Model, ModelConfig, RopeStyle};
+use crate::error::{Result, VerifyError};
+use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::{DType, Device, Tensor};
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+use std::sync::Arc;
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VerifyError + '_ {
+    move |source| VerifyError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads only the metadata and tensor directory of a GGUF file.
+pub fn read_gguf_content(path: &Path) -> Result<gguf_file::Content> {
+    let mut reader = BufReader::new(File::open(path).map_err(io_err(path))?);
+    gguf_file::Content::read(&mut reader).map_err(|e| {
+        VerifyError::BadConfig(format!(
+            "{} is not a readable GGUF file: {e}",
+            path.display()
+        ))
+    })
+}
+
+struct GgufReader<'a> {
+    content: &'a gguf_file::Content,
+    reader: BufReader<File>,
+    prefix: String,
+}
+
+impl GgufReader<'_> {
+    fn meta(&self, key: &str) -> Result<&gguf_file::Value> {
+        let full = format!("{}.{key}", self.prefix);
+        self.content
+            .metadata
+            .get(&full)
+            .ok_or(VerifyError::MissingMetadata(full))
+    }
+
+    fn meta_usize(&self, key: &str) -> Result<usize> {
+        let v = self.meta(key)?;
+        v.to_u64()
+            .or_else(|_| v.to_u32().map(u64::from))
+            .map(|x| x as usize)
+            .map_err(|_| VerifyError::MissingMetadata(format!("{}.{key}", self.prefix)))
+    }
+
+    fn meta_f32(&self, key: &str) -> Result<f32> {
+        self.meta(key)?
+            .to_f32()
+            .map_err(|_| VerifyError::MissingMetadata(format!("{}.{key}", self.prefix)))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn qtensor(&mut self, name: &str) -> Result<Arc<QTensor>> {
+        if !self.has(name) {
+            return Err(VerifyError::MissingTensor(name.to_string()));
+        }
+        Ok(Arc::new(self.content.tensor(
+            &mut self.reader,
+            name,
+            &Device::Cpu,
+        )?))
+    }
+
+    fn dense(&mut self, name: &str) -> Result<Tensor> {
+        Ok(self.qtensor(name)?.dequantize(&Device::Cpu)?)
+    }
+
+    fn linear(&mut self, name: &str, bias: bool) -> Result<(Linear, usize)> {
+        let q = self.qtensor(&format!("{name}.weight"))?;
+        let bytes = q.storage_size_in_bytes();
+        let b = if bias {
+            Some(self.dense(&format!("{name}.bias"))?)
+        } else {
+            None
+        };
+        Ok((Linear::new(QMatMul::from_arc(q)?, b), bytes))
+    }
+}
+
+/// Loads a llama or qwen2 GGUF file; matrices stay in their quantized format.
+///
+/// Errors: unreadable file, unknown `general.architecture`, a missing
+/// metadata key or tensor (named in the error).
+pub fn load_gguf(path: &Path) -> Result<Model> {
+    let content = read_gguf_content(path)?;
+    let arch_name = content
+        .metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok())
+        .cloned()
+        .ok_or_else(|| VerifyError::MissingMetadata("general.architecture".into()))?;
+    let arch = Arch::from_name(&arch_name)?;
+    let reader = BufReader::new(File::open(path).map_err(io_err(path))?);
+    let mut r = GgufReader {
+        content: &content,
+        reader,
+        prefix: arch_name,
+    };
+
+    let hidden_size = r.meta_usize("embedding_length")?;
+    let num_heads = r.meta_usize("attention.head_count")?;
+    let num_kv_heads = r.meta_usize("attention.head_count_kv")?;
+    let head_dim = r
+        .meta_usize("attention.key_length")
+        .unwrap_or(hidden_size / num_heads.max(1));
+    if !r.has("token_embd.weight") {
+        return Err(VerifyError::MissingTensor("token_embd.weight".into()));
+    }
+    let vocab_size = content.tensor_infos["token_embd.weight"].shape.dims()[0];
+    let cfg = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size: r.meta_usize("feed_forward_length")?,
+        num_layers: r.meta_usize("block_count")?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rms_norm_eps: r.meta_f32("attention.layer_norm_rms_epsilon")? as f64,
+        rope_theta: r.meta_f32("rope.freq_base").unwrap_or(10_000.0),
+        // llama.cpp permutes llama's q/k rows to interleaved pairs at conversion.
+        rope_style: match arch {
+            Arch::Llama => RopeStyle::Interleaved,
+            Arch::Qwen2 => RopeStyle::Neox,
+        },
+        max_position: r.meta_usize("context_length")?,
+    };
+    cfg.validate()?;
+    let bias = arch == Arch::Qwen2;
+
+    let embed_q = r.qtensor("token_embd.weight")?;
+    let mut weight_bytes = embed_q.storage_size_in_bytes() / vocab_size;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for i in 0..cfg.num_layers {
+        let p = format!("blk.{i}");
+        let mut lin = |name: &str, bias: bool| -> Result<Linear> {
+            let (l, bytes) = r.linear(&format!("{p}.{name}"), bias)?;
+            weight_bytes += bytes;
+            Ok(l)
+        };
+        let q = lin("attn_q", bias)?;
+        let k = lin("attn_k", bias)?;
+        let v = lin("attn_v", bias)?;
+        let o = lin("attn_output", false)?;
+        let gate = lin("ffn_gate", false)?;
+        let up = lin("ffn_up", false)?;
+        let down = lin("ffn_down", false)?;
+        layers.push(Layer {
+            attn_norm: r.dense(&format!("{p}.attn_norm.weight"))?,
+            ffn_norm: r.dense(&format!("{p}.ffn_norm.weight"))?,
+            q,
+            k,
+            v,
+            o,
+            gate,
+            up,
+            down,
+        });
+    }
+    let norm = r.dense("output_norm.weight")?;
+    let lm_head = if r.has("output.weight") {
+        let (l, bytes) = r.linear("output", false)?;
+        weight_bytes += bytes;
+        l
+    } else {
+        weight_bytes += embed_q.storage_size_in_bytes();
+        Linear::new(QMatMul::from_arc(embed_q.clone())?, None)
+    };
+    Ok(Model {
+        cfg,
+        embed: Embedding::Quantized(embed_q),
+        layers,
+        norm,
+        lm_head,
+        weight_bytes,
+    })
+}
+
+fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
+    cfg.get(key)
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .ok_or_else(|| VerifyError::MissingMetadata(format!("config.json: {key}")))
+}
+
+/// Parses a Hugging Face config.json of a llama or qwen2 model.
+pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
+    let arch_name = cfg
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| VerifyError::MissingMetadata("config.json: model_type".into()))?;
+    let arch = Arch::from_name(arch_name)?;
+    let hidden_size = json_usize(cfg, "hidden_size")?;
+    let num_heads = json_usize(cfg, "num_attention_heads")?;
+    let config = ModelConfig {
+        arch,
+        vocab_size: json_usize(cfg, "vocab_size")?,
+        hidden_size,
+        intermediate_size: json_usize(cfg, "intermediate_size")?,
+        num_layers: json_usize(cfg, "num_hidden_layers")?,
+        num_heads,
+        num_kv_heads: json_usize(cfg, "num_key_value_heads").unwrap_or(num_heads),
+        head_dim: json_usize(cfg, "head_dim").unwrap_or(hidden_size / num_heads.max(1)),
+        rms_norm_eps: cfg
+            .get("rms_norm_eps")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1e-6),
+        rope_theta: cfg
+            .get("rope_theta")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(10_000.0) as f32,
+        rope_style: RopeStyle::Neox,
+        max_position: json_usize(cfg, "max_position_embeddings")?,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Loads a llama or qwen2 model from a directory holding `config.json` and
+/// `model.safetensors` in Hugging Face tensor names. Weights become dense f32.
+///
+/// Errors: missing files, unknown `model_type`, missing or misshapen tensors.
+pub fn load_safetensors(dir: &Path) -> Result<Model> {
+    let cfg_path = dir.join("config.json");
+    let raw = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path))?;
+    let json: serde_json::Value = serde_json::from_str(&raw)
+        .map_err(|e| VerifyError::BadConfig(format!("{}: {e}", cfg_path.display())))?;
+    let cfg = config_from_hf_json(&json)?;
+    let st_path = dir.join("model.safetensors");
+    if !st_path.exists() {
+        return Err(io_err(&st_path)(std::io::ErrorKind::NotFound.into()));
+    }
+    let mut tensors = candle_core::safetensors::load(&st_path, &Device::Cpu)?;
+    let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
+        let t = tensors
+            .remove(name)
+            .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
+        if t.dims() != shape {
+            return Err(VerifyError::BadTensorShape {
+                name: name.to_string(),
+                got: t.dims().to_vec(),
+                expected: shape.to_vec(),
+            });
+        }
+        Ok(t.to_dtype(DType::F32)?)
+    };
+    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+    let (qd, kvd, ff) = (
+        cfg.num_heads * hd,
+        cfg.num_kv_heads * hd,
+        cfg.intermediate_size,
+    );
+    let bias = cfg.arch == Arch::Qwen2;
+    let mut weight_bytes = h * 4;
+    let mut lin = |take: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>,
+                   name: &str,
+                   out: usize,
+                   inp: usize,
+                   with_bias: bool|
+     -> Result<Linear> {
+        let w = take(&format!("{name}.weight"), &[out, inp])?;
+        let b = if with_bias {
+            Some(take(&format!("{name}.bias"), &[out])?)
+        } else {
+            None
+        };
+        weight_bytes += out * inp * 4;
+        Ok(Linear::new(QMatMul::Tensor(w), b))
+    };
+    let embed = take("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for i in 0..cfg.num_layers {
+        let p = format!("model.layers.{i}");
+        layers.push(Layer {
+            attn_norm: take(&format!("{p}.input_layernorm.weight"), &[h])?,
+            q: lin(&mut take, &format!("{p}.self_attn.q_proj"), qd, h, bias)?,
+            k: lin(&mut take, &format!("{p}.self_attn.k_proj"), kvd, h, bias)?,
+            v: lin(&mut take, &format!("{p}.self_attn.v_proj"), kvd, h, bias)?,
+            o: lin(&mut take, &format!("{p}.self_attn.o_proj"), h, qd, false)?,
+            ffn_norm: take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            gate: lin(&mut take, &format!("{p}.mlp.gate_proj"), ff, h, false)?,
+            up: lin(&mut take, &format!("{p}.mlp.up_proj"), ff, h, false)?,
+            down: lin(&mut take, &format!("{p}.mlp.down_proj"), h, ff, false)?,
+        });
+    }
+    let norm = take("model.norm.weight", &[h])?;
+    let tied = json
+        .get("tie_word_embeddings")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let lm_head = if tied {
+        Linear::new(QMatMul::Tensor(embed.clone()), None)
+    } else {
+        lin(&mut take, "lm_head", cfg.vocab_size, h, false)?
+    };
+    if tied {
+        weight_bytes += cfg.vocab_size * h * 4;
+    }
+    Ok(Model {
+        cfg,
+        embed: Embedding::Dense(embed),
+        layers,
+        norm,
+        lm_head,
+        weight_bytes,
+    })
+}
+
+/// Loads a model from a `.gguf` file or a safetensors directory.
+pub fn load_model(path: &Path) -> Result<Model> {
+    if path.is_dir() {
+        load_safetensors(path)
+    } else {
+        load_gguf(path)
+    }
+}

@@ -1,0 +1,208 @@
+//! Model definitions: the config every architecture family is described by,
+//! the batch input of a forward pass, and the loaded [`Model`].
+//!
+//! There is ONE forward implementation per architecture family: `llama.rs`
+//! serves both `llama` and `qwen2` (qwen2 is llama with q/k/v biases and
+//! neox-style RoPE). Loading lives in `loader.rs`.
+
+mod llama;
+mod loader;
+
+use crate::error::{Result, VerifyError};
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Module, Tensor};
+use std::sync::Arc;
+
+pub use loader::{config_from_hf_json, load_gguf, load_model, load_safetensors, read_gguf_content};
+
+/// Architecture family of a model; decides the tensor layout and forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+}
+
+impl Arch {
+    /// Parses the GGUF `general.architecture` / HF `model_type` name.
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "llama" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
+            other => Err(VerifyError::UnknownArchitecture(other.to_string())),
+        }
+    }
+}
+
+/// How rotary embeddings pair up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (2i, 2i+1): llama weights as converted to GGUF by llama.cpp.
+    Interleaved,
+    /// Pairs (i, i + d/2): Hugging Face layout and qwen2 everywhere.
+    Neox,
+}
+
+/// Shape and numerics of a llama-family model.
+///
+/// Invariants (checked by [`ModelConfig::validate`]): `num_heads` is a
+/// multiple of `num_kv_heads`, `head_dim` is even, all sizes are non-zero.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    /// Longest sequence (prompt + output) the model was trained for.
+    pub max_position: usize,
+}
+
+impl ModelConfig {
+    /// Rejects configs the forward pass cannot run.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(VerifyError::BadConfig(m));
+        if [
+            self.vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_layers,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.max_position,
+        ]
+        .contains(&0)
+        {
+            return bad(format!("zero-sized dimension in {self:?}"));
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad(format!(
+                "{} attention heads are not a multiple of {} KV heads",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} is odd", self.head_dim));
+        }
+        Ok(())
+    }
+
+    /// Floats of K plus V cached per token per layer.
+    pub fn kv_floats_per_token_per_layer(&self) -> usize {
+        2 * self.num_kv_heads * self.head_dim
+    }
+}
+
+/// Which logit rows a sequence wants back from a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (a prefill chunk that is not the prompt's end).
+    None,
+    /// Only the last new token's (plain decoding, end of prefill).
+    Last,
+    /// Every new token's (speculative verification: k+1 rows).
+    All,
+}
+
+impl LogitsWanted {
+    fn rows(self, n: usize) -> std::ops::Range<usize> {
+        match self {
+            LogitsWanted::None => 0..0,
+            LogitsWanted::Last => n.saturating_sub(1)..n,
+            LogitsWanted::All => 0..n,
+        }
+    }
+}
+
+/// One sequence's part of a forward batch: a run of new tokens at
+/// consecutive positions `start_pos..start_pos + tokens.len()`.
+///
+/// Invariants the caller keeps (checked, an error otherwise): the positions
+/// `0..start_pos` of this sequence are already in the pool through the same
+/// block table, and `block_table` holds enough blocks for every new position.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    pub block_table: &'a [u32],
+    pub logits: LogitsWanted,
+}
+
+/// A linear layer: quantized (GGUF) or dense, with an optional bias.
+pub(crate) struct Linear {
+    weight: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub(crate) fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// Token embedding table, kept quantized when the file stores it so.
+pub(crate) enum Embedding {
+    Quantized(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+impl Embedding {
+    pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Embedding::Quantized(q) => q.embedding(ids)?,
+            Embedding::Dense(t) => t.index_select(ids, 0)?,
+        })
+    }
+}
+
+/// One transformer block's weights.
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Tensor,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) ffn_norm: Tensor,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+}
+
+/// A loaded model: config plus weights. Immutable once loaded, so one model
+/// can serve many sequences; all per-sequence state lives in a [`crate::KvPool`].
+pub struct Model {
+    pub(crate) cfg: ModelConfig,
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Tensor,
+    pub(crate) lm_head: Linear,
+    /// Bytes of weights a single decode step reads (for bandwidth figures).
+    pub(crate) weight_bytes: usize,
+}
+
+impl Model {
+    /// The model's shape and numerics.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Bytes of weights one decode step streams from memory: every matrix
+    /// once, plus one embedding row.
+    pub fn weight_bytes_per_step(&self) -> usize {
+        self.weight_bytes
+    }
+}

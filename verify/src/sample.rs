@@ -1,0 +1,217 @@
+//! Logits -> warped probabilities -> a token. Temperature, top-k and top-p
+//! are applied in one place so that the target's p and the draft's q are
+//! warped the same way (lossless acceptance depends on it).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// How a request wants tokens chosen.
+///
+/// Invariants: `temperature >= 0` (0 means greedy), `0 < top_p <= 1`,
+/// `top_k == 0` means no top-k cut.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Whether tokens are chosen by argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    /// The warped distribution over the vocabulary: softmax(logits / T)
+    /// restricted to the top-k tokens, then to the smallest set whose mass
+    /// reaches top-p, renormalized. Greedy params give the one-hot argmax.
+    pub fn warp(&self, logits: &[f32]) -> Vec<f32> {
+        let mut p = vec![0f32; logits.len()];
+        if logits.is_empty() {
+            return p;
+        }
+        if self.is_greedy() {
+            p[argmax(logits) as usize] = 1.0;
+            return p;
+        }
+        let inv_t = 1.0 / self.temperature;
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f64;
+        for (pi, &l) in p.iter_mut().zip(logits) {
+            *pi = ((l - max) * inv_t).exp();
+            sum += *pi as f64;
+        }
+        let top_k = if self.top_k == 0 {
+            logits.len()
+        } else {
+            self.top_k.min(logits.len())
+        };
+        if top_k < logits.len() || self.top_p < 1.0 {
+            let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+            // Ties broken by token id so the kept set is deterministic.
+            let by_prob =
+                |a: &u32, b: &u32| p[*b as usize].total_cmp(&p[*a as usize]).then(a.cmp(b));
+            if top_k < order.len() {
+                order.select_nth_unstable_by(top_k - 1, by_prob);
+                order.truncate(top_k);
+            }
+            order.sort_unstable_by(by_prob);
+            let mut keep = order.len();
+            if self.top_p < 1.0 {
+                let total: f64 = order.iter().map(|&i| p[i as usize] as f64).sum();
+                let mut cum = 0f64;
+                for (n, &i) in order.iter().enumerate() {
+                    cum += p[i as usize] as f64;
+                    if cum >= self.top_p as f64 * total {
+                        keep = n + 1;
+                        break;
+                    }
+                }
+            }
+            let mut kept = vec![0f32; logits.len()];
+            sum = 0.0;
+            for &i in &order[..keep] {
+                kept[i as usize] = p[i as usize];
+                sum += p[i as usize] as f64;
+            }
+            p = kept;
+        }
+        let inv = (1.0 / sum) as f32;
+        p.iter_mut().for_each(|x| *x *= inv);
+        p
+    }
+}
+
+/// Index of the largest logit; the lowest index among equals.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A seeded random source plus the params it samples with. One per sequence,
+/// so a seeded request is reproducible whatever else is in the batch.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = match params.seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::from_os_rng(),
+        };
+        Self { params, rng }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// A uniform draw in [0, 1), from this sequence's stream.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random::<f32>()
+    }
+
+    /// Draws an index from a probability vector (which need not be exactly
+    /// normalized); falls back to the last non-zero entry on rounding.
+    pub fn draw(&mut self, probs: &[f32]) -> u32 {
+        let total: f32 = probs.iter().sum();
+        let mut u = self.uniform() * total;
+        let mut last = 0;
+        for (i, &p) in probs.iter().enumerate() {
+            if p > 0.0 {
+                last = i;
+                if u < p {
+                    return i as u32;
+                }
+                u -= p;
+            }
+        }
+        last as u32
+    }
+
+    /// Picks the next token from one row of logits.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let p = self.params.warp(logits);
+        self.draw(&p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(t: f32, k: usize, p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: p,
+            seed: Some(7),
+        }
+    }
+
+    #[test]
+    fn greedy_is_one_hot_argmax() {
+        let p = params(0.0, 0, 1.0).warp(&[0.1, 3.0, 3.0, -1.0]);
+        assert_eq!(p, vec![0.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn temperature_softmax_sums_to_one() {
+        let p = params(2.0, 0, 1.0).warp(&[0.0, (2.0f32).ln() * 2.0]);
+        assert!((p[0] - 1.0 / 3.0).abs() < 1e-6 && (p[1] - 2.0 / 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_k_and_top_p_cut_the_tail() {
+        let logits = [4.0f32.ln(), 3.0f32.ln(), 2.0f32.ln(), 1.0f32.ln()];
+        let p = params(1.0, 2, 1.0).warp(&logits);
+        assert!((p[0] - 4.0 / 7.0).abs() < 1e-6 && p[2] == 0.0 && p[3] == 0.0);
+        // mass 0.4, 0.3, 0.2, 0.1: top-p 0.65 keeps the first two.
+        let p = params(1.0, 0, 0.65).warp(&logits);
+        assert!((p[1] - 3.0 / 7.0).abs() < 1e-6 && p[2] == 0.0);
+    }
+
+    #[test]
+    fn seeded_samplers_repeat() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.3).sin()).collect();
+        let mut a = Sampler::new(params(0.8, 0, 0.9));
+        let mut b = Sampler::new(params(0.8, 0, 0.9));
+        let xs: Vec<u32> = (0..20).map(|_| a.sample(&logits)).collect();
+        let ys: Vec<u32> = (0..20).map(|_| b.sample(&logits)).collect();
+        assert_eq!(xs, ys);
+    }
+
+    #[test]
+    fn draws_follow_the_distribution() {
+        let mut s = Sampler::new(params(1.0, 0, 1.0));
+        let probs = [0.5f32, 0.25, 0.25, 0.0];
+        let mut counts = [0usize; 4];
+        for _ in 0..20_000 {
+            counts[s.draw(&probs) as usize] += 1;
+        }
+        assert_eq!(counts[3], 0);
+        assert!((counts[0] as f32 / 20_000.0 - 0.5).abs() < 0.02);
+    }
+}
