@@ -1,14 +1,18 @@
-//! `specgate generate`: one prompt, one sequence, straight through the model
-//! runtime. Prints the continuation on stdout (nothing else, so it can be
-//! piped and compared) and prefill/decode speeds on stderr.
+//! `specgate generate`: one prompt, one sequence, decoded by speculative
+//! rounds (k = 0 without a proposer). Prints the continuation on stdout
+//! (nothing else, so it can be piped and compared) and prefill/decode speeds
+//! and speculation statistics on stderr.
 
+use crate::spec::{spec_round, SpecSeq, SpecStats};
 use crate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 use anyhow::{bail, Context, Result};
+use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
 use specgate_verify::kv_pool::DEFAULT_BLOCK_SIZE;
 use specgate_verify::model::load_model;
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Prompt tokens per prefill forward: bounds scratch memory on long prompts.
@@ -42,6 +46,20 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens (for benchmarks).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Speculate with this draft model (same vocabulary as the target).
+    #[arg(long, conflicts_with = "ngram")]
+    pub draft: Option<PathBuf>,
+    /// Speculate with n-gram prompt lookup.
+    #[arg(long)]
+    pub ngram: bool,
+    /// Shortest and longest n-gram the lookup matches.
+    #[arg(long, default_value_t = 1)]
+    pub ngram_min: usize,
+    #[arg(long, default_value_t = 4)]
+    pub ngram_max: usize,
+    /// Tokens drafted per round (with --draft or --ngram).
+    #[arg(long, default_value_t = 4)]
+    pub num_speculative_tokens: usize,
 }
 
 impl GenerateArgs {
@@ -103,26 +121,58 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             args.max_tokens
         );
     }
+    let blocks = blocks_needed(prompt.len(), args);
+    let mut proposer: Option<Box<dyn Proposer>> = if let Some(path) = &args.draft {
+        let draft = load_model(path)
+            .with_context(|| format!("loading draft model {}", path.display()))?;
+        let d = ModelDraft::new(Arc::new(draft), blocks, DEFAULT_BLOCK_SIZE)?;
+        d.check_compatible(model.config())?;
+        Some(Box::new(d))
+    } else if args.ngram {
+        Some(Box::new(
+            NgramProposer::new(args.ngram_min, args.ngram_max).map_err(anyhow::Error::msg)?,
+        ))
+    } else {
+        None
+    };
+    let speculative = proposer.is_some();
     let mut out = std::io::stdout().lock();
-    let stats = generate(&model, &tok, &prompt, args, sampling, &mut |s| {
-        out.write_all(s.as_bytes())?;
-        out.flush()
-    })?;
+    let stats = generate(
+        &model,
+        proposer.as_deref_mut(),
+        &tok,
+        &prompt,
+        args,
+        sampling,
+        &mut |s| {
+            out.write_all(s.as_bytes())?;
+            out.flush()
+        },
+    )?;
     writeln!(out)?;
-    stats.report();
+    stats.report(speculative);
     Ok(())
+}
+
+/// Blocks for the prompt, the output and one round of lookahead.
+fn blocks_needed(prompt_len: usize, args: &GenerateArgs) -> usize {
+    (prompt_len + args.max_tokens + args.num_speculative_tokens + 1)
+        .div_ceil(DEFAULT_BLOCK_SIZE)
 }
 
 /// Timings of one generation.
 pub struct GenStats {
     pub prompt_tokens: usize,
+    /// Until the first round's tokens (time to first token).
     pub prefill_secs: f64,
-    pub generated: usize,
+    /// Tokens after the first round, and the time they took.
+    pub decode_tokens: usize,
     pub decode_secs: f64,
+    pub spec: SpecStats,
 }
 
 impl GenStats {
-    fn report(&self) {
+    fn report(&self, speculative: bool) {
         let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         eprintln!(
             "prefill: {} tokens in {:.2}s, {:.1} tok/s",
@@ -130,77 +180,96 @@ impl GenStats {
             self.prefill_secs,
             rate(self.prompt_tokens, self.prefill_secs)
         );
-        // The first token comes from the prefill; decode steps make the rest.
-        let steps = self.generated.saturating_sub(1);
         eprintln!(
-            "decode: {steps} tokens in {:.2}s, {:.1} tok/s",
+            "decode: {} tokens in {:.2}s, {:.1} tok/s",
+            self.decode_tokens,
             self.decode_secs,
-            rate(steps, self.decode_secs)
+            rate(self.decode_tokens, self.decode_secs)
         );
+        if speculative {
+            eprintln!(
+                "speculation: acceptance rate {:.1}% ({} of {} drafted), mean accepted length {:.2} tokens per verify pass",
+                100.0 * self.spec.acceptance_rate(),
+                self.spec.accepted_tokens,
+                self.spec.draft_tokens,
+                self.spec.mean_accepted_length()
+            );
+        }
     }
 }
 
-/// Generates up to `max_tokens` after `prompt`, calling `emit` with each
-/// piece of text as soon as it is whole UTF-8.
-pub fn generate(
+/// Generates up to `max_tokens` after `prompt` by speculative rounds,
+/// calling `emit` with each piece of text as soon as it is whole UTF-8.
+pub fn generate<P: Proposer + ?Sized>(
     model: &Model,
+    mut proposer: Option<&mut P>,
     tok: &TextTokenizer,
     prompt: &[u32],
     args: &GenerateArgs,
     sampling: SamplingParams,
     emit: &mut dyn FnMut(&str) -> std::io::Result<()>,
 ) -> Result<GenStats> {
-    let total = prompt.len() + args.max_tokens;
-    let blocks = total.div_ceil(DEFAULT_BLOCK_SIZE).max(1);
+    let blocks = blocks_needed(prompt.len(), args);
     let mut pool = KvPool::new(model.config(), blocks, DEFAULT_BLOCK_SIZE)?;
     // One sequence owns the whole pool; the engine's BlockManager is not needed.
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut sampler = Sampler::new(sampling);
+    let mut seq = SpecSeq {
+        id: 0,
+        tokens: prompt.to_vec(),
+        block_table: (0..blocks as u32).collect(),
+        sampler: Sampler::new(sampling),
+        policy_state: PolicyState::default(),
+    };
+    let k = if proposer.is_some() {
+        args.num_speculative_tokens
+    } else {
+        0
+    };
+    let policy = DraftPolicy::Fixed { k };
     let mut detok = IncrementalDecoder::new(true);
+    let mut stats = SpecStats::default();
 
+    // The target's cache holds all but the last token before each round.
     let t0 = Instant::now();
-    let mut logits = Vec::new();
-    for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+    let head = &prompt[..prompt.len() - 1];
+    for (i, chunk) in head.chunks(PREFILL_CHUNK).enumerate() {
         let start = i * PREFILL_CHUNK;
-        let last = start + chunk.len() == prompt.len();
-        let want = if last {
-            LogitsWanted::Last
-        } else {
-            LogitsWanted::None
-        };
-        let rows = model.forward_one(&mut pool, chunk, start, &table, want)?;
-        if last {
-            logits = rows
-                .into_iter()
-                .next()
-                .context("no logits for the prompt")?;
-        }
+        model.forward_one(&mut pool, chunk, start, &seq.block_table, LogitsWanted::None)?;
     }
-    let prefill_secs = t0.elapsed().as_secs_f64();
-
-    let t1 = Instant::now();
+    let mut prefill_secs = None;
+    let mut first_round = 0;
     let mut generated = 0;
-    let mut pos = prompt.len();
-    while generated < args.max_tokens {
-        let next = sampler.sample(&logits);
-        generated += 1;
-        if !args.ignore_eos && tok.is_eos(next) {
-            break;
+    'outer: while generated < args.max_tokens {
+        let k = policy
+            .k(1, &seq.policy_state)
+            .min(args.max_tokens - generated - 1);
+        let new = spec_round(
+            model,
+            &mut pool,
+            proposer.as_deref_mut(),
+            &policy,
+            &mut [&mut seq],
+            &[k],
+            &mut stats,
+        )?;
+        if prefill_secs.is_none() {
+            prefill_secs = Some(t0.elapsed().as_secs_f64());
+            first_round = new[0].len();
         }
-        emit(&detok.push(tok, next)?)?;
-        if generated == args.max_tokens {
-            break;
+        for &t in &new[0] {
+            generated += 1;
+            if !args.ignore_eos && tok.is_eos(t) {
+                break 'outer;
+            }
+            emit(&detok.push(tok, t)?)?;
         }
-        logits = model
-            .forward_one(&mut pool, &[next], pos, &table, LogitsWanted::Last)?
-            .remove(0);
-        pos += 1;
     }
     emit(&detok.finish())?;
+    let prefill_secs = prefill_secs.unwrap_or(0.0);
     Ok(GenStats {
         prompt_tokens: prompt.len(),
         prefill_secs,
-        generated,
-        decode_secs: t1.elapsed().as_secs_f64(),
+        decode_tokens: generated.saturating_sub(first_round),
+        decode_secs: t0.elapsed().as_secs_f64() - prefill_secs,
+        spec: stats,
     })
 }

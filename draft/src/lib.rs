@@ -1,14 +1,21 @@
-//! specgate-draft: proposers that guess the next k tokens of a sequence
-//! cheaply, for the verifier to check in one forward pass.
+//! specgate-draft: proposers that guess the next k tokens of sequences
+//! cheaply, for the verifier to check in one forward pass, and the policy
+//! that picks k.
 //!
-//! A proposal carries, per guessed token, the proposer's probability
+//! A proposal carries, per guessed token, the proposer's warped probability
 //! distribution q (needed for lossless acceptance at temperature > 0); a
 //! proposer without a model (n-gram lookup) proposes deterministically, so
 //! its q is one-hot and is represented as `None`.
 
+pub mod model;
 pub mod ngram;
+pub mod policy;
 
+pub use model::ModelDraft;
 pub use ngram::NgramProposer;
+pub use policy::{DraftPolicy, PolicyState};
+
+use specgate_verify::{Sampler, VerifyError};
 
 /// Guessed continuation of one sequence.
 ///
@@ -20,9 +27,48 @@ pub struct Proposal {
     pub q: Option<Vec<Vec<f32>>>,
 }
 
-/// Something that proposes draft tokens for a sequence.
-pub trait Proposer {
-    /// Proposes at most `k` tokens to follow `context` (prompt + output so
-    /// far). May return fewer, or none, when it has no good guess.
-    fn propose(&mut self, context: &[u32], k: usize) -> Proposal;
+/// One sequence asking for drafts.
+pub struct ProposeRequest<'a> {
+    /// Stable id of the sequence, for a proposer's per-sequence state.
+    pub seq_id: u64,
+    /// Every accepted token so far: prompt + output.
+    pub context: &'a [u32],
+    /// The sequence's KV blocks; a model proposer writes its own cache at
+    /// the same block ids. Must cover `context.len() + k` positions.
+    pub block_table: &'a [u32],
+    /// Tokens wanted; 0 asks for none.
+    pub k: usize,
+    /// The sequence's sampler: its params warp q, its random stream draws.
+    pub sampler: &'a mut Sampler,
+}
+
+/// Errors of proposers.
+#[derive(Debug, thiserror::Error)]
+pub enum DraftError {
+    #[error("draft model failed: {0}")]
+    Model(#[from] VerifyError),
+    #[error("draft model does not fit the target: {0}")]
+    Incompatible(String),
+}
+
+/// Something that proposes draft tokens for a batch of sequences.
+pub trait Proposer: Send {
+    /// Proposes at most `k` tokens for each request, in request order. May
+    /// return fewer, or none, when it has no good guess.
+    fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError>;
+
+    /// The sequence ended: drop whatever state was kept for it.
+    fn release(&mut self, _seq_id: u64) {}
+}
+
+impl Proposer for NgramProposer {
+    fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
+        Ok(batch
+            .iter()
+            .map(|r| Proposal {
+                tokens: self.lookup(r.context, r.k).to_vec(),
+                q: None,
+            })
+            .collect())
+    }
 }

@@ -3,8 +3,6 @@
 //! and propose the tokens that followed it. No model, no allocation beyond
 //! the returned tokens; cost is a backwards scan of the context.
 
-use crate::{Proposal, Proposer};
-
 /// Prompt-lookup proposer.
 ///
 /// Invariant: `1 <= min_n <= max_n`.
@@ -53,15 +51,6 @@ impl Default for NgramProposer {
     }
 }
 
-impl Proposer for NgramProposer {
-    fn propose(&mut self, context: &[u32], k: usize) -> Proposal {
-        Proposal {
-            tokens: self.lookup(context, k).to_vec(),
-            q: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,12 +78,11 @@ mod tests {
 
     #[test]
     fn no_match_and_tiny_contexts_propose_nothing() {
-        let mut p = NgramProposer::default();
-        assert!(p.propose(&[], 4).tokens.is_empty());
-        assert!(p.propose(&[1], 4).tokens.is_empty());
-        assert!(p.propose(&[1, 2, 3, 4], 4).tokens.is_empty());
-        assert_eq!(p.propose(&[1, 1], 4).tokens, vec![1]);
-        assert!(p.propose(&[5, 6, 5], 3).q.is_none());
+        let p = NgramProposer::default();
+        assert!(p.lookup(&[], 4).is_empty());
+        assert!(p.lookup(&[1], 4).is_empty());
+        assert!(p.lookup(&[1, 2, 3, 4], 4).is_empty());
+        assert_eq!(p.lookup(&[1, 1], 4), &[1]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! architecture family over a paged KV pool, and logits -> probabilities
 //! sampling. It knows nothing of HTTP, JSON requests or the config file.
 
+pub mod accept;
 pub mod error;
 pub mod kv_pool;
 pub mod model;

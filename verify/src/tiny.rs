@@ -29,6 +29,9 @@ pub struct TinySpec {
     pub seed: u64,
     /// Format of the matrices in GGUF output (norms and biases stay f32).
     pub dtype: GgmlDType,
+    /// Spread of the output head: larger makes next-token distributions
+    /// peakier (fewer greedy ties), smaller flatter (richer sampling tests).
+    pub logit_scale: f32,
 }
 
 impl TinySpec {
@@ -46,6 +49,7 @@ impl TinySpec {
             tied_embeddings: false,
             seed,
             dtype: GgmlDType::Q4_1,
+            logit_scale: 4.0,
         }
     }
 
@@ -124,11 +128,8 @@ impl TinySpec {
             (mat(1, h, 0.2)?.squeeze(0)? + 1.0)?,
         ));
         if !self.tied_embeddings {
-            // Large logits spread make greedy decoding less prone to ties.
-            out.push((
-                "lm_head.weight".to_string(),
-                mat(self.vocab_size, h, 4.0 * w(h))?,
-            ));
+            let scale = self.logit_scale * w(h);
+            out.push(("lm_head.weight".to_string(), mat(self.vocab_size, h, scale)?));
         }
         Ok(out)
     }

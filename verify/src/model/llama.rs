@@ -195,6 +195,11 @@ impl Model {
         self.lm_head.forward(&x)
     }
 
+    /// [`Model::forward`] with the logits as one `Vec<f32>` per row.
+    pub fn forward_rows(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Vec<Vec<f32>>> {
+        Ok(self.forward(pool, seqs)?.to_vec2::<f32>()?)
+    }
+
     /// Convenience for one sequence: logits rows as `Vec<Vec<f32>>`.
     pub fn forward_one(
         &self,
@@ -204,7 +209,7 @@ impl Model {
         block_table: &[u32],
         logits: LogitsWanted,
     ) -> Result<Vec<Vec<f32>>> {
-        let t = self.forward(
+        self.forward_rows(
             pool,
             &[SeqInput {
                 tokens,
@@ -212,7 +217,6 @@ impl Model {
                 block_table,
                 logits,
             }],
-        )?;
-        Ok(t.to_vec2::<f32>()?)
+        )
     }
 }

@@ -9,7 +9,7 @@ mod llama;
 mod loader;
 
 use crate::error::{Result, VerifyError};
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 use std::sync::Arc;
 
@@ -145,8 +145,22 @@ impl Linear {
         Self { weight, bias }
     }
 
+    /// Batch-invariant: row r of the result depends only on row r of `x`,
+    /// bit for bit, whatever the other rows and however many there are.
+    /// Speculative verification (k+1 rows) then scores tokens exactly as
+    /// plain decoding (1 row) does, so greedy output is identical with and
+    /// without speculation. candle's kernels are row-independent except its
+    /// single-row Q6_K kernel, which rounds differently from the multi-row
+    /// one; a single Q6_K row is therefore padded to two.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let single_q6k = matches!(&self.weight, QMatMul::QTensor(q) if q.dtype() == GgmlDType::Q6K)
+            && x.dim(0)? == 1;
+        let y = if single_q6k {
+            let padded = Tensor::cat(&[x, x], 0)?;
+            self.weight.forward(&padded)?.narrow(0, 0, 1)?
+        } else {
+            self.weight.forward(x)?
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

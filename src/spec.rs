@@ -1,0 +1,151 @@
+//! One speculative round for a batch of sequences: the proposer drafts k_i
+//! tokens per sequence, the target scores every sequence's last accepted
+//! token plus its drafts in ONE forward (k_i + 1 rows each), and acceptance
+//! decides per sequence. k_i = 0 is plain decoding through the same path.
+//!
+//! Invariant at the start of every round, for every sequence: the target's
+//! cache holds K/V for `tokens[..tokens.len() - 1]`. A round writes K/V for
+//! the last token and the drafts; the slots of rejected drafts are simply
+//! overwritten later and never read, since attention reads positions
+//! `0..=pos` only.
+
+use specgate_draft::{DraftPolicy, PolicyState, Proposal, ProposeRequest, Proposer};
+use specgate_verify::accept::{accept_sampled, Verdict};
+use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SeqInput, VerifyError};
+
+/// A sequence being decoded speculatively.
+pub struct SpecSeq {
+    pub id: u64,
+    /// Prompt + accepted output.
+    pub tokens: Vec<u32>,
+    pub block_table: Vec<u32>,
+    pub sampler: Sampler,
+    pub policy_state: PolicyState,
+}
+
+/// Counters a dashboard needs, summed over rounds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecStats {
+    /// Rounds in which at least one token was drafted.
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    /// `accepted_per_pos[i]`: drafts accepted at position i of a round.
+    pub accepted_per_pos: Vec<u64>,
+    /// Tokens emitted (accepted drafts + one target token per round).
+    pub emitted_tokens: u64,
+    pub rounds: u64,
+}
+
+impl SpecStats {
+    /// Accepted drafts / drafted tokens (0 when nothing was drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.draft_tokens == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.draft_tokens as f64
+        }
+    }
+
+    /// Tokens emitted per verify pass (1.0 without speculation).
+    pub fn mean_accepted_length(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.emitted_tokens as f64 / self.rounds as f64
+        }
+    }
+
+    fn record(&mut self, proposed: usize, v: &Verdict) {
+        self.rounds += 1;
+        self.emitted_tokens += v.tokens.len() as u64;
+        if proposed == 0 {
+            return;
+        }
+        self.drafts += 1;
+        self.draft_tokens += proposed as u64;
+        self.accepted_tokens += v.accepted as u64;
+        if self.accepted_per_pos.len() < proposed {
+            self.accepted_per_pos.resize(proposed, 0);
+        }
+        for p in &mut self.accepted_per_pos[..v.accepted] {
+            *p += 1;
+        }
+    }
+}
+
+/// Runs one round for `seqs`, drafting `ks[i]` tokens for sequence i (the
+/// caller caps k so that the block table covers `tokens.len() + k` slots and
+/// the sequence's token budget is not exceeded). Appends the new tokens to
+/// each sequence and returns them per sequence.
+///
+/// Errors: a failing draft or target forward (nothing is appended then).
+pub fn spec_round<P: Proposer + ?Sized>(
+    target: &Model,
+    pool: &mut KvPool,
+    proposer: Option<&mut P>,
+    policy: &DraftPolicy,
+    seqs: &mut [&mut SpecSeq],
+    ks: &[usize],
+    stats: &mut SpecStats,
+) -> Result<Vec<Vec<u32>>, SpecError> {
+    let proposals: Vec<Proposal> = match proposer {
+        Some(p) if ks.iter().any(|&k| k > 0) => {
+            let mut reqs: Vec<ProposeRequest> = seqs
+                .iter_mut()
+                .zip(ks)
+                .map(|(s, &k)| ProposeRequest {
+                    seq_id: s.id,
+                    context: &s.tokens,
+                    block_table: &s.block_table,
+                    k,
+                    sampler: &mut s.sampler,
+                })
+                .collect();
+            p.propose(&mut reqs)?
+        }
+        _ => vec![Proposal::default(); seqs.len()],
+    };
+    let rows_in: Vec<Vec<u32>> = seqs
+        .iter()
+        .zip(&proposals)
+        .map(|(s, p)| {
+            let mut r = vec![*s.tokens.last().expect("a sequence has tokens")];
+            r.extend_from_slice(&p.tokens);
+            r
+        })
+        .collect();
+    let inputs: Vec<SeqInput> = seqs
+        .iter()
+        .zip(&rows_in)
+        .map(|(s, r)| SeqInput {
+            tokens: r,
+            start_pos: s.tokens.len() - 1,
+            block_table: &s.block_table,
+            logits: LogitsWanted::All,
+        })
+        .collect();
+    let logits = target.forward_rows(pool, &inputs)?;
+    let mut rows = logits.into_iter();
+    let mut out = Vec::with_capacity(seqs.len());
+    for (s, p) in seqs.iter_mut().zip(&proposals) {
+        let mine: Vec<Vec<f32>> = rows.by_ref().take(p.tokens.len() + 1).collect();
+        let v = accept_sampled(&mine, &p.tokens, p.q.as_deref(), &mut s.sampler);
+        stats.record(p.tokens.len(), &v);
+        policy.observe(&mut s.policy_state, p.tokens.len(), v.accepted);
+        s.tokens.extend_from_slice(&v.tokens);
+        out.push(v.tokens);
+    }
+    Ok(out)
+}
+
+/// Errors of a speculative round.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error(transparent)]
+    Draft(#[from] specgate_draft::DraftError),
+    #[error(transparent)]
+    Target(#[from] VerifyError),
+    #[error("target produced no logits: {0}")]
+    Candle(#[from] candle_core::Error),
+}

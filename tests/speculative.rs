@@ -1,0 +1,193 @@
+//! Speculative decoding emits exactly what plain decoding emits (greedy),
+//! for both proposers and k = 1..8, on tiny generated models always and on
+//! the real Qwen2.5-Coder 0.5B -> 1.5B pair when `models/` holds it.
+
+use candle_core::quantized::GgmlDType;
+use specgate::spec::{spec_round, SpecSeq, SpecStats};
+use specgate::tokenizer::{ChatMessage, TextTokenizer};
+use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
+use specgate_verify::model::load_gguf;
+use specgate_verify::tiny::TinySpec;
+use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const BS: usize = 16;
+
+/// Greedy-decodes `max_new` tokens after `prompt` with fixed k (0 = plain).
+fn decode<P: Proposer + ?Sized>(
+    target: &Model,
+    proposer: Option<&mut P>,
+    prompt: &[u32],
+    max_new: usize,
+    k: usize,
+    stats: &mut SpecStats,
+) -> Vec<u32> {
+    decode_with(target, proposer, prompt, max_new, k, SamplingParams::default(), stats)
+}
+
+fn decode_with<P: Proposer + ?Sized>(
+    target: &Model,
+    proposer: Option<&mut P>,
+    prompt: &[u32],
+    max_new: usize,
+    k: usize,
+    sampling: SamplingParams,
+    stats: &mut SpecStats,
+) -> Vec<u32> {
+    let blocks = (prompt.len() + max_new + k + 1).div_ceil(BS);
+    let mut pool = KvPool::new(target.config(), blocks, BS).unwrap();
+    // Reversed block ids: nothing may depend on contiguous blocks.
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    target
+        .forward_one(&mut pool, &prompt[..prompt.len() - 1], 0, &table, LogitsWanted::None)
+        .unwrap();
+    let mut seq = SpecSeq {
+        id: 7,
+        tokens: prompt.to_vec(),
+        block_table: table,
+        sampler: Sampler::new(sampling),
+        policy_state: PolicyState::default(),
+    };
+    let policy = DraftPolicy::Fixed { k };
+    let mut proposer = proposer;
+    while seq.tokens.len() - prompt.len() < max_new {
+        let left = max_new - (seq.tokens.len() - prompt.len());
+        let k = k.min(left - 1);
+        spec_round(target, &mut pool, proposer.as_deref_mut(), &policy, &mut [&mut seq], &[k], stats)
+            .unwrap();
+    }
+    if let Some(p) = proposer {
+        p.release(7);
+    }
+    seq.tokens[prompt.len()..].to_vec()
+}
+
+fn tiny(spec: TinySpec, name: &str) -> Model {
+    let dir = std::env::temp_dir().join(format!("specgate-spec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    spec.write_gguf(&p, &[]).unwrap();
+    load_gguf(&p).unwrap()
+}
+
+#[test]
+fn tiny_greedy_speculation_equals_plain_decoding() {
+    // Q6_K target: the format whose single-row kernel differs from its
+    // multi-row one, so batch invariance is exercised.
+    let target = tiny(TinySpec { dtype: GgmlDType::Q6K, ..TinySpec::qwen2(11) }, "t.gguf");
+    // A close draft (same weights, coarser format) accepts often; an
+    // unrelated one rarely. Both must leave the output unchanged.
+    let close = Arc::new(tiny(TinySpec { dtype: GgmlDType::Q4K, ..TinySpec::qwen2(11) }, "d1.gguf"));
+    let far = Arc::new(tiny(TinySpec::qwen2(12), "d2.gguf"));
+    // Repetitive prompts so n-gram lookup finds matches.
+    let prompts: [Vec<u32>; 3] = [
+        vec![5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
+        (0..30).map(|i| (i * 13 % 384) as u32).collect(),
+        vec![100, 101, 102, 103, 104, 100, 101, 102],
+    ];
+    let max_new = 40;
+    let mut accepted_any = 0;
+    for prompt in &prompts {
+        let plain = decode::<NgramProposer>(&target, None, prompt, max_new, 0, &mut SpecStats::default());
+        for k in 1..=8 {
+            let mut ngram = NgramProposer::new(1, 3).unwrap();
+            let mut stats = SpecStats::default();
+            let got = decode(&target, Some(&mut ngram), prompt, max_new, k, &mut stats);
+            assert_eq!(got, plain, "ngram k={k} prompt {prompt:?}");
+            for draft in [&close, &far] {
+                let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
+                let mut s = SpecStats::default();
+                let got = decode(&target, Some(&mut d), prompt, max_new, k, &mut s);
+                assert_eq!(got, plain, "draft k={k} prompt {prompt:?}");
+                accepted_any += s.accepted_tokens;
+                assert!(s.mean_accepted_length() >= 1.0);
+            }
+        }
+    }
+    assert!(accepted_any > 0, "the close draft never had a token accepted");
+}
+
+#[test]
+fn seeded_sampling_with_speculation_is_reproducible() {
+    let target = tiny(TinySpec { logit_scale: 1.0, ..TinySpec::llama(13) }, "rt.gguf");
+    let draft = Arc::new(tiny(TinySpec { logit_scale: 1.0, ..TinySpec::llama(14) }, "rd.gguf"));
+    let prompt: Vec<u32> = vec![9, 8, 7, 9, 8, 7, 9];
+    let sampling = |seed| SamplingParams { temperature: 0.8, top_k: 50, top_p: 0.95, seed: Some(seed) };
+    let run = |seed: u64, use_draft: bool| {
+        let mut s = SpecStats::default();
+        if use_draft {
+            let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
+            decode_with(&target, Some(&mut d), &prompt, 30, 3, sampling(seed), &mut s)
+        } else {
+            let mut n = NgramProposer::new(1, 3).unwrap();
+            decode_with(&target, Some(&mut n), &prompt, 30, 3, sampling(seed), &mut s)
+        }
+    };
+    for use_draft in [true, false] {
+        assert_eq!(run(5, use_draft), run(5, use_draft), "same seed, same output");
+        assert_ne!(run(5, use_draft), run(6, use_draft), "another seed, another output");
+    }
+}
+
+// ---- the real pair ----
+
+fn models_dir() -> PathBuf {
+    std::env::var("SPECGATE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
+}
+
+const PROMPTS: [&str; 8] = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Implement binary search in Rust.",
+    "Explain what a mutex is in two sentences.",
+    "Write a SQL query that lists the ten customers with the highest total order value.",
+    "Write a bash one-liner that counts lines in all .rs files under the current directory.",
+    "Rename the variable `x` to `count` in this code and return the whole code:\n\ndef tally(items):\n    x = 0\n    for item in items:\n        if item:\n            x += 1\n    return x\n\nprint(tally([1, 0, 2, 0, 3]))\n",
+    "Add type hints to this function and return the whole code:\n\ndef merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n",
+    "Write a JavaScript function that debounces another function.",
+];
+
+#[test]
+fn real_pair_greedy_speculation_equals_plain_decoding() {
+    let dir = models_dir();
+    let (tp, dp) = (
+        dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+        dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    );
+    if !tp.exists() || !dp.exists() {
+        eprintln!("skipping: the Qwen2.5-Coder pair is not in {}", dir.display());
+        return;
+    }
+    let target = load_gguf(&tp).unwrap();
+    let draft = Arc::new(load_gguf(&dp).unwrap());
+    let tok = TextTokenizer::from_gguf_file(&tp).unwrap();
+    let max_new = 128;
+    let (mut ng_stats, mut d_stats) = (SpecStats::default(), SpecStats::default());
+    for (i, text) in PROMPTS.iter().enumerate() {
+        let chat = tok
+            .apply_chat_template(&[ChatMessage::new("user", *text)], true)
+            .unwrap();
+        let prompt = tok.encode(&chat, false).unwrap();
+        let plain = decode::<NgramProposer>(&target, None, &prompt, max_new, 0, &mut SpecStats::default());
+        // Spread k over 1..8 across prompts to bound the test's time.
+        let (k_ng, k_d) = (1 + i % 8, 8 - i % 8);
+        let mut ngram = NgramProposer::new(1, 4).unwrap();
+        let got = decode(&target, Some(&mut ngram), &prompt, max_new, k_ng, &mut ng_stats);
+        assert_eq!(got, plain, "ngram k={k_ng}, prompt {i}");
+        let blocks = (prompt.len() + max_new + 9).div_ceil(BS);
+        let mut d = ModelDraft::new(draft.clone(), blocks, BS).unwrap();
+        d.check_compatible(target.config()).unwrap();
+        let got = decode(&target, Some(&mut d), &prompt, max_new, k_d, &mut d_stats);
+        assert_eq!(got, plain, "draft k={k_d}, prompt {i}");
+    }
+    eprintln!(
+        "real pair: ngram acceptance {:.2}, mean length {:.2}; draft acceptance {:.2}, mean length {:.2}",
+        ng_stats.acceptance_rate(),
+        ng_stats.mean_accepted_length(),
+        d_stats.acceptance_rate(),
+        d_stats.mean_accepted_length()
+    );
+    assert!(d_stats.acceptance_rate() > 0.3, "the 0.5B draft should mostly agree with the 1.5B");
+}
