@@ -155,7 +155,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 }
 
 /// Blocks for the prompt, the output and one round of lookahead.
-fn blocks_needed(prompt_len: usize, args: &GenerateArgs) -> usize {
+pub fn blocks_needed(prompt_len: usize, args: &GenerateArgs) -> usize {
     (prompt_len + args.max_tokens + args.num_speculative_tokens + 1)
         .div_ceil(DEFAULT_BLOCK_SIZE)
 }
