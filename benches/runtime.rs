@@ -68,6 +68,7 @@ fn read_bandwidth() -> f64 {
 
 fn bench_model(path: &Path, bw: f64) {
     let model = load_gguf(path).expect("load");
+    model.warm_up().expect("warm up");
     let cfg = model.config().clone();
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % 30_000).collect();
     let decode = 64;

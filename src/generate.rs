@@ -57,9 +57,13 @@ pub struct GenerateArgs {
     pub ngram_min: usize,
     #[arg(long, default_value_t = 4)]
     pub ngram_max: usize,
-    /// Tokens drafted per round (with --draft or --ngram).
+    /// Tokens drafted per round (with --draft or --ngram); with --adaptive,
+    /// the most drafted per round.
     #[arg(long, default_value_t = 4)]
     pub num_speculative_tokens: usize,
+    /// Pick k each round from the measured acceptance (EMA) instead of fixed.
+    #[arg(long)]
+    pub adaptive: bool,
 }
 
 impl GenerateArgs {
@@ -97,6 +101,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let t0 = Instant::now();
     let model = load_model(&args.model)
         .with_context(|| format!("loading model {}", args.model.display()))?;
+    model.warm_up()?;
     let tok = load_tokenizer(&args.model)?;
     eprintln!(
         "loaded {} in {:.1}s",
@@ -123,8 +128,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let blocks = blocks_needed(prompt.len(), args);
     let mut proposer: Option<Box<dyn Proposer>> = if let Some(path) = &args.draft {
-        let draft = load_model(path)
-            .with_context(|| format!("loading draft model {}", path.display()))?;
+        let draft =
+            load_model(path).with_context(|| format!("loading draft model {}", path.display()))?;
+        draft.warm_up()?;
         let d = ModelDraft::new(Arc::new(draft), blocks, DEFAULT_BLOCK_SIZE)?;
         d.check_compatible(model.config())?;
         Some(Box::new(d))
@@ -156,8 +162,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 
 /// Blocks for the prompt, the output and one round of lookahead.
 pub fn blocks_needed(prompt_len: usize, args: &GenerateArgs) -> usize {
-    (prompt_len + args.max_tokens + args.num_speculative_tokens + 1)
-        .div_ceil(DEFAULT_BLOCK_SIZE)
+    (prompt_len + args.max_tokens + args.num_speculative_tokens + 1).div_ceil(DEFAULT_BLOCK_SIZE)
 }
 
 /// Timings of one generation.
@@ -219,12 +224,23 @@ pub fn generate<P: Proposer + ?Sized>(
         sampler: Sampler::new(sampling),
         policy_state: PolicyState::default(),
     };
-    let k = if proposer.is_some() {
-        args.num_speculative_tokens
-    } else {
-        0
+    let policy = match (&proposer, args.adaptive) {
+        (None, _) => DraftPolicy::Fixed { k: 0 },
+        (Some(_), false) => DraftPolicy::Fixed {
+            k: args.num_speculative_tokens,
+        },
+        (Some(_), true) => DraftPolicy::Adaptive {
+            min_k: 0,
+            max_k: args.num_speculative_tokens,
+            alpha: 0.3,
+            // Measured on this CPU (BENCHMARKS.md): a 0.5B draft step costs
+            // ~0.5 of a 1.5B verify pass and each extra verify row ~0.2;
+            // an n-gram lookup costs nothing but that extra row.
+            draft_cost: if args.draft.is_some() { 0.7 } else { 0.2 },
+            initial_acceptance: 0.7,
+            probe_every: 8,
+        },
     };
-    let policy = DraftPolicy::Fixed { k };
     let mut detok = IncrementalDecoder::new(true);
     let mut stats = SpecStats::default();
 
@@ -233,7 +249,13 @@ pub fn generate<P: Proposer + ?Sized>(
     let head = &prompt[..prompt.len() - 1];
     for (i, chunk) in head.chunks(PREFILL_CHUNK).enumerate() {
         let start = i * PREFILL_CHUNK;
-        model.forward_one(&mut pool, chunk, start, &seq.block_table, LogitsWanted::None)?;
+        model.forward_one(
+            &mut pool,
+            chunk,
+            start,
+            &seq.block_table,
+            LogitsWanted::None,
+        )?;
     }
     let mut prefill_secs = None;
     let mut first_round = 0;

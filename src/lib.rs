@@ -2,5 +2,5 @@
 
 pub mod generate;
 pub mod kv;
-pub mod tokenizer;
 pub mod spec;
+pub mod tokenizer;

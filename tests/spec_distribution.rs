@@ -52,15 +52,28 @@ fn tiny(seed: u64, name: &str) -> Model {
 type Rule = fn(&[Vec<f32>], &[u32], Option<&[Vec<f32>]>, &mut Sampler) -> Verdict;
 
 /// Wrong on purpose: keeps every draft.
-fn always_accept(rows: &[Vec<f32>], draft: &[u32], _q: Option<&[Vec<f32>]>, s: &mut Sampler) -> Verdict {
+fn always_accept(
+    rows: &[Vec<f32>],
+    draft: &[u32],
+    _q: Option<&[Vec<f32>]>,
+    s: &mut Sampler,
+) -> Verdict {
     let mut tokens = draft.to_vec();
     let p = s.params().warp(&rows[draft.len()]);
     tokens.push(s.draw(&p));
-    Verdict { accepted: draft.len(), tokens }
+    Verdict {
+        accepted: draft.len(),
+        tokens,
+    }
 }
 
 /// Wrong on purpose: the right acceptance test, but resamples from p.
-fn resample_from_p(rows: &[Vec<f32>], draft: &[u32], q: Option<&[Vec<f32>]>, s: &mut Sampler) -> Verdict {
+fn resample_from_p(
+    rows: &[Vec<f32>],
+    draft: &[u32],
+    q: Option<&[Vec<f32>]>,
+    s: &mut Sampler,
+) -> Verdict {
     let q = q.unwrap();
     let mut tokens = Vec::new();
     for (i, &d) in draft.iter().enumerate() {
@@ -69,12 +82,18 @@ fn resample_from_p(rows: &[Vec<f32>], draft: &[u32], q: Option<&[Vec<f32>]>, s: 
             tokens.push(d);
         } else {
             tokens.push(s.draw(&p));
-            return Verdict { accepted: i, tokens };
+            return Verdict {
+                accepted: i,
+                tokens,
+            };
         }
     }
     let p = s.params().warp(&rows[draft.len()]);
     tokens.push(s.draw(&p));
-    Verdict { accepted: draft.len(), tokens }
+    Verdict {
+        accepted: draft.len(),
+        tokens,
+    }
 }
 
 struct Setup {
@@ -95,9 +114,21 @@ impl Setup {
         // Target cache holds all but the last prompt token; rounds only
         // write later positions, so every sample starts from this state.
         target
-            .forward_one(&mut pool, &prompt[..prompt.len() - 1], 0, &table, LogitsWanted::None)
+            .forward_one(
+                &mut pool,
+                &prompt[..prompt.len() - 1],
+                0,
+                &table,
+                LogitsWanted::None,
+            )
             .unwrap();
-        Setup { target, draft, pool, prompt, table }
+        Setup {
+            target,
+            draft,
+            pool,
+            prompt,
+            table,
+        }
     }
 
     /// Exact warped p(x1, x2) of the target.
@@ -116,7 +147,13 @@ impl Setup {
             }
             let next = self
                 .target
-                .forward_one(&mut pool, &[x1 as u32], self.prompt.len(), &self.table, LogitsWanted::Last)
+                .forward_one(
+                    &mut pool,
+                    &[x1 as u32],
+                    self.prompt.len(),
+                    &self.table,
+                    LogitsWanted::Last,
+                )
                 .unwrap();
             let p2 = w.warp(&next[0]);
             for x2 in 0..V {
@@ -197,7 +234,12 @@ fn run(setup: &mut Setup, rule: Rule, exact: &[f64], n: usize) -> (f64, f64) {
         let (a, b) = setup.sample(rule, i as u64);
         counts[a * V + b] += 1;
     }
-    let impossible: usize = counts.iter().zip(exact).filter(|(_, &p)| p == 0.0).map(|(c, _)| c).sum();
+    let impossible: usize = counts
+        .iter()
+        .zip(exact)
+        .filter(|(_, &p)| p == 0.0)
+        .map(|(c, _)| c)
+        .sum();
     let (stat, crit) = chi_square(exact, &counts, n);
     // A token outside top-p is impossible: count it as a certain failure.
     (if impossible > 0 { f64::INFINITY } else { stat }, crit)
@@ -210,11 +252,17 @@ fn speculative_sampling_matches_target_distribution_and_broken_rules_fail() {
     assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
     let support = exact.iter().filter(|&&p| p > 0.0).count();
     eprintln!("target joint distribution: {support} outcomes of {}", V * V);
-    assert!(support > 4, "the warped distribution should not be degenerate ({support} outcomes)");
+    assert!(
+        support > 4,
+        "the warped distribution should not be degenerate ({support} outcomes)"
+    );
 
     let (stat, crit) = run(&mut setup, accept_sampled, &exact, N);
     eprintln!("correct rule: chi2 {stat:.1} (critical {crit:.1})");
-    assert!(stat < crit, "speculative samples deviate from the target: chi2 {stat} >= {crit}");
+    assert!(
+        stat < crit,
+        "speculative samples deviate from the target: chi2 {stat} >= {crit}"
+    );
 
     let (stat, crit) = run(&mut setup, always_accept, &exact, N_BROKEN);
     eprintln!("always accept: chi2 {stat:.1} (critical {crit:.1})");
@@ -224,4 +272,3 @@ fn speculative_sampling_matches_target_distribution_and_broken_rules_fail() {
     eprintln!("resample from p: chi2 {stat:.1} (critical {crit:.1})");
     assert!(stat >= crit, "resampling from p went undetected");
 }
-

@@ -23,7 +23,15 @@ fn decode<P: Proposer + ?Sized>(
     k: usize,
     stats: &mut SpecStats,
 ) -> Vec<u32> {
-    decode_with(target, proposer, prompt, max_new, k, SamplingParams::default(), stats)
+    decode_with(
+        target,
+        proposer,
+        prompt,
+        max_new,
+        k,
+        SamplingParams::default(),
+        stats,
+    )
 }
 
 fn decode_with<P: Proposer + ?Sized>(
@@ -40,7 +48,13 @@ fn decode_with<P: Proposer + ?Sized>(
     // Reversed block ids: nothing may depend on contiguous blocks.
     let table: Vec<u32> = (0..blocks as u32).rev().collect();
     target
-        .forward_one(&mut pool, &prompt[..prompt.len() - 1], 0, &table, LogitsWanted::None)
+        .forward_one(
+            &mut pool,
+            &prompt[..prompt.len() - 1],
+            0,
+            &table,
+            LogitsWanted::None,
+        )
         .unwrap();
     let mut seq = SpecSeq {
         id: 7,
@@ -54,8 +68,16 @@ fn decode_with<P: Proposer + ?Sized>(
     while seq.tokens.len() - prompt.len() < max_new {
         let left = max_new - (seq.tokens.len() - prompt.len());
         let k = k.min(left - 1);
-        spec_round(target, &mut pool, proposer.as_deref_mut(), &policy, &mut [&mut seq], &[k], stats)
-            .unwrap();
+        spec_round(
+            target,
+            &mut pool,
+            proposer.as_deref_mut(),
+            &policy,
+            &mut [&mut seq],
+            &[k],
+            stats,
+        )
+        .unwrap();
     }
     if let Some(p) = proposer {
         p.release(7);
@@ -75,10 +97,22 @@ fn tiny(spec: TinySpec, name: &str) -> Model {
 fn tiny_greedy_speculation_equals_plain_decoding() {
     // Q6_K target: the format whose single-row kernel differs from its
     // multi-row one, so batch invariance is exercised.
-    let target = tiny(TinySpec { dtype: GgmlDType::Q6K, ..TinySpec::qwen2(11) }, "t.gguf");
+    let target = tiny(
+        TinySpec {
+            dtype: GgmlDType::Q6K,
+            ..TinySpec::qwen2(11)
+        },
+        "t.gguf",
+    );
     // A close draft (same weights, coarser format) accepts often; an
     // unrelated one rarely. Both must leave the output unchanged.
-    let close = Arc::new(tiny(TinySpec { dtype: GgmlDType::Q4K, ..TinySpec::qwen2(11) }, "d1.gguf"));
+    let close = Arc::new(tiny(
+        TinySpec {
+            dtype: GgmlDType::Q4K,
+            ..TinySpec::qwen2(11)
+        },
+        "d1.gguf",
+    ));
     let far = Arc::new(tiny(TinySpec::qwen2(12), "d2.gguf"));
     // Repetitive prompts so n-gram lookup finds matches.
     let prompts: [Vec<u32>; 3] = [
@@ -89,7 +123,8 @@ fn tiny_greedy_speculation_equals_plain_decoding() {
     let max_new = 40;
     let mut accepted_any = 0;
     for prompt in &prompts {
-        let plain = decode::<NgramProposer>(&target, None, prompt, max_new, 0, &mut SpecStats::default());
+        let plain =
+            decode::<NgramProposer>(&target, None, prompt, max_new, 0, &mut SpecStats::default());
         for k in 1..=8 {
             let mut ngram = NgramProposer::new(1, 3).unwrap();
             let mut stats = SpecStats::default();
@@ -105,28 +140,72 @@ fn tiny_greedy_speculation_equals_plain_decoding() {
             }
         }
     }
-    assert!(accepted_any > 0, "the close draft never had a token accepted");
+    assert!(
+        accepted_any > 0,
+        "the close draft never had a token accepted"
+    );
 }
 
 #[test]
 fn seeded_sampling_with_speculation_is_reproducible() {
-    let target = tiny(TinySpec { logit_scale: 1.0, ..TinySpec::llama(13) }, "rt.gguf");
-    let draft = Arc::new(tiny(TinySpec { logit_scale: 1.0, ..TinySpec::llama(14) }, "rd.gguf"));
+    let target = tiny(
+        TinySpec {
+            logit_scale: 1.0,
+            ..TinySpec::llama(13)
+        },
+        "rt.gguf",
+    );
+    let draft = Arc::new(tiny(
+        TinySpec {
+            logit_scale: 1.0,
+            ..TinySpec::llama(14)
+        },
+        "rd.gguf",
+    ));
     let prompt: Vec<u32> = vec![9, 8, 7, 9, 8, 7, 9];
-    let sampling = |seed| SamplingParams { temperature: 0.8, top_k: 50, top_p: 0.95, seed: Some(seed) };
+    let sampling = |seed| SamplingParams {
+        temperature: 0.8,
+        top_k: 50,
+        top_p: 0.95,
+        seed: Some(seed),
+    };
     let run = |seed: u64, use_draft: bool| {
         let mut s = SpecStats::default();
         if use_draft {
             let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
-            decode_with(&target, Some(&mut d), &prompt, 30, 3, sampling(seed), &mut s)
+            decode_with(
+                &target,
+                Some(&mut d),
+                &prompt,
+                30,
+                3,
+                sampling(seed),
+                &mut s,
+            )
         } else {
             let mut n = NgramProposer::new(1, 3).unwrap();
-            decode_with(&target, Some(&mut n), &prompt, 30, 3, sampling(seed), &mut s)
+            decode_with(
+                &target,
+                Some(&mut n),
+                &prompt,
+                30,
+                3,
+                sampling(seed),
+                &mut s,
+            )
         }
     };
     for use_draft in [true, false] {
-        assert_eq!(run(5, use_draft), run(5, use_draft), "same seed, same output");
-        assert_ne!(run(5, use_draft), run(6, use_draft), "another seed, another output");
+        assert_eq!(
+            run(5, use_draft),
+            run(5, use_draft),
+            "same seed, same output"
+        );
+        assert_ne!(
+            run(5, use_draft),
+            run(6, use_draft),
+            "another seed, another output"
+        );
     }
 }
 
@@ -157,7 +236,10 @@ fn real_pair_greedy_speculation_equals_plain_decoding() {
         dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
     );
     if !tp.exists() || !dp.exists() {
-        eprintln!("skipping: the Qwen2.5-Coder pair is not in {}", dir.display());
+        eprintln!(
+            "skipping: the Qwen2.5-Coder pair is not in {}",
+            dir.display()
+        );
         return;
     }
     let target = load_gguf(&tp).unwrap();
@@ -170,11 +252,25 @@ fn real_pair_greedy_speculation_equals_plain_decoding() {
             .apply_chat_template(&[ChatMessage::new("user", *text)], true)
             .unwrap();
         let prompt = tok.encode(&chat, false).unwrap();
-        let plain = decode::<NgramProposer>(&target, None, &prompt, max_new, 0, &mut SpecStats::default());
+        let plain = decode::<NgramProposer>(
+            &target,
+            None,
+            &prompt,
+            max_new,
+            0,
+            &mut SpecStats::default(),
+        );
         // Spread k over 1..8 across prompts to bound the test's time.
         let (k_ng, k_d) = (1 + i % 8, 8 - i % 8);
         let mut ngram = NgramProposer::new(1, 4).unwrap();
-        let got = decode(&target, Some(&mut ngram), &prompt, max_new, k_ng, &mut ng_stats);
+        let got = decode(
+            &target,
+            Some(&mut ngram),
+            &prompt,
+            max_new,
+            k_ng,
+            &mut ng_stats,
+        );
         assert_eq!(got, plain, "ngram k={k_ng}, prompt {i}");
         let blocks = (prompt.len() + max_new + 9).div_ceil(BS);
         let mut d = ModelDraft::new(draft.clone(), blocks, BS).unwrap();
@@ -189,5 +285,8 @@ fn real_pair_greedy_speculation_equals_plain_decoding() {
         d_stats.acceptance_rate(),
         d_stats.mean_accepted_length()
     );
-    assert!(d_stats.acceptance_rate() > 0.3, "the 0.5B draft should mostly agree with the 1.5B");
+    assert!(
+        d_stats.acceptance_rate() > 0.3,
+        "the 0.5B draft should mostly agree with the 1.5B"
+    );
 }

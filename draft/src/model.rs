@@ -24,7 +24,11 @@ pub struct ModelDraft {
 impl ModelDraft {
     /// A draft whose pool has `num_blocks` blocks of `block_size` slots: the
     /// same geometry as the target's pool, since block ids are shared.
-    pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Result<Self, DraftError> {
+    pub fn new(
+        model: Arc<Model>,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, DraftError> {
         let pool = KvPool::new(model.config(), num_blocks, block_size)?;
         Ok(Self {
             model,
@@ -78,7 +82,10 @@ impl Proposer for ModelDraft {
             .iter()
             .map(|&i| {
                 let r = &batch[i];
-                let valid = self.cached.get(&r.seq_id).map_or(0, |c| common_prefix(c, r.context));
+                let valid = self
+                    .cached
+                    .get(&r.seq_id)
+                    .map_or(0, |c| common_prefix(c, r.context));
                 valid.min(r.context.len() - 1)
             })
             .collect();

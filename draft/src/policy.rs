@@ -14,8 +14,9 @@ pub enum DraftPolicy {
     /// Per sequence, the k in `min_k..=max_k` that maximizes expected tokens
     /// per unit of work, `E[tokens](k, a) / (1 + draft_cost * k)`, where `a`
     /// is the EMA of the fraction of drafts accepted (weight `alpha` on the
-    /// newest round) and `draft_cost` the cost of one draft step relative to
-    /// one verify pass. At k = 0 it probes with k = 1 every `probe_every`
+    /// newest round) and `draft_cost` the cost of one more drafted token
+    /// (a draft step plus one more verify row) relative to a one-row verify
+    /// pass. At k = 0 it probes with k = 1 every `probe_every`
     /// rounds, so a sequence that turns predictable is noticed.
     Adaptive {
         min_k: usize,
@@ -82,7 +83,9 @@ impl DraftPolicy {
                     return Err(format!("draft_cost {draft_cost} must be >= 0"));
                 }
                 if !(0.0..=1.0).contains(initial_acceptance) {
-                    return Err(format!("initial_acceptance {initial_acceptance} must be in [0, 1]"));
+                    return Err(format!(
+                        "initial_acceptance {initial_acceptance} must be in [0, 1]"
+                    ));
                 }
                 if *probe_every == 0 {
                     return Err("probe_every must be at least 1".into());
@@ -163,7 +166,9 @@ mod tests {
         let t = DraftPolicy::BatchTable(vec![(1, 6), (4, 3), (16, 1)]);
         assert!(t.validate().is_ok());
         assert_eq!([1, 2, 4, 5, 16, 17].map(|b| t.k(b, &s)), [6, 3, 3, 1, 1, 0]);
-        assert!(DraftPolicy::BatchTable(vec![(4, 1), (2, 1)]).validate().is_err());
+        assert!(DraftPolicy::BatchTable(vec![(4, 1), (2, 1)])
+            .validate()
+            .is_err());
     }
 
     #[test]

@@ -81,7 +81,9 @@ impl BlockManager {
 
     /// Token slots the sequence's table covers.
     pub fn capacity(&self, seq: SeqId) -> usize {
-        self.tables.get(&seq).map_or(0, |t| t.len() * self.block_size)
+        self.tables
+            .get(&seq)
+            .map_or(0, |t| t.len() * self.block_size)
     }
 
     /// Gives a new sequence a table covering `tokens` slots.

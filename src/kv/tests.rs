@@ -17,7 +17,10 @@ fn allocate_reserve_trim_free() {
     assert_eq!(m.num_free(), 6);
     assert_eq!(
         m.allocate(2, 100),
-        Err(KvError::OutOfBlocks { needed: 25, free: 6 })
+        Err(KvError::OutOfBlocks {
+            needed: 25,
+            free: 6
+        })
     );
     assert_eq!(m.allocate(1, 1), Err(KvError::AlreadyAllocated(1)));
     assert_eq!(m.reserve(9, 1), Err(KvError::UnknownSequence(9)));

@@ -108,25 +108,59 @@ mod tests {
 
     #[test]
     fn greedy_keeps_matching_prefix_then_corrects() {
-        let rows = vec![onehot_row(6, 2), onehot_row(6, 3), onehot_row(6, 1), onehot_row(6, 4)];
+        let rows = vec![
+            onehot_row(6, 2),
+            onehot_row(6, 3),
+            onehot_row(6, 1),
+            onehot_row(6, 4),
+        ];
         let v = accept_greedy(&rows, &[2, 3, 5]);
-        assert_eq!(v, Verdict { accepted: 2, tokens: vec![2, 3, 1] });
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 2,
+                tokens: vec![2, 3, 1]
+            }
+        );
         let v = accept_greedy(&rows, &[2, 3, 1]);
-        assert_eq!(v, Verdict { accepted: 3, tokens: vec![2, 3, 1, 4] });
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 3,
+                tokens: vec![2, 3, 1, 4]
+            }
+        );
         let v = accept_greedy(&rows[..1], &[]);
-        assert_eq!(v, Verdict { accepted: 0, tokens: vec![2] });
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 0,
+                tokens: vec![2]
+            }
+        );
     }
 
     #[test]
     fn sampled_never_keeps_a_token_the_target_excludes() {
         // Target puts all mass (after top-k 1) on token 2; a draft of 4 must
         // be rejected and replaced by 2, every time.
-        let params = SamplingParams { temperature: 1.0, top_k: 1, top_p: 1.0, seed: Some(3) };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            seed: Some(3),
+        };
         let mut s = Sampler::new(params);
         let rows = vec![onehot_row(6, 2), onehot_row(6, 0)];
         for _ in 0..100 {
             let v = accept_sampled(&rows, &[4], None, &mut s);
-            assert_eq!(v, Verdict { accepted: 0, tokens: vec![2] });
+            assert_eq!(
+                v,
+                Verdict {
+                    accepted: 0,
+                    tokens: vec![2]
+                }
+            );
         }
     }
 }

@@ -129,7 +129,10 @@ impl TinySpec {
         ));
         if !self.tied_embeddings {
             let scale = self.logit_scale * w(h);
-            out.push(("lm_head.weight".to_string(), mat(self.vocab_size, h, scale)?));
+            out.push((
+                "lm_head.weight".to_string(),
+                mat(self.vocab_size, h, scale)?,
+            ));
         }
         Ok(out)
     }

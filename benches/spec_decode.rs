@@ -5,9 +5,9 @@
 //! plus the measured cost of one draft step and of a verify pass of k + 1
 //! rows, which explain which k wins.
 //!
-//! Run: `cargo bench --bench speculative` (models from scripts/fetch-models.sh).
-//! `SPECGATE_BENCH_KS=1,2,4` limits the k values, `SPECGATE_BENCH_TOKENS`
-//! sets tokens per prompt (default 64).
+//! Run: `cargo bench --bench spec_decode` (models from scripts/fetch-models.sh).
+//! `SPECGATE_BENCH_KS=1,2,4` limits the fixed k values (empty: adaptive
+//! only), `SPECGATE_BENCH_TOKENS` sets tokens per prompt (default 64).
 
 use specgate::generate::{blocks_needed, generate, load_tokenizer, GenerateArgs};
 use specgate::tokenizer::ChatMessage;
@@ -37,15 +37,27 @@ struct Run {
     mean_len: f64,
 }
 
-fn run_set(
-    target: &Model,
-    draft: Option<&Arc<Model>>,
+/// One speculation setting: which proposer, how many drafts.
+struct Setting<'a> {
+    draft: Option<&'a Arc<Model>>,
     ngram: bool,
     k: usize,
+    adaptive: bool,
+}
+
+fn run_set(
+    target: &Model,
+    set: &Setting,
     temperature: f32,
     prompts: &[Vec<u32>],
     tokens: usize,
 ) -> Run {
+    let Setting {
+        draft,
+        ngram,
+        k,
+        adaptive,
+    } = *set;
     let (mut n, mut secs, mut acc, mut drafted, mut emitted, mut rounds) = (0, 0.0, 0, 0, 0, 0);
     for (i, prompt) in prompts.iter().enumerate() {
         let args = GenerateArgs {
@@ -63,6 +75,7 @@ fn run_set(
             ngram_min: 1,
             ngram_max: 4,
             num_speculative_tokens: k,
+            adaptive,
         };
         let sampling = SamplingParams {
             temperature,
@@ -73,14 +86,26 @@ fn run_set(
         let tok = TOK.with(|t| t.clone());
         let mut proposer: Option<Box<dyn Proposer>> = match (draft, ngram) {
             (Some(d), _) if k > 0 => Some(Box::new(
-                ModelDraft::new(d.clone(), blocks_needed(prompt.len(), &args), DEFAULT_BLOCK_SIZE)
-                    .unwrap(),
+                ModelDraft::new(
+                    d.clone(),
+                    blocks_needed(prompt.len(), &args),
+                    DEFAULT_BLOCK_SIZE,
+                )
+                .unwrap(),
             )),
             (None, true) if k > 0 => Some(Box::new(NgramProposer::new(1, 4).unwrap())),
             _ => None,
         };
-        let stats = generate(target, proposer.as_deref_mut(), &tok, prompt, &args, sampling, &mut |_| Ok(()))
-            .unwrap();
+        let stats = generate(
+            target,
+            proposer.as_deref_mut(),
+            &tok,
+            prompt,
+            &args,
+            sampling,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
         n += stats.decode_tokens;
         secs += stats.decode_secs;
         acc += stats.spec.accepted_tokens;
@@ -90,7 +115,11 @@ fn run_set(
     }
     Run {
         tok_s: n as f64 / secs,
-        acceptance: if drafted > 0 { acc as f64 / drafted as f64 } else { 0.0 },
+        acceptance: if drafted > 0 {
+            acc as f64 / drafted as f64
+        } else {
+            0.0
+        },
         mean_len: emitted as f64 / rounds.max(1) as f64,
     }
 }
@@ -144,7 +173,10 @@ fn main() {
         dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
     );
     if !tp.exists() || !dp.exists() {
-        println!("the Qwen2.5-Coder pair is not in {}: run scripts/fetch-models.sh", dir.display());
+        println!(
+            "the Qwen2.5-Coder pair is not in {}: run scripts/fetch-models.sh",
+            dir.display()
+        );
         return;
     }
     let ks: Vec<usize> = std::env::var("SPECGATE_BENCH_KS")
@@ -156,6 +188,8 @@ fn main() {
         .unwrap_or(64);
     let target = load_gguf(&tp).unwrap();
     let draft = Arc::new(load_gguf(&dp).unwrap());
+    target.warm_up().unwrap();
+    draft.warm_up().unwrap();
 
     println!("## Measured costs (median of 7, 300-token context)\n");
     println!("| rows in one forward | 1.5B target (ms) | 0.5B draft (ms) |");
@@ -173,7 +207,9 @@ fn main() {
             texts
                 .iter()
                 .map(|t| {
-                    let chat = tok.apply_chat_template(&[ChatMessage::new("user", *t)], true).unwrap();
+                    let chat = tok
+                        .apply_chat_template(&[ChatMessage::new("user", *t)], true)
+                        .unwrap();
                     tok.encode(&chat, false).unwrap()
                 })
                 .collect()
@@ -186,15 +222,31 @@ fn main() {
                 "\n## {set}, temperature {temperature} ({} prompts x {tokens} tokens)\n",
                 prompts.len()
             );
-            println!("| method | k | decode tok/s | vs plain | acceptance | mean accepted length |");
+            println!(
+                "| method | k | decode tok/s | vs plain | acceptance | mean accepted length |"
+            );
             println!("|---|---|---|---|---|---|");
-            let plain = run_set(&target, None, false, 0, temperature, &prompts, tokens);
+            let off = Setting {
+                draft: None,
+                ngram: false,
+                k: 0,
+                adaptive: false,
+            };
+            let plain = run_set(&target, &off, temperature, &prompts, tokens);
             println!("| plain | 0 | {:.2} | 1.00x | - | 1.00 |", plain.tok_s);
             for (name, d, ng) in [("n-gram", None, true), ("draft 0.5B", Some(&draft), false)] {
-                for &k in &ks {
-                    let r = run_set(&target, d, ng, k, temperature, &prompts, tokens);
+                let fixed = ks.iter().map(|&k| (k, false, k.to_string()));
+                let adaptive = std::iter::once((8, true, "adaptive <= 8".to_string()));
+                for (k, adaptive, label) in fixed.chain(adaptive) {
+                    let set = Setting {
+                        draft: d,
+                        ngram: ng,
+                        k,
+                        adaptive,
+                    };
+                    let r = run_set(&target, &set, temperature, &prompts, tokens);
                     println!(
-                        "| {name} | {k} | {:.2} | {:.2}x | {:.1}% | {:.2} |",
+                        "| {name} | {label} | {:.2} | {:.2}x | {:.1}% | {:.2} |",
                         r.tok_s,
                         r.tok_s / plain.tok_s,
                         100.0 * r.acceptance,
