@@ -3,7 +3,7 @@
 //! (nothing else, so it can be piped and compared) and prefill/decode speeds
 //! and speculation statistics on stderr.
 
-use crate::spec::{spec_round, SpecSeq, SpecStats};
+use crate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use crate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 use anyhow::{bail, Context, Result};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
@@ -217,10 +217,10 @@ pub fn generate<P: Proposer + ?Sized>(
     let blocks = blocks_needed(prompt.len(), args);
     let mut pool = KvPool::new(model.config(), blocks, DEFAULT_BLOCK_SIZE)?;
     // One sequence owns the whole pool; the engine's BlockManager is not needed.
+    let table: Vec<u32> = (0..blocks as u32).collect();
     let mut seq = SpecSeq {
         id: 0,
         tokens: prompt.to_vec(),
-        block_table: (0..blocks as u32).collect(),
         sampler: Sampler::new(sampling),
         policy_state: PolicyState::default(),
     };
@@ -249,13 +249,7 @@ pub fn generate<P: Proposer + ?Sized>(
     let head = &prompt[..prompt.len() - 1];
     for (i, chunk) in head.chunks(PREFILL_CHUNK).enumerate() {
         let start = i * PREFILL_CHUNK;
-        model.forward_one(
-            &mut pool,
-            chunk,
-            start,
-            &seq.block_table,
-            LogitsWanted::None,
-        )?;
+        model.forward_one(&mut pool, chunk, start, &table, LogitsWanted::None)?;
     }
     let mut prefill_secs = None;
     let mut first_round = 0;
@@ -269,8 +263,12 @@ pub fn generate<P: Proposer + ?Sized>(
             &mut pool,
             proposer.as_deref_mut(),
             &policy,
-            &mut [&mut seq],
-            &[k],
+            &mut [RoundInput {
+                seq: &mut seq,
+                block_table: &table,
+                k,
+            }],
+            &[],
             &mut stats,
         )?;
         if prefill_secs.is_none() {

@@ -18,9 +18,17 @@ pub struct SpecSeq {
     pub id: u64,
     /// Prompt + accepted output.
     pub tokens: Vec<u32>,
-    pub block_table: Vec<u32>,
     pub sampler: Sampler,
     pub policy_state: PolicyState,
+}
+
+/// One sequence's part of a round.
+pub struct RoundInput<'a> {
+    pub seq: &'a mut SpecSeq,
+    /// Must cover `seq.tokens.len() + k` positions.
+    pub block_table: &'a [u32],
+    /// Drafts wanted (0: plain decoding).
+    pub k: usize,
 }
 
 /// Counters a dashboard needs, summed over rounds.
@@ -74,10 +82,10 @@ impl SpecStats {
     }
 }
 
-/// Runs one round for `seqs`, drafting `ks[i]` tokens for sequence i (the
-/// caller caps k so that the block table covers `tokens.len() + k` slots and
-/// the sequence's token budget is not exceeded). Appends the new tokens to
-/// each sequence and returns them per sequence.
+/// Runs one round for `batch`, drafting `k` tokens per sequence, in ONE
+/// target forward that also carries `prefills` (prompt chunks of other
+/// sequences, which want no logits). Appends the new tokens to each
+/// sequence and returns them per sequence.
 ///
 /// Errors: a failing draft or target forward (nothing is appended then).
 pub fn spec_round<P: Proposer + ?Sized>(
@@ -85,55 +93,58 @@ pub fn spec_round<P: Proposer + ?Sized>(
     pool: &mut KvPool,
     proposer: Option<&mut P>,
     policy: &DraftPolicy,
-    seqs: &mut [&mut SpecSeq],
-    ks: &[usize],
+    batch: &mut [RoundInput],
+    prefills: &[SeqInput],
     stats: &mut SpecStats,
 ) -> Result<Vec<Vec<u32>>, SpecError> {
     let proposals: Vec<Proposal> = match proposer {
-        Some(p) if ks.iter().any(|&k| k > 0) => {
-            let mut reqs: Vec<ProposeRequest> = seqs
+        Some(p) if batch.iter().any(|r| r.k > 0) => {
+            let mut reqs: Vec<ProposeRequest> = batch
                 .iter_mut()
-                .zip(ks)
-                .map(|(s, &k)| ProposeRequest {
-                    seq_id: s.id,
-                    context: &s.tokens,
-                    block_table: &s.block_table,
-                    k,
-                    sampler: &mut s.sampler,
+                .map(|r| ProposeRequest {
+                    seq_id: r.seq.id,
+                    context: &r.seq.tokens,
+                    block_table: r.block_table,
+                    k: r.k,
+                    sampler: &mut r.seq.sampler,
                 })
                 .collect();
             p.propose(&mut reqs)?
         }
-        _ => vec![Proposal::default(); seqs.len()],
+        _ => vec![Proposal::default(); batch.len()],
     };
-    let rows_in: Vec<Vec<u32>> = seqs
+    let rows_in: Vec<Vec<u32>> = batch
         .iter()
         .zip(&proposals)
-        .map(|(s, p)| {
-            let mut r = vec![*s.tokens.last().expect("a sequence has tokens")];
-            r.extend_from_slice(&p.tokens);
-            r
+        .map(|(r, p)| {
+            let mut row = vec![*r.seq.tokens.last().expect("a sequence has tokens")];
+            row.extend_from_slice(&p.tokens);
+            row
         })
         .collect();
-    let inputs: Vec<SeqInput> = seqs
+    debug_assert!(prefills.iter().all(|p| p.logits == LogitsWanted::None));
+    let inputs: Vec<SeqInput> = prefills
         .iter()
-        .zip(&rows_in)
-        .map(|(s, r)| SeqInput {
-            tokens: r,
-            start_pos: s.tokens.len() - 1,
-            block_table: &s.block_table,
+        .copied()
+        .chain(batch.iter().zip(&rows_in).map(|(r, row)| SeqInput {
+            tokens: row,
+            start_pos: r.seq.tokens.len() - 1,
+            block_table: r.block_table,
             logits: LogitsWanted::All,
-        })
+        }))
         .collect();
+    if inputs.is_empty() {
+        return Ok(Vec::new());
+    }
     let logits = target.forward_rows(pool, &inputs)?;
     let mut rows = logits.into_iter();
-    let mut out = Vec::with_capacity(seqs.len());
-    for (s, p) in seqs.iter_mut().zip(&proposals) {
+    let mut out = Vec::with_capacity(batch.len());
+    for (r, p) in batch.iter_mut().zip(&proposals) {
         let mine: Vec<Vec<f32>> = rows.by_ref().take(p.tokens.len() + 1).collect();
-        let v = accept_sampled(&mine, &p.tokens, p.q.as_deref(), &mut s.sampler);
+        let v = accept_sampled(&mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
         stats.record(p.tokens.len(), &v);
-        policy.observe(&mut s.policy_state, p.tokens.len(), v.accepted);
-        s.tokens.extend_from_slice(&v.tokens);
+        policy.observe(&mut r.seq.policy_state, p.tokens.len(), v.accepted);
+        r.seq.tokens.extend_from_slice(&v.tokens);
         out.push(v.tokens);
     }
     Ok(out)
@@ -146,6 +157,4 @@ pub enum SpecError {
     Draft(#[from] specgate_draft::DraftError),
     #[error(transparent)]
     Target(#[from] VerifyError),
-    #[error("target produced no logits: {0}")]
-    Candle(#[from] candle_core::Error),
 }

@@ -3,7 +3,7 @@
 //! the real Qwen2.5-Coder 0.5B -> 1.5B pair when `models/` holds it.
 
 use candle_core::quantized::GgmlDType;
-use specgate::spec::{spec_round, SpecSeq, SpecStats};
+use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use specgate::tokenizer::{ChatMessage, TextTokenizer};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
 use specgate_verify::model::load_gguf;
@@ -59,7 +59,6 @@ fn decode_with<P: Proposer + ?Sized>(
     let mut seq = SpecSeq {
         id: 7,
         tokens: prompt.to_vec(),
-        block_table: table,
         sampler: Sampler::new(sampling),
         policy_state: PolicyState::default(),
     };
@@ -73,8 +72,12 @@ fn decode_with<P: Proposer + ?Sized>(
             &mut pool,
             proposer.as_deref_mut(),
             &policy,
-            &mut [&mut seq],
-            &[k],
+            &mut [RoundInput {
+                seq: &mut seq,
+                block_table: &table,
+                k,
+            }],
+            &[],
             stats,
         )
         .unwrap();

@@ -7,8 +7,18 @@
 //! tokens plus whatever lookahead was reserved for speculation. After
 //! verification the table is trimmed back to what was accepted, returning
 //! whole blocks to the free list.
+//!
+//! Automatic prefix caching: once a block is full of computed tokens it is
+//! registered under a hash of its whole token chain (parent hash + its own
+//! tokens; the tokens are kept too, so a hash collision can never hand out
+//! the wrong K/V). A new sequence whose prompt starts with registered blocks
+//! shares them (reference-counted) and skips that prefill. A registered
+//! block whose last reference goes away stays cached, evictable; it is
+//! evicted least-recently-released first, and only when the free list is dry.
 
-use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 
 /// Identifies a sequence to the block manager.
 pub type SeqId = u64;
@@ -24,16 +34,47 @@ pub enum KvError {
     UnknownSequence(SeqId),
 }
 
+/// One sequence's blocks and the chain hashes of its registered prefix.
+#[derive(Default)]
+struct SeqBlocks {
+    blocks: Vec<u32>,
+    /// Chain hash of `blocks[i]` for every block registered in the cache.
+    hashes: Vec<u64>,
+}
+
+/// What a registered block holds.
+struct Cached {
+    hash: u64,
+    tokens: Box<[u32]>,
+}
+
+/// Prefix-cache counters, in tokens (as vLLM counts them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    /// Prompt tokens looked up in the cache.
+    pub queries: u64,
+    /// Of those, tokens found cached (their prefill skipped).
+    pub hits: u64,
+}
+
 /// Owner of every block id of one pool.
 ///
 /// Invariants (checked by [`BlockManager::check_invariants`]): every block
-/// is either on the free list with reference count 0, or referenced by
-/// tables exactly as many times as its count says; no block is both.
+/// is in exactly one state: free (count 0, not registered), evictable
+/// (count 0, registered), or owned (count = the number of tables holding
+/// it); the hash index points exactly at the registered blocks.
 pub struct BlockManager {
     block_size: usize,
     free: Vec<u32>,
     ref_counts: Vec<u32>,
-    tables: HashMap<SeqId, Vec<u32>>,
+    tables: HashMap<SeqId, SeqBlocks>,
+    cached: Vec<Option<Cached>>,
+    by_hash: HashMap<u64, u32>,
+    /// Unreferenced registered blocks by release time (oldest first).
+    evictable: BTreeMap<u64, u32>,
+    released_at: Vec<u64>,
+    clock: u64,
+    stats: PrefixStats,
 }
 
 impl BlockManager {
@@ -46,7 +87,18 @@ impl BlockManager {
             free: (0..num_blocks as u32).rev().collect(),
             ref_counts: vec![0; num_blocks],
             tables: HashMap::new(),
+            cached: (0..num_blocks).map(|_| None).collect(),
+            by_hash: HashMap::new(),
+            evictable: BTreeMap::new(),
+            released_at: vec![0; num_blocks],
+            clock: 0,
+            stats: PrefixStats::default(),
         }
+    }
+
+    /// Prefix-cache counters so far.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.stats
     }
 
     pub fn block_size(&self) -> usize {
@@ -57,16 +109,17 @@ impl BlockManager {
         self.ref_counts.len()
     }
 
+    /// Blocks available to new work: free plus evictable cached ones.
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.evictable.len()
     }
 
-    /// Fraction of blocks in use, in [0, 1].
+    /// Fraction of blocks referenced by sequences, in [0, 1].
     pub fn usage(&self) -> f64 {
         if self.num_blocks() == 0 {
             return 0.0;
         }
-        1.0 - self.free.len() as f64 / self.num_blocks() as f64
+        1.0 - self.num_free() as f64 / self.num_blocks() as f64
     }
 
     /// Blocks that hold `tokens` token slots.
@@ -76,14 +129,14 @@ impl BlockManager {
 
     /// The sequence's block table, if it has one.
     pub fn table(&self, seq: SeqId) -> Option<&[u32]> {
-        self.tables.get(&seq).map(Vec::as_slice)
+        self.tables.get(&seq).map(|t| t.blocks.as_slice())
     }
 
     /// Token slots the sequence's table covers.
     pub fn capacity(&self, seq: SeqId) -> usize {
         self.tables
             .get(&seq)
-            .map_or(0, |t| t.len() * self.block_size)
+            .map_or(0, |t| t.blocks.len() * self.block_size)
     }
 
     /// Gives a new sequence a table covering `tokens` slots.
@@ -96,9 +149,108 @@ impl BlockManager {
         }
         let needed = self.blocks_for(tokens);
         self.ensure_free(needed)?;
-        let table = (0..needed).map(|_| self.take_free()).collect();
-        self.tables.insert(seq, table);
+        let blocks = (0..needed).map(|_| self.take_free()).collect();
+        self.tables.insert(
+            seq,
+            SeqBlocks {
+                blocks,
+                hashes: Vec::new(),
+            },
+        );
         Ok(())
+    }
+
+    fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
+        let mut h = DefaultHasher::new();
+        parent.hash(&mut h);
+        tokens.hash(&mut h);
+        h.finish()
+    }
+
+    /// Like [`BlockManager::allocate`] for a sequence whose first tokens are
+    /// `tokens`, reusing registered blocks for its longest cached prefix of
+    /// full blocks within `tokens[..cacheable]`. Returns how many tokens that
+    /// prefix covers (their K/V is already in the pool). Counts the lookup in
+    /// [`PrefixStats`].
+    ///
+    /// Errors: as `allocate`; nothing changes then.
+    pub fn allocate_cached(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        cacheable: usize,
+    ) -> Result<usize, KvError> {
+        if self.tables.contains_key(&seq) {
+            return Err(KvError::AlreadyAllocated(seq));
+        }
+        let bs = self.block_size;
+        let (mut matched, mut hashes) = (Vec::new(), Vec::new());
+        let mut parent = 0;
+        for chunk in tokens[..cacheable.min(tokens.len())].chunks_exact(bs) {
+            let h = Self::chain_hash(parent, chunk);
+            match self.by_hash.get(&h) {
+                Some(&b)
+                    if self.cached[b as usize]
+                        .as_ref()
+                        .is_some_and(|c| *c.tokens == *chunk) =>
+                {
+                    matched.push(b);
+                    hashes.push(h);
+                    parent = h;
+                }
+                _ => break,
+            }
+        }
+        let fresh = self.blocks_for(tokens.len()).saturating_sub(matched.len());
+        let pinned_evictable = matched
+            .iter()
+            .filter(|&&b| self.ref_counts[b as usize] == 0)
+            .count();
+        if fresh + pinned_evictable > self.num_free() {
+            return Err(KvError::OutOfBlocks {
+                needed: fresh,
+                free: self.num_free() - pinned_evictable,
+            });
+        }
+        for &b in &matched {
+            if self.ref_counts[b as usize] == 0 {
+                self.evictable.remove(&self.released_at[b as usize]);
+            }
+            self.ref_counts[b as usize] += 1;
+        }
+        let mut blocks = matched;
+        let hit_tokens = blocks.len() * bs;
+        blocks.extend((0..fresh).map(|_| self.take_free()));
+        self.tables.insert(seq, SeqBlocks { blocks, hashes });
+        self.stats.queries += cacheable as u64;
+        self.stats.hits += hit_tokens as u64;
+        Ok(hit_tokens)
+    }
+
+    /// Registers the sequence's full blocks within its first `computed`
+    /// tokens (whose K/V the pool now holds) for reuse by later sequences.
+    /// `tokens` are the sequence's tokens.
+    pub fn register(&mut self, seq: SeqId, tokens: &[u32], computed: usize) {
+        let bs = self.block_size;
+        let Some(t) = self.tables.get_mut(&seq) else {
+            return;
+        };
+        let full = (computed.min(tokens.len()) / bs).min(t.blocks.len());
+        while t.hashes.len() < full {
+            let i = t.hashes.len();
+            let parent = t.hashes.last().copied().unwrap_or(0);
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let h = Self::chain_hash(parent, chunk);
+            t.hashes.push(h);
+            let b = t.blocks[i];
+            if self.cached[b as usize].is_none() && !self.by_hash.contains_key(&h) {
+                self.cached[b as usize] = Some(Cached {
+                    hash: h,
+                    tokens: chunk.into(),
+                });
+                self.by_hash.insert(h, b);
+            }
+        }
     }
 
     /// Grows the sequence's table to cover at least `tokens` slots (e.g. the
@@ -110,11 +262,16 @@ impl BlockManager {
             .tables
             .get(&seq)
             .ok_or(KvError::UnknownSequence(seq))?
+            .blocks
             .len();
         let needed = self.blocks_for(tokens).saturating_sub(have);
         self.ensure_free(needed)?;
         let new: Vec<u32> = (0..needed).map(|_| self.take_free()).collect();
-        self.tables.get_mut(&seq).expect("checked").extend(new);
+        self.tables
+            .get_mut(&seq)
+            .expect("checked")
+            .blocks
+            .extend(new);
         Ok(())
     }
 
@@ -126,10 +283,11 @@ impl BlockManager {
             .tables
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        if keep >= table.len() {
+        if keep >= table.blocks.len() {
             return Ok(());
         }
-        let dropped: Vec<u32> = table.drain(keep..).collect();
+        table.hashes.truncate(keep);
+        let dropped: Vec<u32> = table.blocks.drain(keep..).collect();
         for b in dropped {
             self.release_block(b);
         }
@@ -140,24 +298,38 @@ impl BlockManager {
     /// Freeing an unknown sequence is a no-op (idempotent cleanup).
     pub fn free(&mut self, seq: SeqId) {
         if let Some(table) = self.tables.remove(&seq) {
-            for b in table {
+            // Last blocks first: they are the least likely to be shared, so
+            // they are evicted before the prefix that others can reuse.
+            for b in table.blocks.into_iter().rev() {
                 self.release_block(b);
             }
         }
     }
 
     fn ensure_free(&self, needed: usize) -> Result<(), KvError> {
-        if needed > self.free.len() {
+        if needed > self.num_free() {
             return Err(KvError::OutOfBlocks {
                 needed,
-                free: self.free.len(),
+                free: self.num_free(),
             });
         }
         Ok(())
     }
 
+    /// A free block, evicting the least recently released cached one when
+    /// the free list is dry.
     fn take_free(&mut self) -> u32 {
-        let b = self.free.pop().expect("ensure_free checked");
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.evictable.pop_first().expect("ensure_free checked");
+                let c = self.cached[b as usize]
+                    .take()
+                    .expect("evictable blocks are cached");
+                self.by_hash.remove(&c.hash);
+                b
+            }
+        };
         self.ref_counts[b as usize] = 1;
         b
     }
@@ -166,7 +338,13 @@ impl BlockManager {
         let rc = &mut self.ref_counts[b as usize];
         *rc -= 1;
         if *rc == 0 {
-            self.free.push(b);
+            if self.cached[b as usize].is_some() {
+                self.clock += 1;
+                self.released_at[b as usize] = self.clock;
+                self.evictable.insert(self.clock, b);
+            } else {
+                self.free.push(b);
+            }
         }
     }
 
@@ -174,7 +352,7 @@ impl BlockManager {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut counted = vec![0u32; self.num_blocks()];
         for (seq, table) in &self.tables {
-            for &b in table {
+            for &b in &table.blocks {
                 *counted
                     .get_mut(b as usize)
                     .ok_or(format!("sequence {seq} holds block {b} outside the pool"))? += 1;
@@ -186,10 +364,34 @@ impl BlockManager {
                 return Err(format!("block {b} is on the free list twice"));
             }
         }
+        let mut on_evictable = vec![false; self.num_blocks()];
+        for &b in self.evictable.values() {
+            on_evictable[b as usize] = true;
+            if self.cached[b as usize].is_none() {
+                return Err(format!("evictable block {b} is not registered"));
+            }
+        }
+        for (&h, &b) in &self.by_hash {
+            if self.cached[b as usize].as_ref().map(|c| c.hash) != Some(h) {
+                return Err(format!(
+                    "hash index points at block {b}, which holds another hash"
+                ));
+            }
+        }
+        let registered = self.cached.iter().filter(|c| c.is_some()).count();
+        if registered != self.by_hash.len() {
+            return Err("registered blocks and hash index disagree".into());
+        }
         for b in 0..self.num_blocks() {
             let rc = self.ref_counts[b];
-            if on_free[b] && (counted[b] > 0 || rc > 0) {
+            if on_free[b] && self.cached[b].is_some() {
+                return Err(format!("block {b} is free but registered"));
+            }
+            if (on_free[b] || on_evictable[b]) && (counted[b] > 0 || rc > 0) {
                 return Err(format!("block {b} is both free and owned"));
+            }
+            if on_free[b] && on_evictable[b] {
+                return Err(format!("block {b} is both free and evictable"));
             }
             if rc != counted[b] {
                 return Err(format!(
@@ -197,7 +399,7 @@ impl BlockManager {
                     counted[b]
                 ));
             }
-            if !on_free[b] && rc == 0 {
+            if !on_free[b] && !on_evictable[b] && rc == 0 {
                 return Err(format!("block {b} is neither free nor owned"));
             }
         }

@@ -121,3 +121,87 @@ fn randomized_operations_keep_invariants() {
         assert_eq!(m.num_free(), m.num_blocks(), "seed {seed}: leaked blocks");
     }
 }
+
+#[test]
+fn prefix_blocks_are_shared_and_evicted_lru_only_when_dry() {
+    let mut m = BlockManager::new(6, 4);
+    let system: Vec<u32> = (0..8).collect(); // two full blocks
+    let a: Vec<u32> = system.iter().copied().chain([100, 101]).collect();
+    assert_eq!(m.allocate_cached(1, &a, a.len() - 1).unwrap(), 0);
+    m.register(1, &a, a.len() - 1);
+    let b: Vec<u32> = system.iter().copied().chain([200]).collect();
+    // Both full blocks of the shared prefix are reused.
+    assert_eq!(m.allocate_cached(2, &b, b.len() - 1).unwrap(), 8);
+    assert_eq!(m.table(2).unwrap()[..2], m.table(1).unwrap()[..2]);
+    assert_eq!(
+        m.prefix_stats(),
+        PrefixStats {
+            queries: 9 + 8,
+            hits: 8
+        }
+    );
+    m.check_invariants().unwrap();
+    // A different second block: only the first is shared.
+    let c: Vec<u32> = (0..4).chain(50..55).collect();
+    assert_eq!(m.allocate_cached(3, &c, c.len() - 1).unwrap(), 4);
+    m.free(1);
+    m.free(2);
+    m.free(3);
+    // Everything is available again, the prefix still cached.
+    assert_eq!(m.num_free(), 6);
+    m.check_invariants().unwrap();
+    assert_eq!(m.allocate_cached(4, &b, b.len() - 1).unwrap(), 8);
+    m.free(4);
+    // Filling the pool evicts cached blocks; afterwards the prefix is gone.
+    m.allocate(5, 24).unwrap();
+    m.check_invariants().unwrap();
+    m.free(5);
+    assert_eq!(m.allocate_cached(6, &b, b.len() - 1).unwrap(), 0);
+}
+
+#[test]
+fn hash_collisions_cannot_share_wrong_tokens() {
+    let mut m = BlockManager::new(4, 2);
+    m.allocate_cached(1, &[1, 2, 3], 2).unwrap();
+    m.register(1, &[1, 2, 3], 2);
+    // Same length, other tokens: no hit.
+    assert_eq!(m.allocate_cached(2, &[1, 3, 3], 2).unwrap(), 0);
+}
+
+/// Random sequences sharing prompt prefixes, registered as they compute,
+/// freed in random order: invariants hold after every operation and the
+/// pool returns to idle.
+#[test]
+fn randomized_prefix_caching_keeps_invariants() {
+    for seed in 0..100 {
+        let mut rng = StdRng::seed_from_u64(1000 + seed);
+        let bs = rng.random_range(1..6);
+        let mut m = BlockManager::new(rng.random_range(4..30), bs);
+        let prefixes: Vec<Vec<u32>> = (0..3)
+            .map(|p| (0..rng.random_range(0..20)).map(|i| p * 1000 + i).collect())
+            .collect();
+        let mut live: Vec<(SeqId, Vec<u32>)> = Vec::new();
+        for id in 0..200u64 {
+            if rng.random_bool(0.55) || live.is_empty() {
+                let mut toks = prefixes[rng.random_range(0..3)].clone();
+                toks.extend((0..rng.random_range(1..10)).map(|_| rng.random_range(5000..5010)));
+                let n = toks.len();
+                if let Ok(hit) = m.allocate_cached(id, &toks, n - 1) {
+                    assert!(hit < n && hit % bs == 0);
+                    m.register(id, &toks, n - 1);
+                    live.push((id, toks));
+                }
+            } else {
+                let i = rng.random_range(0..live.len());
+                m.free(live.swap_remove(i).0);
+            }
+            m.check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        }
+        for (id, _) in live {
+            m.free(id);
+        }
+        assert_eq!(m.num_free(), m.num_blocks(), "seed {seed}: leaked blocks");
+        m.check_invariants().unwrap();
+    }
+}
