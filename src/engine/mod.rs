@@ -1,0 +1,235 @@
+//! The continuous-batching engine: one thread owns every piece of mutable
+//! engine state (sequences, block tables, KV pools, proposer) and advances
+//! all running requests together, one step at a time. The rest of the
+//! program talks to it through an [`EngineHandle`]: submit a validated
+//! request, receive a stream of [`Event`]s.
+//!
+//! A dropped receiver cancels its sequence at the next step and frees its
+//! blocks; EOS, a stop token or the token limit end a sequence and free its
+//! blocks at once.
+
+pub mod scheduler;
+mod sequence;
+mod step;
+
+use crate::kv::PrefixStats;
+use crate::spec::SpecStats;
+use crate::tokenizer::TextTokenizer;
+use scheduler::SchedulerConfig;
+use sequence::Sequence;
+use specgate_draft::DraftPolicy;
+use specgate_verify::{Model, SamplingParams};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// A request the engine can run: already tokenized and validated for the
+/// wire format; the engine checks what depends on the model.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Token ids that end the sequence (besides EOS).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Per-request draft length; `Some(0)` turns speculation off.
+    pub num_speculative_tokens: Option<usize>,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS or a stop token.
+    Stop,
+    /// The token limit.
+    Length,
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What a request's stream carries, in order: `Tokens` any number of times,
+/// then exactly one `Finished` or `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// New output tokens and the text they complete (never a broken UTF-8
+    /// character; empty without a tokenizer).
+    Tokens {
+        ids: Vec<u32>,
+        text: String,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        /// Drafted and accepted tokens of this request.
+        drafted: u64,
+        accepted: u64,
+    },
+    Error(String),
+}
+
+/// Errors of submitting to the engine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Which proposer the engine drafts with.
+pub enum ProposerKind {
+    None,
+    Ngram {
+        min_n: usize,
+        max_n: usize,
+    },
+    /// A draft model with the target's vocabulary.
+    Draft(Model),
+}
+
+/// Engine sizing and policy.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Blocks in the pool (shared by draft and target caches).
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub scheduler: SchedulerConfig,
+    pub policy: DraftPolicy,
+}
+
+/// Counters and gauges the engine publishes after every step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub num_blocks: usize,
+    /// Blocks available (free or evictable cached).
+    pub free_blocks: usize,
+    pub preemptions: u64,
+    pub prefix: PrefixStats,
+    /// Prompt tokens actually run through the target (cache hits excluded,
+    /// recomputation after preemption included).
+    pub prefill_tokens: u64,
+    pub spec: SpecStats,
+    pub finished: u64,
+    pub cancelled: u64,
+    pub steps: u64,
+}
+
+enum Command {
+    Submit(Box<Sequence>),
+    Shutdown,
+}
+
+/// The HTTP layer's way into the engine. Cheap to clone.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    next_id: Arc<AtomicU64>,
+    limits: Arc<Limits>,
+}
+
+struct Limits {
+    vocab_size: usize,
+    max_position: usize,
+    max_slots: usize,
+    max_k: usize,
+}
+
+impl EngineHandle {
+    /// Queues a request; its events arrive on the returned receiver.
+    /// Dropping the receiver cancels the request.
+    ///
+    /// Errors: `Invalid` for an empty prompt, a token outside the
+    /// vocabulary, `max_new_tokens` of 0, prompt + max_new_tokens beyond the
+    /// model's context or the KV pool; `Stopped` after shutdown.
+    pub fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<Event>, EngineError> {
+        let l = &self.limits;
+        let bad = |m: String| Err(EngineError::Invalid(m));
+        if req.prompt.is_empty() {
+            return bad("the prompt is empty".into());
+        }
+        if req.max_new_tokens == 0 {
+            return bad("max_new_tokens must be at least 1".into());
+        }
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
+            return bad(format!(
+                "token id {t} is outside the vocabulary of {}",
+                l.vocab_size
+            ));
+        }
+        let total = req.prompt.len() + req.max_new_tokens;
+        if total > l.max_position {
+            return bad(format!(
+                "prompt ({} tokens) + max_new_tokens ({}) = {total} exceeds the context length of {}",
+                req.prompt.len(),
+                req.max_new_tokens,
+                l.max_position
+            ));
+        }
+        let k = req.num_speculative_tokens.unwrap_or(l.max_k);
+        if total + k + 1 > l.max_slots {
+            return bad(format!(
+                "prompt + max_new_tokens ({total}) does not fit the KV cache of {} tokens",
+                l.max_slots
+            ));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        self.tx
+            .send(Command::Submit(Box::new(Sequence::new(id, req, tx))))
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(rx)
+    }
+
+    /// The latest published counters.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Asks the engine thread to stop after its current step; in-flight
+    /// requests get an error event.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+/// Starts the engine thread. `tokenizer` (optional) turns tokens into text
+/// and supplies the EOS ids.
+pub fn spawn(
+    target: Model,
+    proposer: ProposerKind,
+    tokenizer: Option<Arc<TextTokenizer>>,
+    cfg: EngineConfig,
+) -> Result<(EngineHandle, std::thread::JoinHandle<()>), EngineError> {
+    cfg.policy.validate().map_err(EngineError::Invalid)?;
+    let engine = step::Engine::new(target, proposer, tokenizer, &cfg)?;
+    let limits = Arc::new(Limits {
+        vocab_size: engine.vocab_size(),
+        max_position: engine.max_position(),
+        max_slots: cfg.num_blocks * cfg.block_size,
+        max_k: engine.max_k(),
+    });
+    let stats = engine.shared_stats();
+    let (tx, rx) = mpsc::channel();
+    let join = std::thread::Builder::new()
+        .name("specgate-engine".into())
+        .spawn(move || engine.run(rx))
+        .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
+    Ok((
+        EngineHandle {
+            tx,
+            stats,
+            next_id: Arc::new(AtomicU64::new(1)),
+            limits,
+        },
+        join,
+    ))
+}

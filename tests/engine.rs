@@ -1,0 +1,247 @@
+//! The continuous-batching engine on tiny generated models: concurrent
+//! requests emit exactly what each emits alone (speculation on and off),
+//! preemption and prefix caching leave outputs unchanged, a dropped
+//! receiver frees its blocks within a step, and the pool always returns to
+//! its idle block count.
+
+use candle_core::quantized::GgmlDType;
+use specgate::engine::scheduler::SchedulerConfig;
+use specgate::engine::{
+    spawn, EngineConfig, EngineHandle, EngineStats, Event, FinishReason, GenRequest, ProposerKind,
+};
+use specgate_draft::DraftPolicy;
+use specgate_verify::model::load_gguf;
+use specgate_verify::tiny::TinySpec;
+use specgate_verify::{Model, SamplingParams};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+fn tiny(spec: TinySpec, name: &str) -> Model {
+    let dir = std::env::temp_dir().join(format!("specgate-engine-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    spec.write_gguf(&p, &[]).unwrap();
+    load_gguf(&p).unwrap()
+}
+
+fn target() -> Model {
+    tiny(
+        TinySpec {
+            dtype: GgmlDType::Q6K,
+            ..TinySpec::qwen2(31)
+        },
+        "target.gguf",
+    )
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Spec {
+    Off,
+    Ngram,
+    Draft,
+}
+
+fn engine(spec: Spec, num_blocks: usize, max_num_seqs: usize, tokens: usize) -> EngineHandle {
+    let proposer = match spec {
+        Spec::Off => ProposerKind::None,
+        Spec::Ngram => ProposerKind::Ngram { min_n: 1, max_n: 3 },
+        Spec::Draft => ProposerKind::Draft(tiny(
+            TinySpec {
+                dtype: GgmlDType::Q4K,
+                ..TinySpec::qwen2(31)
+            },
+            "draft.gguf",
+        )),
+    };
+    let cfg = EngineConfig {
+        num_blocks,
+        block_size: 16,
+        scheduler: SchedulerConfig {
+            max_num_seqs,
+            max_num_batched_tokens: tokens,
+        },
+        policy: DraftPolicy::Fixed { k: 3 },
+    };
+    spawn(target(), proposer, None, cfg).unwrap().0
+}
+
+fn request(i: usize) -> GenRequest {
+    // Mixed prompt and output lengths; some repetitive for n-gram lookup.
+    let len = 3 + (i * 7) % 40;
+    let prompt: Vec<u32> = (0..len)
+        .map(|j| ((i * 31 + j * (1 + i % 3)) % 50) as u32)
+        .collect();
+    GenRequest {
+        prompt,
+        max_new_tokens: 5 + (i * 11) % 30,
+        sampling: SamplingParams::default(),
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        num_speculative_tokens: None,
+    }
+}
+
+/// Reads a stream to its end: the tokens and how it finished.
+fn collect(mut rx: UnboundedReceiver<Event>) -> (Vec<u32>, FinishReason) {
+    let mut out = Vec::new();
+    loop {
+        match rx.blocking_recv().expect("stream ended without Finished") {
+            Event::Tokens { ids, .. } => out.extend(ids),
+            Event::Finished { reason, usage, .. } => {
+                // The stop token counts as generated but is not output.
+                let stop = usize::from(reason == FinishReason::Stop);
+                assert_eq!(usage.completion_tokens, out.len() + stop);
+                return (out, reason);
+            }
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+}
+
+fn wait_idle(h: &EngineHandle) -> EngineStats {
+    let t = Instant::now();
+    loop {
+        let s = h.stats();
+        if s.running == 0 && s.waiting == 0 && s.free_blocks == s.num_blocks {
+            return s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "engine never went idle: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn alone(n: usize) -> Vec<Vec<u32>> {
+    let h = engine(Spec::Off, 64, 1, 64);
+    (0..n)
+        .map(|i| collect(h.submit(request(i)).unwrap()).0)
+        .collect()
+}
+
+fn together(h: &EngineHandle, n: usize) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
+    rxs.into_iter().map(|rx| collect(rx).0).collect()
+}
+
+#[test]
+fn concurrent_requests_emit_what_each_emits_alone() {
+    let reference = alone(32);
+    for spec in [Spec::Off, Spec::Ngram, Spec::Draft] {
+        for n in [8, 32] {
+            let h = engine(spec, 256, 32, 96);
+            let got = together(&h, n);
+            for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+                assert_eq!(g, r, "request {i} of {n}, speculation {}", spec as u8);
+            }
+            let s = wait_idle(&h);
+            assert_eq!(s.finished, n as u64);
+            if spec == Spec::Draft {
+                assert!(s.spec.accepted_tokens > 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn preemption_keeps_outputs_and_returns_the_pool() {
+    let long = |i| GenRequest {
+        max_new_tokens: 60,
+        ..request(i)
+    };
+    let h = engine(Spec::Off, 64, 1, 64);
+    let reference: Vec<_> = (0..12)
+        .map(|i| collect(h.submit(long(i)).unwrap()).0)
+        .collect();
+    for spec in [Spec::Off, Spec::Draft] {
+        // Admitted at 1-3 blocks each, every sequence grows to 5-7 blocks:
+        // 12 blocks of 16 cannot hold the sequences admitted together.
+        let h = engine(spec, 12, 12, 64);
+        let rxs: Vec<_> = (0..12).map(|i| h.submit(long(i)).unwrap()).collect();
+        let got: Vec<_> = rxs.into_iter().map(|rx| collect(rx).0).collect();
+        assert_eq!(got, reference);
+        let s = wait_idle(&h);
+        assert!(s.preemptions > 0, "the pool was meant to be too small");
+    }
+}
+
+#[test]
+fn shared_system_prompt_hits_the_prefix_cache() {
+    let system: Vec<u32> = (0..70).map(|i| (i * 5 % 300) as u32).collect();
+    let req = |tail: &[u32]| GenRequest {
+        prompt: system.iter().chain(tail).copied().collect(),
+        max_new_tokens: 12,
+        sampling: SamplingParams::default(),
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        num_speculative_tokens: None,
+    };
+    let cold = engine(Spec::Off, 64, 4, 64);
+    let expect_b = collect(cold.submit(req(&[9, 8, 7])).unwrap()).0;
+
+    let h = engine(Spec::Off, 64, 4, 64);
+    collect(h.submit(req(&[1, 2, 3])).unwrap());
+    let before = wait_idle(&h);
+    let b = collect(h.submit(req(&[9, 8, 7])).unwrap()).0;
+    let after = wait_idle(&h);
+    assert_eq!(b, expect_b, "a cached prefix changed the output");
+    // 70 shared tokens = 4 full blocks of 16 reused.
+    assert_eq!(after.prefix.hits - before.prefix.hits, 64);
+    assert_eq!(after.prefill_tokens - before.prefill_tokens, 72 - 64);
+}
+
+#[test]
+fn dropped_receiver_frees_blocks_within_a_step() {
+    let h = engine(Spec::Ngram, 64, 4, 64);
+    let mut req = request(3);
+    req.max_new_tokens = 400;
+    let mut rx = h.submit(req).unwrap();
+    assert!(matches!(rx.blocking_recv(), Some(Event::Tokens { .. })));
+    let steps = h.stats().steps;
+    drop(rx);
+    let s = wait_idle(&h);
+    assert!(
+        s.steps <= steps + 2,
+        "blocks freed {} steps after the drop",
+        s.steps - steps
+    );
+    assert_eq!(s.cancelled, 1);
+}
+
+#[test]
+fn stop_tokens_and_limits_end_sequences() {
+    let h = engine(Spec::Ngram, 64, 4, 64);
+    let (full, reason) = collect(h.submit(request(5)).unwrap());
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(full.len(), request(5).max_new_tokens);
+    // Stopping on the third output token: output ends before it.
+    let mut req = request(5);
+    req.stop_token_ids = vec![full[2]];
+    let first = full.iter().position(|&t| t == full[2]).unwrap();
+    let (got, reason) = collect(h.submit(req).unwrap());
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(got, full[..first].to_vec());
+    wait_idle(&h);
+}
+
+#[test]
+fn bad_requests_are_refused_with_reasons() {
+    let h = engine(Spec::Off, 8, 4, 64);
+    let mut r = request(1);
+    r.prompt.clear();
+    assert!(h.submit(r).unwrap_err().to_string().contains("empty"));
+    let mut r = request(1);
+    r.prompt.push(10_000);
+    assert!(h.submit(r).unwrap_err().to_string().contains("vocabulary"));
+    let mut r = request(1);
+    r.max_new_tokens = 2000;
+    assert!(h
+        .submit(r)
+        .unwrap_err()
+        .to_string()
+        .contains("context length"));
+    let mut r = request(1);
+    r.max_new_tokens = 200;
+    assert!(h.submit(r).unwrap_err().to_string().contains("KV cache"));
+}
