@@ -7,7 +7,8 @@
 use candle_core::quantized::GgmlDType;
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, EngineStats, Event, FinishReason, GenRequest, ProposerKind,
+    spawn, EngineConfig, EngineHandle, EngineStats, Event, FinishReason, GenRequest, KvSize,
+    ProposerKind,
 };
 use specgate_draft::DraftPolicy;
 use specgate_verify::model::load_gguf;
@@ -54,7 +55,7 @@ fn engine(spec: Spec, num_blocks: usize, max_num_seqs: usize, tokens: usize) -> 
         )),
     };
     let cfg = EngineConfig {
-        num_blocks,
+        kv: KvSize::Blocks(num_blocks),
         block_size: 16,
         scheduler: SchedulerConfig {
             max_num_seqs,
@@ -244,4 +245,126 @@ fn bad_requests_are_refused_with_reasons() {
     let mut r = request(1);
     r.max_new_tokens = 200;
     assert!(h.submit(r).unwrap_err().to_string().contains("KV cache"));
+}
+
+/// The real 1.5B target with the real 0.5B draft: 8 concurrent chat
+/// requests emit what each emits alone without speculation.
+#[test]
+fn real_target_concurrent_requests_match_alone() {
+    let dir = std::env::var("SPECGATE_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let (tp, dp) = (
+        dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+        dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    );
+    if !tp.exists() || !dp.exists() {
+        eprintln!(
+            "skipping: the Qwen2.5-Coder pair is not in {}",
+            dir.display()
+        );
+        return;
+    }
+    let tok = std::sync::Arc::new(specgate::tokenizer::TextTokenizer::from_gguf_file(&tp).unwrap());
+    let texts = [
+        "Write a haiku about Rust.",
+        "What is 17 * 23?",
+        "Write a Python function that reverses a list.",
+        "Name three sorting algorithms.",
+        "Explain TCP in one sentence.",
+        "Rename `a` to `total` and return the code:\n\na = 0\nfor x in range(10):\n    a += x\nprint(a)\n",
+        "Write a Go function that sums a slice of ints.",
+        "What does HTTP 404 mean?",
+    ];
+    let reqs: Vec<GenRequest> = texts
+        .iter()
+        .map(|t| {
+            let chat = tok
+                .apply_chat_template(&[specgate::tokenizer::ChatMessage::new("user", *t)], true)
+                .unwrap();
+            GenRequest {
+                prompt: tok.encode(&chat, false).unwrap(),
+                max_new_tokens: 24,
+                sampling: SamplingParams::default(),
+                stop_token_ids: vec![],
+                ignore_eos: false,
+                num_speculative_tokens: None,
+            }
+        })
+        .collect();
+    let cfg = |k| EngineConfig {
+        kv: KvSize::Blocks(128),
+        block_size: 16,
+        scheduler: SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 256,
+        },
+        policy: DraftPolicy::Fixed { k },
+    };
+    let solo = spawn(
+        load_gguf(&tp).unwrap(),
+        ProposerKind::None,
+        Some(tok.clone()),
+        cfg(0),
+    )
+    .unwrap()
+    .0;
+    let alone: Vec<_> = reqs
+        .iter()
+        .map(|r| collect(solo.submit(r.clone()).unwrap()).0)
+        .collect();
+    solo.shutdown();
+    let (h, _) = spawn(
+        load_gguf(&tp).unwrap(),
+        ProposerKind::Draft(load_gguf(&dp).unwrap()),
+        Some(tok.clone()),
+        cfg(3),
+    )
+    .unwrap();
+    let rxs: Vec<_> = reqs.iter().map(|r| h.submit(r.clone()).unwrap()).collect();
+    let together: Vec<_> = rxs.into_iter().map(|rx| collect(rx).0).collect();
+    assert_eq!(together, alone);
+    let s = wait_idle(&h);
+    assert!(s.spec.accepted_tokens > 0);
+}
+
+#[test]
+fn memory_budget_sets_the_block_count_for_draft_and_target() {
+    let t = target();
+    let per_token = t.config().kv_bytes_per_token();
+    let d = tiny(
+        TinySpec {
+            dtype: GgmlDType::Q4K,
+            ..TinySpec::qwen2(31)
+        },
+        "budget-draft.gguf",
+    );
+    let d_per_token = d.config().kv_bytes_per_token();
+    let cfg = |kv| EngineConfig {
+        kv,
+        block_size: 16,
+        scheduler: SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+        },
+        policy: DraftPolicy::Fixed { k: 2 },
+    };
+    let bytes = 10 * 16 * (per_token + d_per_token) + 5;
+    let (h, _) = spawn(
+        t,
+        ProposerKind::Draft(d),
+        None,
+        cfg(KvSize::MemoryBytes(bytes)),
+    )
+    .unwrap();
+    assert_eq!(h.stats().num_blocks, 10);
+    let err = spawn(
+        target(),
+        ProposerKind::None,
+        None,
+        cfg(KvSize::MemoryBytes(100)),
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("no block"), "{err}");
 }

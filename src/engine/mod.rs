@@ -93,11 +93,21 @@ pub enum ProposerKind {
     Draft(Model),
 }
 
+/// How big the KV pool is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvSize {
+    /// This many blocks (each holding `block_size` tokens in the target's
+    /// cache and, with a draft model, in the draft's).
+    Blocks(usize),
+    /// As many blocks as fit in this many bytes of target + draft cache.
+    MemoryBytes(usize),
+}
+
 /// Engine sizing and policy.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Blocks in the pool (shared by draft and target caches).
-    pub num_blocks: usize,
+    /// Pool size, shared by the draft's and the target's caches.
+    pub kv: KvSize,
     pub block_size: usize,
     pub scheduler: SchedulerConfig,
     pub policy: DraftPolicy,
@@ -214,7 +224,7 @@ pub fn spawn(
     let limits = Arc::new(Limits {
         vocab_size: engine.vocab_size(),
         max_position: engine.max_position(),
-        max_slots: cfg.num_blocks * cfg.block_size,
+        max_slots: engine.num_blocks() * cfg.block_size,
         max_k: engine.max_k(),
     });
     let stats = engine.shared_stats();

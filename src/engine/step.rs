@@ -5,7 +5,8 @@
 use super::scheduler::Scheduler;
 use super::sequence::Sequence;
 use super::{
-    Command, EngineConfig, EngineError, EngineStats, Event, FinishReason, ProposerKind, Usage,
+    Command, EngineConfig, EngineError, EngineStats, Event, FinishReason, KvSize, ProposerKind,
+    Usage,
 };
 use crate::kv::{BlockManager, SeqId};
 use crate::spec::{spec_round, RoundInput, SpecError};
@@ -38,7 +39,25 @@ impl Engine {
         cfg: &EngineConfig,
     ) -> Result<Self, EngineError> {
         let invalid = |e: String| EngineError::Invalid(e);
-        let pool = KvPool::new(target.config(), cfg.num_blocks, cfg.block_size)
+        let draft_bytes = match &proposer {
+            ProposerKind::Draft(m) => m.config().kv_bytes_per_token(),
+            _ => 0,
+        };
+        let num_blocks = match cfg.kv {
+            KvSize::Blocks(n) => n,
+            KvSize::MemoryBytes(bytes) => {
+                let per_block =
+                    cfg.block_size * (target.config().kv_bytes_per_token() + draft_bytes);
+                bytes / per_block.max(1)
+            }
+        };
+        if num_blocks == 0 {
+            return Err(invalid(format!(
+                "the KV cache setting {:?} leaves no block",
+                cfg.kv
+            )));
+        }
+        let pool = KvPool::new(target.config(), num_blocks, cfg.block_size)
             .map_err(|e| invalid(e.to_string()))?;
         let proposer: Option<Box<dyn Proposer>> = match proposer {
             ProposerKind::None => None,
@@ -46,7 +65,7 @@ impl Engine {
                 Some(Box::new(NgramProposer::new(min_n, max_n).map_err(invalid)?))
             }
             ProposerKind::Draft(m) => {
-                let d = ModelDraft::new(Arc::new(m), cfg.num_blocks, cfg.block_size)
+                let d = ModelDraft::new(Arc::new(m), num_blocks, cfg.block_size)
                     .map_err(|e| invalid(e.to_string()))?;
                 d.check_compatible(target.config())
                     .map_err(|e| invalid(e.to_string()))?;
@@ -58,8 +77,8 @@ impl Engine {
             .map(|t| t.eos_token_ids().to_vec())
             .unwrap_or_default();
         let stats = EngineStats {
-            num_blocks: cfg.num_blocks,
-            free_blocks: cfg.num_blocks,
+            num_blocks,
+            free_blocks: num_blocks,
             ..Default::default()
         };
         Ok(Self {
@@ -68,7 +87,7 @@ impl Engine {
             proposer,
             tokenizer,
             eos,
-            bm: BlockManager::new(cfg.num_blocks, cfg.block_size),
+            bm: BlockManager::new(num_blocks, cfg.block_size),
             sched: Scheduler::new(cfg.scheduler),
             policy: cfg.policy.clone(),
             waiting: VecDeque::new(),
@@ -76,6 +95,10 @@ impl Engine {
             shared: Arc::new(Mutex::new(stats.clone())),
             stats,
         })
+    }
+
+    pub(crate) fn num_blocks(&self) -> usize {
+        self.bm.num_blocks()
     }
 
     pub(crate) fn vocab_size(&self) -> usize {

@@ -53,7 +53,8 @@ impl KvPool {
         self.num_blocks
     }
 
-    /// Bytes of cache one token occupies across all layers (K and V).
+    /// Bytes of cache one token occupies across all layers (K and V);
+    /// equals `ModelConfig::kv_bytes_per_token` of the model it serves.
     pub fn bytes_per_token(&self) -> usize {
         self.k.len() * 2 * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
     }

@@ -93,9 +93,9 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Floats of K plus V cached per token per layer.
-    pub fn kv_floats_per_token_per_layer(&self) -> usize {
-        2 * self.num_kv_heads * self.head_dim
+    /// Bytes of K plus V one token occupies in a [`crate::KvPool`], all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.num_layers * 2 * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
     }
 }
 
