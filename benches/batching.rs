@@ -135,6 +135,7 @@ fn main() {
                                         sampling: SamplingParams::default(),
                                         stop_token_ids: vec![],
                                         ignore_eos: true,
+                                        method: None,
                                         num_speculative_tokens: None,
                                     };
                                     let start = Instant::now();

@@ -1,7 +1,12 @@
 //! specgate: an OpenAI-compatible LLM serving gateway built around speculative decoding.
 
+pub mod api;
+pub mod config;
 pub mod engine;
 pub mod generate;
+pub mod http;
 pub mod kv;
+pub mod metrics;
+pub mod server;
 pub mod spec;
 pub mod tokenizer;

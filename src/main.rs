@@ -1,6 +1,9 @@
 //! The `specgate` command line: parses arguments and dispatches.
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use specgate::config::Config;
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -17,11 +20,79 @@ struct Cli {
 enum Command {
     /// Generate a continuation of one prompt and print it on stdout.
     Generate(specgate::generate::GenerateArgs),
+    /// Serve the OpenAI-compatible API.
+    Serve(ServeArgs),
+}
+
+/// `specgate serve`: flags override the config file.
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML config (default: built-in defaults, i.e. configs/default.toml's values).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long)]
+    port: Option<u16>,
+    /// Target model file (overrides [model] path).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Draft model file (overrides [draft] path).
+    #[arg(long)]
+    draft: Option<PathBuf>,
+    /// "draft", "ngram" or "off" (overrides [speculative] method).
+    #[arg(long)]
+    speculative_method: Option<String>,
+    /// An accepted API key (repeatable; overrides [server] api_keys).
+    #[arg(long = "api-key")]
+    api_keys: Vec<String>,
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    if let Some(h) = args.host {
+        cfg.server.host = h;
+    }
+    if let Some(p) = args.port {
+        cfg.server.port = p;
+    }
+    if let Some(m) = args.model {
+        cfg.model.path = m;
+    }
+    if let Some(d) = args.draft {
+        cfg.draft.path = Some(d);
+    }
+    if let Some(m) = args.speculative_method {
+        cfg.speculative.method = m;
+    }
+    if !args.api_keys.is_empty() {
+        cfg.server.api_keys = args.api_keys;
+    }
+    cfg.validate()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let running = specgate::server::start(cfg, args.config.clone()).await?;
+        eprintln!("specgate listening on http://{}", running.addr);
+        specgate::server::termination().await;
+        eprintln!("shutting down: draining in-flight requests");
+        let _ = running.shutdown.send(());
+        let _ = running.done.await;
+        running.engine.shutdown();
+        Ok(())
+    })
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Generate(args) => specgate::generate::run(&args),
+        Command::Serve(args) => serve(args),
     }
 }

@@ -82,10 +82,8 @@ impl SpecStats {
     }
 }
 
-/// Runs one round for `batch`, drafting `k` tokens per sequence, in ONE
-/// target forward that also carries `prefills` (prompt chunks of other
-/// sequences, which want no logits). Appends the new tokens to each
-/// sequence and returns them per sequence.
+/// Runs one round for `batch`: drafts with `proposer` (when given and any
+/// k > 0), then [`verify_round`].
 ///
 /// Errors: a failing draft or target forward (nothing is appended then).
 pub fn spec_round<P: Proposer + ?Sized>(
@@ -97,25 +95,66 @@ pub fn spec_round<P: Proposer + ?Sized>(
     prefills: &[SeqInput],
     stats: &mut SpecStats,
 ) -> Result<Vec<Vec<u32>>, SpecError> {
-    let proposals: Vec<Proposal> = match proposer {
-        Some(p) if batch.iter().any(|r| r.k > 0) => {
-            let mut reqs: Vec<ProposeRequest> = batch
-                .iter_mut()
-                .map(|r| ProposeRequest {
-                    seq_id: r.seq.id,
-                    context: &r.seq.tokens,
-                    block_table: r.block_table,
-                    k: r.k,
-                    sampler: &mut r.seq.sampler,
-                })
-                .collect();
-            p.propose(&mut reqs)?
-        }
-        _ => vec![Proposal::default(); batch.len()],
-    };
+    let mut proposals = vec![Proposal::default(); batch.len()];
+    if let Some(p) = proposer {
+        let all = vec![true; batch.len()];
+        propose(p, batch, &all, &mut proposals)?;
+    }
+    verify_round(target, pool, policy, batch, &proposals, prefills, stats)
+}
+
+/// Drafts with `proposer` for the sequences of `batch` selected by
+/// `include` (and k > 0), writing their proposals into `out` (aligned with
+/// `batch`); others are left as they are.
+pub fn propose<P: Proposer + ?Sized>(
+    proposer: &mut P,
+    batch: &mut [RoundInput],
+    include: &[bool],
+    out: &mut [Proposal],
+) -> Result<(), SpecError> {
+    let idx: Vec<usize> = (0..batch.len())
+        .filter(|&i| include[i] && batch[i].k > 0)
+        .collect();
+    if idx.is_empty() {
+        return Ok(());
+    }
+    let mut reqs: Vec<ProposeRequest> = batch
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, r)| include[*i] && r.k > 0)
+        .map(|(_, r)| ProposeRequest {
+            seq_id: r.seq.id,
+            context: &r.seq.tokens,
+            block_table: r.block_table,
+            k: r.k,
+            sampler: &mut r.seq.sampler,
+        })
+        .collect();
+    let got = proposer.propose(&mut reqs)?;
+    for (i, p) in idx.into_iter().zip(got) {
+        out[i] = p;
+    }
+    Ok(())
+}
+
+/// Verifies `proposals` (aligned with `batch`) in ONE target forward that
+/// also carries `prefills` (prompt chunks of other sequences, which want no
+/// logits), accepts per sequence, appends the new tokens to each sequence
+/// and returns them per sequence.
+///
+/// Errors: a failing target forward (nothing is appended then).
+pub fn verify_round(
+    target: &Model,
+    pool: &mut KvPool,
+    policy: &DraftPolicy,
+    batch: &mut [RoundInput],
+    proposals: &[Proposal],
+    prefills: &[SeqInput],
+    stats: &mut SpecStats,
+) -> Result<Vec<Vec<u32>>, SpecError> {
     let rows_in: Vec<Vec<u32>> = batch
         .iter()
-        .zip(&proposals)
+        .zip(proposals)
         .map(|(r, p)| {
             let mut row = vec![*r.seq.tokens.last().expect("a sequence has tokens")];
             row.extend_from_slice(&p.tokens);
@@ -139,7 +178,7 @@ pub fn spec_round<P: Proposer + ?Sized>(
     let logits = target.forward_rows(pool, &inputs)?;
     let mut rows = logits.into_iter();
     let mut out = Vec::with_capacity(batch.len());
-    for (r, p) in batch.iter_mut().zip(&proposals) {
+    for (r, p) in batch.iter_mut().zip(proposals) {
         let mine: Vec<Vec<f32>> = rows.by_ref().take(p.tokens.len() + 1).collect();
         let v = accept_sampled(&mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
         stats.record(p.tokens.len(), &v);

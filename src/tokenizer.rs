@@ -14,6 +14,7 @@
 
 mod chat;
 mod incremental;
+pub mod testing;
 
 pub use chat::ChatMessage;
 pub use incremental::IncrementalDecoder;

@@ -78,6 +78,7 @@ fn request(i: usize) -> GenRequest {
         sampling: SamplingParams::default(),
         stop_token_ids: vec![],
         ignore_eos: true,
+        method: None,
         num_speculative_tokens: None,
     }
 }
@@ -176,6 +177,7 @@ fn shared_system_prompt_hits_the_prefix_cache() {
         sampling: SamplingParams::default(),
         stop_token_ids: vec![],
         ignore_eos: true,
+        method: None,
         num_speculative_tokens: None,
     };
     let cold = engine(Spec::Off, 64, 4, 64);
@@ -288,6 +290,7 @@ fn real_target_concurrent_requests_match_alone() {
                 sampling: SamplingParams::default(),
                 stop_token_ids: vec![],
                 ignore_eos: false,
+                method: None,
                 num_speculative_tokens: None,
             }
         })

@@ -33,8 +33,18 @@ pub struct GenRequest {
     /// Token ids that end the sequence (besides EOS).
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Per-request proposer; `None` = the server's.
+    pub method: Option<SpecMethod>,
     /// Per-request draft length; `Some(0)` turns speculation off.
     pub num_speculative_tokens: Option<usize>,
+}
+
+/// How a sequence drafts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecMethod {
+    Off,
+    Ngram,
+    Draft,
 }
 
 /// Why a sequence ended.
@@ -134,6 +144,7 @@ pub struct EngineStats {
 
 enum Command {
     Submit(Box<Sequence>),
+    SetPolicy(DraftPolicy),
     Shutdown,
 }
 
@@ -150,8 +161,11 @@ struct Limits {
     vocab_size: usize,
     max_position: usize,
     max_slots: usize,
-    max_k: usize,
+    has_draft: bool,
 }
+
+/// Drafts a request may ask for at most.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 impl EngineHandle {
     /// Queues a request; its events arrive on the returned receiver.
@@ -184,8 +198,22 @@ impl EngineHandle {
                 l.max_position
             ));
         }
-        let k = req.num_speculative_tokens.unwrap_or(l.max_k);
-        if total + k + 1 > l.max_slots {
+        if req.method == Some(SpecMethod::Draft) && !l.has_draft {
+            return bad(
+                "speculative method 'draft' needs a draft model, and none is loaded".into(),
+            );
+        }
+        if req
+            .num_speculative_tokens
+            .is_some_and(|k| k > MAX_SPECULATIVE_TOKENS)
+        {
+            return bad(format!(
+                "at most {MAX_SPECULATIVE_TOKENS} speculative tokens"
+            ));
+        }
+        // Lookahead is capped by what the pool holds, so only the sequence
+        // itself (plus one verify row) must fit.
+        if total + 1 > l.max_slots {
             return bad(format!(
                 "prompt + max_new_tokens ({total}) does not fit the KV cache of {} tokens",
                 l.max_slots
@@ -197,6 +225,21 @@ impl EngineHandle {
             .send(Command::Submit(Box::new(Sequence::new(id, req, tx))))
             .map_err(|_| EngineError::Stopped)?;
         Ok(rx)
+    }
+
+    /// Replaces the draft-length policy from the next step on (live tuning).
+    ///
+    /// Errors: `Invalid` for a policy that does not validate; `Stopped`.
+    pub fn set_policy(&self, policy: DraftPolicy) -> Result<(), EngineError> {
+        policy.validate().map_err(EngineError::Invalid)?;
+        self.tx
+            .send(Command::SetPolicy(policy))
+            .map_err(|_| EngineError::Stopped)
+    }
+
+    /// The model's context length (prompt + output).
+    pub fn max_position(&self) -> usize {
+        self.limits.max_position
     }
 
     /// The latest published counters.
@@ -225,7 +268,7 @@ pub fn spawn(
         vocab_size: engine.vocab_size(),
         max_position: engine.max_position(),
         max_slots: engine.num_blocks() * cfg.block_size,
-        max_k: engine.max_k(),
+        has_draft: engine.has_draft(),
     });
     let stats = engine.shared_stats();
     let (tx, rx) = mpsc::channel();

@@ -1,12 +1,13 @@
 //! One request's state inside the engine: its tokens and sampler (the
 //! speculative part), its limits, its event channel and its timings.
 
-use super::{Event, FinishReason, GenRequest};
+use super::{Event, FinishReason, GenRequest, SpecMethod};
 use crate::kv::SeqId;
 use crate::spec::SpecSeq;
 use crate::tokenizer::IncrementalDecoder;
 use specgate_draft::PolicyState;
 use specgate_verify::Sampler;
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A request being served.
@@ -20,6 +21,11 @@ pub struct Sequence {
     /// Drafted and accepted tokens of this sequence.
     pub drafted: u64,
     pub accepted: u64,
+    /// The proposer it drafts with (the request's or the server's).
+    pub method: SpecMethod,
+    pub arrived: Instant,
+    /// Whether it has been admitted once (for the queue-time metric).
+    pub admitted: bool,
 }
 
 impl Sequence {
@@ -37,6 +43,9 @@ impl Sequence {
             detok: IncrementalDecoder::new(true),
             drafted: 0,
             accepted: 0,
+            method: SpecMethod::Off,
+            arrived: Instant::now(),
+            admitted: false,
         }
     }
 

@@ -6,12 +6,14 @@ use super::scheduler::Scheduler;
 use super::sequence::Sequence;
 use super::{
     Command, EngineConfig, EngineError, EngineStats, Event, FinishReason, KvSize, ProposerKind,
-    Usage,
+    SpecMethod, Usage,
 };
 use crate::kv::{BlockManager, SeqId};
-use crate::spec::{spec_round, RoundInput, SpecError};
+use crate::metrics as names;
+use crate::spec::{propose, verify_round, RoundInput, SpecError, SpecStats};
 use crate::tokenizer::TextTokenizer;
-use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, Proposer};
+use metrics as m;
+use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, Proposer};
 use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
@@ -19,7 +21,9 @@ use std::sync::{mpsc, Arc, Mutex};
 pub(crate) struct Engine {
     target: Model,
     pool: KvPool,
-    proposer: Option<Box<dyn Proposer>>,
+    draft: Option<ModelDraft>,
+    ngram: NgramProposer,
+    default_method: SpecMethod,
     tokenizer: Option<Arc<TextTokenizer>>,
     eos: Vec<u32>,
     bm: BlockManager,
@@ -28,6 +32,8 @@ pub(crate) struct Engine {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     stats: EngineStats,
+    /// What was last exported to the metrics recorder (for deltas).
+    exported: EngineStats,
     shared: Arc<Mutex<EngineStats>>,
 }
 
@@ -59,17 +65,19 @@ impl Engine {
         }
         let pool = KvPool::new(target.config(), num_blocks, cfg.block_size)
             .map_err(|e| invalid(e.to_string()))?;
-        let proposer: Option<Box<dyn Proposer>> = match proposer {
-            ProposerKind::None => None,
-            ProposerKind::Ngram { min_n, max_n } => {
-                Some(Box::new(NgramProposer::new(min_n, max_n).map_err(invalid)?))
-            }
+        let (default_method, ngram, draft) = match proposer {
+            ProposerKind::None => (SpecMethod::Off, NgramProposer::default(), None),
+            ProposerKind::Ngram { min_n, max_n } => (
+                SpecMethod::Ngram,
+                NgramProposer::new(min_n, max_n).map_err(invalid)?,
+                None,
+            ),
             ProposerKind::Draft(m) => {
                 let d = ModelDraft::new(Arc::new(m), num_blocks, cfg.block_size)
                     .map_err(|e| invalid(e.to_string()))?;
                 d.check_compatible(target.config())
                     .map_err(|e| invalid(e.to_string()))?;
-                Some(Box::new(d))
+                (SpecMethod::Draft, NgramProposer::default(), Some(d))
             }
         };
         let eos = tokenizer
@@ -84,7 +92,9 @@ impl Engine {
         Ok(Self {
             target,
             pool,
-            proposer,
+            draft,
+            ngram,
+            default_method,
             tokenizer,
             eos,
             bm: BlockManager::new(num_blocks, cfg.block_size),
@@ -93,6 +103,7 @@ impl Engine {
             waiting: VecDeque::new(),
             running: Vec::new(),
             shared: Arc::new(Mutex::new(stats.clone())),
+            exported: stats.clone(),
             stats,
         })
     }
@@ -109,16 +120,8 @@ impl Engine {
         self.target.config().max_position
     }
 
-    /// The largest k any policy setting can ask for.
-    pub(crate) fn max_k(&self) -> usize {
-        if self.proposer.is_none() {
-            return 0;
-        }
-        match &self.policy {
-            DraftPolicy::Fixed { k } => *k,
-            DraftPolicy::BatchTable(rows) => rows.iter().map(|r| r.1).max().unwrap_or(0),
-            DraftPolicy::Adaptive { max_k, .. } => *max_k,
-        }
+    pub(crate) fn has_draft(&self) -> bool {
+        self.draft.is_some()
     }
 
     pub(crate) fn shared_stats(&self) -> Arc<Mutex<EngineStats>> {
@@ -141,7 +144,12 @@ impl Engine {
             let mut stop = false;
             for cmd in first.into_iter().chain(rx.try_iter()) {
                 match cmd {
-                    Command::Submit(seq) => self.waiting.push_back(*seq),
+                    Command::Submit(mut seq) => {
+                        seq.method = seq.req.method.unwrap_or(self.default_method);
+                        m::counter!(names::PROMPT_TOKENS).increment(seq.req.prompt.len() as u64);
+                        self.waiting.push_back(*seq);
+                    }
+                    Command::SetPolicy(p) => self.policy = p,
                     Command::Shutdown => stop = true,
                 }
             }
@@ -162,13 +170,40 @@ impl Engine {
         self.stats.waiting = self.waiting.len();
         self.stats.free_blocks = self.bm.num_free();
         self.stats.prefix = self.bm.prefix_stats();
+        self.export_metrics();
         *self.shared.lock().unwrap_or_else(|e| e.into_inner()) = self.stats.clone();
+    }
+
+    /// Gauges as they are now; counters by what changed since last time.
+    fn export_metrics(&mut self) {
+        let (s, e) = (&self.stats, &self.exported);
+        m::gauge!(names::RUNNING).set(s.running as f64);
+        m::gauge!(names::WAITING).set(s.waiting as f64);
+        m::gauge!(names::KV_USAGE).set(self.bm.usage());
+        let k = self.policy.k(s.running.max(1), &PolicyState::default());
+        m::gauge!(names::SPEC_DRAFT_LENGTH).set(k as f64);
+        m::counter!(names::PREEMPTIONS).increment(s.preemptions - e.preemptions);
+        m::counter!(names::PREFIX_HITS).increment(s.prefix.hits - e.prefix.hits);
+        m::counter!(names::PREFIX_QUERIES).increment(s.prefix.queries - e.prefix.queries);
+        let (ns, os): (&SpecStats, &SpecStats) = (&s.spec, &e.spec);
+        m::counter!(names::SPEC_DRAFTS).increment(ns.drafts - os.drafts);
+        m::counter!(names::SPEC_DRAFT_TOKENS).increment(ns.draft_tokens - os.draft_tokens);
+        m::counter!(names::SPEC_ACCEPTED_TOKENS).increment(ns.accepted_tokens - os.accepted_tokens);
+        m::counter!(names::GENERATION_TOKENS).increment(ns.emitted_tokens - os.emitted_tokens);
+        for (pos, &n) in ns.accepted_per_pos.iter().enumerate() {
+            let before = os.accepted_per_pos.get(pos).copied().unwrap_or(0);
+            if n > before {
+                m::counter!(names::SPEC_ACCEPTED_PER_POS, "position" => pos.to_string())
+                    .increment(n - before);
+            }
+        }
+        self.exported = self.stats.clone();
     }
 
     fn release(&mut self, id: SeqId) {
         self.bm.free(id);
-        if let Some(p) = self.proposer.as_mut() {
-            p.release(id);
+        if let Some(d) = self.draft.as_mut() {
+            d.release(id);
         }
     }
 
@@ -201,9 +236,10 @@ impl Engine {
         }
     }
 
-    /// The largest k this sequence may draft now.
-    fn k_for(policy: &DraftPolicy, has_proposer: bool, s: &Sequence, batch: usize) -> usize {
-        if !has_proposer {
+    /// The k this sequence drafts now: its override or the policy, within
+    /// its token budget and what the pool can hold.
+    fn k_for(policy: &DraftPolicy, slots: usize, s: &Sequence, batch: usize) -> usize {
+        if s.method == SpecMethod::Off {
             return 0;
         }
         let k = s
@@ -211,21 +247,26 @@ impl Engine {
             .num_speculative_tokens
             .unwrap_or_else(|| policy.k(batch, &s.spec.policy_state));
         k.min(s.remaining().saturating_sub(1))
+            .min(slots.saturating_sub(s.spec.tokens.len()))
     }
 
     fn step(&mut self) -> Result<(), SpecError> {
         self.drop_cancelled();
-        let has_proposer = self.proposer.is_some();
+        let slots = self.bm.num_blocks() * self.bm.block_size();
         let policy = &self.policy;
-        let k_of = |s: &Sequence, batch: usize| Self::k_for(policy, has_proposer, s, batch);
+        let k_of = |s: &Sequence, batch: usize| Self::k_for(policy, slots, s, batch);
         let plan = self
             .sched
             .plan(&mut self.waiting, &mut self.running, &mut self.bm, &k_of);
         for &id in &plan.preempted {
             self.stats.preemptions += 1;
-            if let Some(p) = self.proposer.as_mut() {
-                p.release(id);
+            if let Some(d) = self.draft.as_mut() {
+                d.release(id);
             }
+        }
+        for s in self.running.iter_mut().filter(|s| !s.admitted) {
+            s.admitted = true;
+            m::histogram!(names::QUEUE_TIME).record(s.arrived.elapsed().as_secs_f64());
         }
         if plan.is_empty() {
             return Ok(());
@@ -241,6 +282,7 @@ impl Engine {
         let mut prefills = Vec::new();
         let mut rounds = Vec::new();
         let mut lens = Vec::new();
+        let mut methods = Vec::new();
         for s in self.running.iter_mut() {
             let id = s.spec.id;
             let table = self.bm.table(id).expect("running sequences hold blocks");
@@ -253,6 +295,7 @@ impl Engine {
                 });
             } else if let Some(&k) = decode.get(&id) {
                 lens.push((id, s.spec.tokens.len()));
+                methods.push(s.method);
                 rounds.push(RoundInput {
                     seq: &mut s.spec,
                     block_table: table,
@@ -260,12 +303,23 @@ impl Engine {
                 });
             }
         }
-        let new = spec_round(
+        let mut proposals = vec![Proposal::default(); rounds.len()];
+        let is = |want: SpecMethod| -> Vec<bool> { methods.iter().map(|&m| m == want).collect() };
+        propose(
+            &mut self.ngram,
+            &mut rounds,
+            &is(SpecMethod::Ngram),
+            &mut proposals,
+        )?;
+        if let Some(d) = self.draft.as_mut() {
+            propose(d, &mut rounds, &is(SpecMethod::Draft), &mut proposals)?;
+        }
+        let new = verify_round(
             &self.target,
             &mut self.pool,
-            self.proposer.as_deref_mut(),
             &self.policy,
             &mut rounds,
+            &proposals,
             &prefills,
             &mut self.stats.spec,
         )?;
@@ -313,6 +367,11 @@ impl Engine {
             }
             match reason {
                 Some(reason) => {
+                    let label = match reason {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                    };
+                    m::counter!(names::REQUEST_SUCCESS, "finished_reason" => label).increment(1);
                     let _ = s.tx.send(Event::Finished {
                         reason,
                         usage: Usage {

@@ -1,52 +1,9 @@
 //! Unit tests for the tokenizer core on a tiny in-code GGUF vocabulary (no files needed).
 
 use super::*;
+
+use super::testing::{tiny_metadata, CHATML};
 use gguf_file::Value as V;
-
-pub(crate) const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-
-fn strings(xs: &[String]) -> V {
-    V::Array(xs.iter().map(|s| V::String(s.clone())).collect())
-}
-
-/// A tiny byte-level vocabulary: all 256 byte tokens, a few merges up to "hello" and
-/// "Ġworld", three control tokens and one user-defined token.
-pub(crate) fn tiny_metadata() -> GgufMetadata {
-    let mut tokens: Vec<String> = (0..=255u8)
-        .map(|b| byte_level_char(b).to_string())
-        .collect();
-    let merges = [
-        "h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld",
-    ];
-    for m in merges {
-        tokens.push(m.replace(' ', ""));
-    }
-    let mut types = vec![1i32; tokens.len()];
-    for (t, ty) in [
-        ("<|endoftext|>", 3),
-        ("<|im_start|>", 3),
-        ("<|im_end|>", 3),
-        ("<tool_call>", 4),
-    ] {
-        tokens.push(t.to_owned());
-        types.push(ty);
-    }
-    let n = tokens.len() as u32;
-    let mut md = GgufMetadata::new();
-    md.insert(KEY_MODEL.into(), V::String("gpt2".into()));
-    md.insert(KEY_PRE.into(), V::String("qwen2".into()));
-    md.insert(KEY_TOKENS.into(), strings(&tokens));
-    md.insert(
-        KEY_TOKEN_TYPE.into(),
-        V::Array(types.into_iter().map(V::I32).collect()),
-    );
-    md.insert(KEY_MERGES.into(), strings(&merges.map(String::from)));
-    md.insert(KEY_BOS.into(), V::U32(n - 4));
-    md.insert(KEY_EOS.into(), V::U32(n - 2));
-    md.insert(KEY_ADD_BOS.into(), V::Bool(false));
-    md.insert(KEY_CHAT_TEMPLATE.into(), V::String(CHATML.into()));
-    md
-}
 
 pub(crate) fn tiny() -> TextTokenizer {
     TextTokenizer::from_gguf_metadata(&tiny_metadata()).expect("tiny tokenizer builds")

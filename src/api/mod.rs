@@ -1,0 +1,33 @@
+//! The OpenAI wire format: request parsing and validation, response bodies
+//! and error bodies. Serde and plain data only; nothing here knows about HTTP
+//! transport (the `http` module routes, reads bodies and writes responses).
+//!
+//! Owns:
+//! - [`parse_chat`] / [`parse_completion`]: a raw `POST /v1/chat/completions`
+//!   or `POST /v1/completions` body -> [`ValidRequest`], or an [`ApiError`]
+//!   whose `param` names the offending field.
+//! - [`ApiError`]: the one place an HTTP status code and an OpenAI error body
+//!   (`{"error":{"message","type","param","code"}}`) are produced.
+//! - Response types ([`ChatCompletion`], [`ChatCompletionChunk`],
+//!   [`Completion`], [`CompletionChunk`], [`ModelList`]) that serialize
+//!   byte-compatibly with OpenAI's.
+
+mod error;
+mod request;
+#[cfg(test)]
+mod request_tests;
+mod response;
+#[cfg(test)]
+mod response_tests;
+
+pub use error::{ApiError, ErrorKind};
+pub use request::{
+    parse_chat, parse_completion, Input, SpecMethod, SpecOverride, ValidRequest,
+    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, MAX_SPECULATIVE_TOKENS, MAX_STOP_SEQUENCES,
+    MAX_TEMPERATURE,
+};
+pub use response::{
+    response_id, unix_now, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
+    ChunkChoice, Completion, CompletionChoice, CompletionChunk, Delta, FinishReason, ModelCard,
+    ModelList, Usage,
+};

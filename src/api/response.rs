@@ -1,0 +1,380 @@
+//! Response bodies, serialized byte-compatibly with OpenAI: field order as
+//! OpenAI sends it, `logprobs` always `null`, a chunk's `finish_reason`
+//! `null` until the last content chunk, `usage` present only where OpenAI
+//! sends it (and skipped, not `null`, on chunks that carry none).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::engine;
+
+/// Why a choice ended, as OpenAI spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop sequence.
+    Stop,
+    /// The `max_tokens` limit.
+    Length,
+}
+
+impl From<engine::FinishReason> for FinishReason {
+    fn from(r: engine::FinishReason) -> Self {
+        match r {
+            engine::FinishReason::Stop => FinishReason::Stop,
+            engine::FinishReason::Length => FinishReason::Length,
+        }
+    }
+}
+
+/// Token counts. Invariant: `total_tokens == prompt_tokens + completion_tokens`
+/// (kept by [`Usage::new`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+impl From<engine::Usage> for Usage {
+    fn from(u: engine::Usage) -> Self {
+        Self::new(u.prompt_tokens, u.completion_tokens)
+    }
+}
+
+/// Seconds since the Unix epoch, for `created`.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A fresh response id `"{prefix}-{24 hex digits}"` (use `chatcmpl` or
+/// `cmpl`), unique within the process and unlikely to repeat across restarts.
+pub fn response_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("{prefix}-{nanos:016x}{:08x}", n as u32)
+}
+
+/// The assistant turn of a non-streaming chat choice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AssistantMessage {
+    /// Always `"assistant"`.
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// One choice of a [`ChatCompletion`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    /// Always `null`: logprobs are not supported.
+    pub logprobs: (),
+    pub finish_reason: FinishReason,
+}
+
+/// The body of a non-streaming `POST /v1/chat/completions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    /// Always `"chat.completion"`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+impl ChatCompletion {
+    /// A completion with one choice holding `content`.
+    pub fn new(
+        id: &str,
+        created: u64,
+        model: &str,
+        content: String,
+        finish_reason: FinishReason,
+        usage: Usage,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            object: "chat.completion",
+            created,
+            model: model.to_owned(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                },
+                logprobs: (),
+                finish_reason,
+            }],
+            usage,
+        }
+    }
+}
+
+/// What a streaming chat chunk adds; absent keys are omitted (`{}` on the
+/// finish chunk).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice of a [`ChatCompletionChunk`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    /// Always `null`.
+    pub logprobs: (),
+    /// `null` until the chunk that ends the choice.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// One `data:` event of a streaming `POST /v1/chat/completions`.
+///
+/// A stream is: [`role`](Self::role), any number of
+/// [`content`](Self::content), one [`finish`](Self::finish), then, with
+/// `stream_options.include_usage`, one [`usage`](Self::usage) chunk (empty
+/// `choices`). All chunks of a stream share `id`, `created` and `model`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// Always `"chat.completion.chunk"`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    /// Only on the final usage chunk; omitted elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+impl ChatCompletionChunk {
+    fn with(
+        id: &str,
+        created: u64,
+        model: &str,
+        choices: Vec<ChunkChoice>,
+        usage: Option<Usage>,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            object: "chat.completion.chunk",
+            created,
+            model: model.to_owned(),
+            choices,
+            usage,
+        }
+    }
+
+    fn one(id: &str, created: u64, model: &str, delta: Delta, fr: Option<FinishReason>) -> Self {
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: (),
+            finish_reason: fr,
+        };
+        Self::with(id, created, model, vec![choice], None)
+    }
+
+    /// The first chunk: `delta: {"role":"assistant","content":""}`.
+    pub fn role(id: &str, created: u64, model: &str) -> Self {
+        let delta = Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        };
+        Self::one(id, created, model, delta, None)
+    }
+
+    /// A text delta: `delta: {"content": text}`.
+    pub fn content(id: &str, created: u64, model: &str, text: String) -> Self {
+        let delta = Delta {
+            role: None,
+            content: Some(text),
+        };
+        Self::one(id, created, model, delta, None)
+    }
+
+    /// The chunk that ends the choice: `delta: {}`, `finish_reason` set.
+    pub fn finish(id: &str, created: u64, model: &str, reason: FinishReason) -> Self {
+        Self::one(id, created, model, Delta::default(), Some(reason))
+    }
+
+    /// The usage chunk: `choices: []`, `usage` set.
+    pub fn usage(id: &str, created: u64, model: &str, usage: Usage) -> Self {
+        Self::with(id, created, model, Vec::new(), Some(usage))
+    }
+}
+
+/// One choice of a [`Completion`] or [`CompletionChunk`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    /// Always `null`.
+    pub logprobs: (),
+    /// Always set in a [`Completion`]; `null` in chunks until the last.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// The body of a non-streaming `POST /v1/completions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Completion {
+    pub id: String,
+    /// Always `"text_completion"`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    pub usage: Usage,
+}
+
+impl Completion {
+    /// A completion with one choice holding `text`.
+    pub fn new(
+        id: &str,
+        created: u64,
+        model: &str,
+        text: String,
+        finish_reason: FinishReason,
+        usage: Usage,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            object: "text_completion",
+            created,
+            model: model.to_owned(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                logprobs: (),
+                finish_reason: Some(finish_reason),
+            }],
+            usage,
+        }
+    }
+}
+
+/// One `data:` event of a streaming `POST /v1/completions` (OpenAI uses
+/// `object: "text_completion"` for chunks too).
+///
+/// A stream is: any number of [`text`](Self::text), one
+/// [`finish`](Self::finish) (empty text), then, with
+/// `stream_options.include_usage`, one [`usage`](Self::usage) chunk (empty
+/// `choices`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CompletionChunk {
+    pub id: String,
+    /// Always `"text_completion"`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    /// Only on the final usage chunk; omitted elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+impl CompletionChunk {
+    fn with(
+        id: &str,
+        created: u64,
+        model: &str,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Usage>,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            object: "text_completion",
+            created,
+            model: model.to_owned(),
+            choices,
+            usage,
+        }
+    }
+
+    fn one(id: &str, created: u64, model: &str, text: String, fr: Option<FinishReason>) -> Self {
+        let choice = CompletionChoice {
+            index: 0,
+            text,
+            logprobs: (),
+            finish_reason: fr,
+        };
+        Self::with(id, created, model, vec![choice], None)
+    }
+
+    /// A text delta, `finish_reason: null`.
+    pub fn text(id: &str, created: u64, model: &str, text: String) -> Self {
+        Self::one(id, created, model, text, None)
+    }
+
+    /// The chunk that ends the choice: empty text, `finish_reason` set.
+    pub fn finish(id: &str, created: u64, model: &str, reason: FinishReason) -> Self {
+        Self::one(id, created, model, String::new(), Some(reason))
+    }
+
+    /// The usage chunk: `choices: []`, `usage` set.
+    pub fn usage(id: &str, created: u64, model: &str, usage: Usage) -> Self {
+        Self::with(id, created, model, Vec::new(), Some(usage))
+    }
+}
+
+/// One entry of `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    /// Always `"model"`.
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+impl ModelCard {
+    pub fn new(id: &str, created: u64, owned_by: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            object: "model",
+            created,
+            owned_by: owned_by.to_owned(),
+        }
+    }
+}
+
+/// The body of `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelList {
+    /// Always `"list"`.
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+impl ModelList {
+    pub fn new(data: Vec<ModelCard>) -> Self {
+        Self {
+            object: "list",
+            data,
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Unit tests of the error and response bodies: exact OpenAI JSON shapes.
+
+use serde_json::{json, Value};
+
+use super::*;
+
+#[test]
+fn error_json_shape() {
+    let body =
+        json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3});
+    let e = parse_chat(body.to_string().as_bytes()).unwrap_err();
+    let v: Value = serde_json::from_str(&e.to_json()).unwrap();
+    assert_eq!(
+        v,
+        json!({"error": {
+            "message": e.message,
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": null,
+        }})
+    );
+    // Exact bytes, key order included.
+    let e = ApiError::new(ErrorKind::Internal, "boom \"x\"");
+    assert_eq!(
+        e.to_json(),
+        r#"{"error":{"message":"boom \"x\"","type":"server_error","param":null,"code":null}}"#
+    );
+    let e = ApiError::model_not_found("gpt-x");
+    assert_eq!(e.status(), 404);
+    let v: Value = serde_json::from_str(&e.to_json()).unwrap();
+    assert_eq!(
+        v,
+        json!({"error": {
+            "message": "The model `gpt-x` does not exist.",
+            "type": "not_found_error",
+            "param": "model",
+            "code": "model_not_found",
+        }})
+    );
+}
+
+#[test]
+fn error_kinds_statuses_and_types() {
+    let cases = [
+        (ApiError::bad_request("x"), 400, "invalid_request_error"),
+        (ApiError::invalid("p", "x"), 400, "invalid_request_error"),
+        (
+            ApiError::unsupported("p", "x"),
+            400,
+            "invalid_request_error",
+        ),
+        (ApiError::authentication("x"), 401, "authentication_error"),
+        (ApiError::not_found("x"), 404, "not_found_error"),
+        (
+            ApiError::method_not_allowed("GET", "/v1/completions"),
+            405,
+            "invalid_request_error",
+        ),
+        (
+            ApiError::payload_too_large(1024),
+            413,
+            "invalid_request_error",
+        ),
+        (ApiError::rate_limited("x"), 429, "rate_limit_error"),
+        (ApiError::unavailable("x"), 503, "server_error"),
+        (ApiError::internal("x"), 500, "server_error"),
+    ];
+    for (e, status, ty) in cases {
+        assert_eq!(e.status(), status, "{e:?}");
+        let v: Value = serde_json::from_str(&e.to_json()).unwrap();
+        assert_eq!(v["error"]["type"], ty, "{e:?}");
+        let keys: Vec<&String> = v["error"].as_object().unwrap().keys().collect();
+        assert_eq!(keys.len(), 4);
+    }
+    assert_eq!(
+        ApiError::authentication("x").code.as_deref(),
+        Some("invalid_api_key")
+    );
+    let e: ApiError = crate::engine::EngineError::Invalid("too long".into()).into();
+    assert_eq!((e.status(), e.message.as_str()), (400, "too long"));
+    let e: ApiError = crate::engine::EngineError::Stopped.into();
+    assert_eq!(e.status(), 503);
+    assert_eq!(ApiError::invalid("p", "msg").to_string(), "msg");
+}
+
+fn to_value<T: serde::Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).unwrap()
+}
+
+#[test]
+fn chat_completion_json() {
+    let c = ChatCompletion::new(
+        "chatcmpl-1",
+        10,
+        "m",
+        "hi".into(),
+        FinishReason::Stop,
+        Usage::new(3, 2),
+    );
+    assert_eq!(
+        to_value(&c),
+        json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 10, "model": "m",
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "logprobs": null,
+                "finish_reason": "stop"
+            }],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        })
+    );
+    // OpenAI's key order.
+    let s = serde_json::to_string(&c).unwrap();
+    assert!(s.starts_with(r#"{"id":"chatcmpl-1","object":"chat.completion","created":10,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"logprobs":null,"finish_reason":"stop"}],"usage":"#), "{s}");
+}
+
+#[test]
+fn chat_chunk_json() {
+    let head = |choices: Value| {
+        json!({
+            "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices
+        })
+    };
+    assert_eq!(
+        to_value(&ChatCompletionChunk::role("c", 1, "m")),
+        head(
+            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])
+        )
+    );
+    assert_eq!(
+        to_value(&ChatCompletionChunk::content("c", 1, "m", "tok".into())),
+        head(
+            json!([{"index": 0, "delta": {"content": "tok"}, "logprobs": null, "finish_reason": null}])
+        )
+    );
+    assert_eq!(
+        to_value(&ChatCompletionChunk::finish(
+            "c",
+            1,
+            "m",
+            FinishReason::Length
+        )),
+        head(json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"}]))
+    );
+    let mut usage = head(json!([]));
+    usage["usage"] = json!({"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10});
+    assert_eq!(
+        to_value(&ChatCompletionChunk::usage("c", 1, "m", Usage::new(4, 6))),
+        usage
+    );
+}
+
+#[test]
+fn completion_json() {
+    let c = Completion::new(
+        "cmpl-1",
+        5,
+        "m",
+        "text".into(),
+        FinishReason::Length,
+        Usage::new(1, 16),
+    );
+    assert_eq!(
+        to_value(&c),
+        json!({
+            "id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m",
+            "choices": [{"index": 0, "text": "text", "logprobs": null, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 16, "total_tokens": 17}
+        })
+    );
+}
+
+#[test]
+fn completion_chunk_json() {
+    let head = |choices: Value| {
+        json!({
+            "id": "k", "object": "text_completion", "created": 2, "model": "m", "choices": choices
+        })
+    };
+    assert_eq!(
+        to_value(&CompletionChunk::text("k", 2, "m", "ab".into())),
+        head(json!([{"index": 0, "text": "ab", "logprobs": null, "finish_reason": null}]))
+    );
+    assert_eq!(
+        to_value(&CompletionChunk::finish("k", 2, "m", FinishReason::Stop)),
+        head(json!([{"index": 0, "text": "", "logprobs": null, "finish_reason": "stop"}]))
+    );
+    let mut usage = head(json!([]));
+    usage["usage"] = json!({"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5});
+    assert_eq!(
+        to_value(&CompletionChunk::usage("k", 2, "m", Usage::new(2, 3))),
+        usage
+    );
+}
+
+#[test]
+fn model_list_json() {
+    let l = ModelList::new(vec![ModelCard::new("tiny", 7, "specgate")]);
+    assert_eq!(
+        to_value(&l),
+        json!({"object": "list", "data": [{"id": "tiny", "object": "model", "created": 7, "owned_by": "specgate"}]})
+    );
+    assert_eq!(
+        to_value(&ModelList::new(vec![])),
+        json!({"object": "list", "data": []})
+    );
+}
+
+#[test]
+fn helpers() {
+    let a = response_id("chatcmpl");
+    let b = response_id("chatcmpl");
+    assert!(
+        a.starts_with("chatcmpl-") && a.len() == "chatcmpl-".len() + 24,
+        "{a}"
+    );
+    assert_ne!(a, b);
+    assert!(unix_now() > 1_600_000_000);
+    let u: Usage = crate::engine::Usage {
+        prompt_tokens: 2,
+        completion_tokens: 3,
+    }
+    .into();
+    assert_eq!(u, Usage::new(2, 3));
+    assert_eq!(
+        FinishReason::from(crate::engine::FinishReason::Length),
+        FinishReason::Length
+    );
+}

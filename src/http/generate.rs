@@ -1,0 +1,363 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: validate, apply
+//! the chat template, tokenize, check the context length, take an admission
+//! permit (429 when none is left), submit to the engine, and answer whole or
+//! as Server-Sent Events. Stop strings are applied to the text here; when
+//! one appears the engine receiver is dropped, which cancels the sequence.
+
+use super::stop::StopMatcher;
+use super::{json_response, read_body, AppState, ResBody};
+use crate::api::{
+    self, ApiError, ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, FinishReason,
+    Input, Usage, ValidRequest,
+};
+use crate::engine::{EngineError, Event, GenRequest, SpecMethod};
+use crate::metrics as names;
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::time::Instant;
+
+/// What one response needs to label its output.
+struct Labels {
+    id: String,
+    created: u64,
+    model: String,
+    chat: bool,
+}
+
+/// One step of a response, after stop strings.
+enum Piece {
+    Text(String),
+    Done(FinishReason, Usage),
+    Error(String),
+}
+
+/// Reads engine events for one request, applies stop strings, the
+/// request timeout, and records latency metrics.
+struct Driver {
+    rx: Option<UnboundedReceiver<Event>>,
+    stop: StopMatcher,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    arrived: Instant,
+    deadline: Instant,
+    last: Option<Instant>,
+    /// A finish that follows text released at the end.
+    pending: Option<Piece>,
+}
+
+impl Driver {
+    /// The next piece; `None` after `Done` or `Error`. Cancel-safe: its
+    /// only await point is the channel receive.
+    async fn next(&mut self) -> Option<Piece> {
+        if let Some(p) = self.pending.take() {
+            return Some(p);
+        }
+        loop {
+            let rx = self.rx.as_mut()?;
+            let ev = match tokio::time::timeout_at(self.deadline, rx.recv()).await {
+                Err(_) => {
+                    self.rx = None;
+                    return Some(Piece::Error("the request timed out".into()));
+                }
+                Ok(None) => {
+                    self.rx = None;
+                    return Some(Piece::Error("the engine stopped".into()));
+                }
+                Ok(Some(ev)) => ev,
+            };
+            match ev {
+                Event::Tokens { ids, text } => {
+                    self.record_tokens(ids.len());
+                    self.completion_tokens += ids.len();
+                    let m = self.stop.push(&text);
+                    if m.stopped {
+                        // Dropping the receiver cancels the sequence.
+                        self.rx = None;
+                        return Some(self.finish_piece(m.emit, FinishReason::Stop));
+                    }
+                    if !m.emit.is_empty() {
+                        return Some(Piece::Text(m.emit));
+                    }
+                }
+                Event::Finished { reason, usage, .. } => {
+                    self.rx = None;
+                    self.completion_tokens = usage.completion_tokens;
+                    let rest = self.stop.finish();
+                    return Some(self.finish_piece(rest, reason.into()));
+                }
+                Event::Error(e) => {
+                    self.rx = None;
+                    return Some(Piece::Error(e));
+                }
+            }
+        }
+    }
+
+    /// Emits held text first (as its own piece) by queueing the finish.
+    fn finish_piece(&mut self, text: String, reason: FinishReason) -> Piece {
+        let elapsed = self.arrived.elapsed().as_secs_f64();
+        metrics::histogram!(names::E2E).record(elapsed);
+        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        if text.is_empty() {
+            Piece::Done(reason, usage)
+        } else {
+            self.pending = Some(Piece::Done(reason, usage));
+            Piece::Text(text)
+        }
+    }
+
+    fn record_tokens(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let now = Instant::now();
+        match self.last {
+            None => metrics::histogram!(names::TTFT).record((now - self.arrived).as_secs_f64()),
+            Some(prev) => {
+                let gap = (now - prev).as_secs_f64() / n as f64;
+                for _ in 0..n {
+                    metrics::histogram!(names::ITL).record(gap);
+                }
+            }
+        }
+        self.last = Some(now);
+    }
+}
+
+/// Handles a generation request end to end.
+pub(super) async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    chat: bool,
+) -> Result<Response<ResBody>, ApiError> {
+    let arrived = Instant::now();
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    let body = read_body(&state, req.into_body()).await?;
+    let v = if chat {
+        api::parse_chat(&body)?
+    } else {
+        api::parse_completion(&body)?
+    };
+    if v.model != state.settings.model_name {
+        return Err(ApiError::model_not_found(&v.model));
+    }
+    let (gen, param) = build_request(&state, &v, chat)?;
+    let permit = state.admission.clone().try_acquire_owned().map_err(|_| {
+        ApiError::rate_limited(format!(
+            "too many requests in flight (limit {}); retry later",
+            state.settings.max_concurrent_requests
+        ))
+    })?;
+    let prompt_tokens = gen.prompt.len();
+    let rx = state.engine.submit(gen).map_err(|e| match e {
+        EngineError::Invalid(m) => ApiError::invalid(param, m),
+        EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
+    })?;
+    let driver = Driver {
+        rx: Some(rx),
+        stop: StopMatcher::new(&v.stop),
+        prompt_tokens,
+        completion_tokens: 0,
+        arrived,
+        deadline: arrived + state.settings.request_timeout,
+        last: None,
+        pending: None,
+    };
+    let labels = Labels {
+        id: api::response_id(if chat { "chatcmpl" } else { "cmpl" }),
+        created: api::unix_now(),
+        model: state.settings.model_name.clone(),
+        chat,
+    };
+    if v.stream {
+        Ok(stream(state, driver, labels, v.include_usage, permit))
+    } else {
+        whole(driver, labels, permit).await
+    }
+}
+
+/// Template, tokenize, and check the context length. Returns the engine
+/// request and the name of the field that holds the prompt.
+fn build_request(
+    state: &AppState,
+    v: &ValidRequest,
+    chat: bool,
+) -> Result<(GenRequest, &'static str), ApiError> {
+    let tok = &state.tokenizer;
+    let (text, param) = match &v.input {
+        Input::Chat(msgs) => (
+            tok.apply_chat_template(msgs, true)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
+            "messages",
+        ),
+        Input::Prompt(p) => (p.clone(), "prompt"),
+    };
+    // A chat template writes its own BOS where the model wants one.
+    let prompt = tok
+        .encode(&text, !chat)
+        .map_err(|e| ApiError::invalid(param, e.to_string()))?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(param, "the prompt encodes to no tokens"));
+    }
+    let ctx = state.engine.max_position();
+    if prompt.len() >= ctx {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "the prompt has {} tokens; this model's context length is {ctx}",
+                prompt.len()
+            ),
+        ));
+    }
+    let max_tokens = v.max_tokens.unwrap_or(ctx - prompt.len());
+    if prompt.len() + max_tokens > ctx {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "prompt ({} tokens) + max_tokens ({max_tokens}) = {} exceeds this model's context length of {ctx}",
+                prompt.len(),
+                prompt.len() + max_tokens
+            ),
+        ));
+    }
+    let spec = v.speculative.as_ref();
+    let method = spec.and_then(|s| s.method).map(|m| match m {
+        api::SpecMethod::Off => SpecMethod::Off,
+        api::SpecMethod::Ngram => SpecMethod::Ngram,
+        api::SpecMethod::Draft => SpecMethod::Draft,
+    });
+    Ok((
+        GenRequest {
+            prompt,
+            max_new_tokens: max_tokens,
+            sampling: v.sampling,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            method,
+            num_speculative_tokens: spec.and_then(|s| s.num_speculative_tokens()),
+        },
+        param,
+    ))
+}
+
+/// Collects the whole answer into one JSON response.
+async fn whole(
+    mut driver: Driver,
+    l: Labels,
+    _permit: OwnedSemaphorePermit,
+) -> Result<Response<ResBody>, ApiError> {
+    let mut text = String::new();
+    while let Some(piece) = driver.next().await {
+        match piece {
+            Piece::Text(t) => text.push_str(&t),
+            Piece::Done(reason, usage) => {
+                let body = if l.chat {
+                    serde_json::to_string(&ChatCompletion::new(
+                        &l.id, l.created, &l.model, text, reason, usage,
+                    ))
+                } else {
+                    serde_json::to_string(&Completion::new(
+                        &l.id, l.created, &l.model, text, reason, usage,
+                    ))
+                }
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+                return Ok(json_response(StatusCode::OK, body));
+            }
+            Piece::Error(e) => return Err(ApiError::unavailable(e)),
+        }
+    }
+    Err(ApiError::internal("the response ended without a finish"))
+}
+
+fn sse<T: serde::Serialize>(v: &T) -> Bytes {
+    Bytes::from(format!(
+        "data: {}\n\n",
+        serde_json::to_string(v).expect("chunks serialize")
+    ))
+}
+
+/// Streams the answer as Server-Sent Events from a task; the client going
+/// away ends the task, which drops the engine receiver (cancellation).
+fn stream(
+    state: Arc<AppState>,
+    mut driver: Driver,
+    l: Labels,
+    include_usage: bool,
+    permit: OwnedSemaphorePermit,
+) -> Response<ResBody> {
+    let (tx, rx) = mpsc::channel::<Bytes>(32);
+    let keep_alive = state.settings.keep_alive;
+    tokio::spawn(async move {
+        let _permit = permit;
+        if l.chat
+            && tx
+                .send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model)))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        let mut tick = tokio::time::interval_at(Instant::now() + keep_alive, keep_alive);
+        loop {
+            let piece = tokio::select! {
+                p = driver.next() => p,
+                _ = tick.tick() => {
+                    if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let out = match piece {
+                None => break,
+                Some(Piece::Text(t)) => vec![if l.chat {
+                    sse(&ChatCompletionChunk::content(&l.id, l.created, &l.model, t))
+                } else {
+                    sse(&CompletionChunk::text(&l.id, l.created, &l.model, t))
+                }],
+                Some(Piece::Done(reason, usage)) => {
+                    let mut v = vec![if l.chat {
+                        sse(&ChatCompletionChunk::finish(
+                            &l.id, l.created, &l.model, reason,
+                        ))
+                    } else {
+                        sse(&CompletionChunk::finish(&l.id, l.created, &l.model, reason))
+                    }];
+                    if include_usage {
+                        v.push(if l.chat {
+                            sse(&ChatCompletionChunk::usage(
+                                &l.id, l.created, &l.model, usage,
+                            ))
+                        } else {
+                            sse(&CompletionChunk::usage(&l.id, l.created, &l.model, usage))
+                        });
+                    }
+                    v.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                    v
+                }
+                Some(Piece::Error(e)) => vec![
+                    Bytes::from(format!("data: {}\n\n", ApiError::unavailable(e).to_json())),
+                    Bytes::from_static(b"data: [DONE]\n\n"),
+                ],
+            };
+            for b in out {
+                if tx.send(b).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut r = Response::new(ResBody::Stream(rx));
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}

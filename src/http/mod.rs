@@ -1,0 +1,236 @@
+//! The HTTP front: a hyper 1 accept loop, routing, authentication, body
+//! limits, admission control, and the two generation endpoints in both
+//! response shapes (whole JSON or Server-Sent Events). Errors become HTTP
+//! responses in exactly one place, [`error_response`], from `api::ApiError`.
+
+mod generate;
+pub mod stop;
+
+use crate::api::{ApiError, ModelCard, ModelList};
+use crate::engine::EngineHandle;
+use crate::tokenizer::TextTokenizer;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+
+/// Server settings the handlers need.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    pub model_name: String,
+    pub api_keys: Vec<String>,
+    pub max_body_bytes: usize,
+    pub max_concurrent_requests: usize,
+    pub request_timeout: Duration,
+    pub drain_timeout: Duration,
+    pub keep_alive: Duration,
+}
+
+/// Everything a request handler reads.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub settings: HttpSettings,
+    pub metrics: PrometheusHandle,
+    pub created: u64,
+    ready: AtomicBool,
+    draining: AtomicBool,
+    admission: Arc<Semaphore>,
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Arc<TextTokenizer>,
+        settings: HttpSettings,
+        metrics: PrometheusHandle,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            admission: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
+            engine,
+            tokenizer,
+            settings,
+            metrics,
+            created: crate::api::unix_now(),
+            ready: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+        })
+    }
+}
+
+/// A response body: whole, or frames fed from a channel (streaming).
+pub enum ResBody {
+    Full(Full<Bytes>),
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+impl Body for ResBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            ResBody::Full(f) => Pin::new(f).poll_frame(cx),
+            ResBody::Stream(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<ResBody> {
+    let mut r = Response::new(ResBody::Full(Full::new(Bytes::from(body))));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// The one place an error becomes an HTTP response.
+pub fn error_response(e: &ApiError) -> Response<ResBody> {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(status, e.to_json())
+}
+
+/// Serves connections from `listener` until `shutdown` resolves, then
+/// stops accepting, marks the server draining (health 503, new generation
+/// requests 503) and waits up to the drain timeout for open connections.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = state.clone();
+                let svc = hyper::service::service_fn(move |req| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(route(state, req).await) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    state.draining.store(true, Ordering::SeqCst);
+    drop(listener);
+    let _ = tokio::time::timeout(state.settings.drain_timeout, graceful.shutdown()).await;
+}
+
+fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {
+    use subtle::ConstantTimeEq;
+    if state.settings.api_keys.is_empty() {
+        return true;
+    }
+    let Some(given) = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    // Every key is compared in full, so timing says nothing about which
+    // prefix matched.
+    state.settings.api_keys.iter().fold(false, |ok, k| {
+        ok | bool::from(k.as_bytes().ct_eq(given.as_bytes()))
+    })
+}
+
+async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> {
+    match Limited::new(body, state.settings.max_body_bytes)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::payload_too_large(state.settings.max_body_bytes))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResBody> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    const ROUTES: [(&str, Method); 5] = [
+        ("/health", Method::GET),
+        ("/metrics", Method::GET),
+        ("/v1/models", Method::GET),
+        ("/v1/chat/completions", Method::POST),
+        ("/v1/completions", Method::POST),
+    ];
+    let Some((_, want)) = ROUTES.iter().find(|(p, _)| *p == path) else {
+        return error_response(&ApiError::not_found(format!("no route for {path}")));
+    };
+    if method != *want {
+        return error_response(&ApiError::method_not_allowed(method.as_str(), &path));
+    }
+    let result = match path.as_str() {
+        "/health" => Ok(health(&state)),
+        "/metrics" => Ok(metrics(&state)),
+        _ if !authorized(&state, &req) => Err(ApiError::authentication(
+            "missing or invalid API key (send Authorization: Bearer <key>)",
+        )),
+        "/v1/models" => Ok(models(&state)),
+        "/v1/chat/completions" => generate::handle(state.clone(), req, true).await,
+        _ => generate::handle(state.clone(), req, false).await,
+    };
+    result.unwrap_or_else(|e| error_response(&e))
+}
+
+fn health(state: &AppState) -> Response<ResBody> {
+    if state.ready.load(Ordering::SeqCst) && !state.draining.load(Ordering::SeqCst) {
+        json_response(StatusCode::OK, r#"{"status":"ok"}"#.into())
+    } else {
+        error_response(&ApiError::unavailable(
+            "the server is not ready or is shutting down",
+        ))
+    }
+}
+
+fn metrics(state: &AppState) -> Response<ResBody> {
+    let mut r = Response::new(ResBody::Full(Full::new(Bytes::from(
+        state.metrics.render(),
+    ))));
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+fn models(state: &AppState) -> Response<ResBody> {
+    let list = ModelList::new(vec![ModelCard::new(
+        &state.settings.model_name,
+        state.created,
+        "specgate",
+    )]);
+    json_response(
+        StatusCode::OK,
+        serde_json::to_string(&list).expect("model list serializes"),
+    )
+}

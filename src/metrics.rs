@@ -1,0 +1,90 @@
+//! Metric names (one constant each, following vLLM's names with our
+//! prefix so existing dashboards fit), their descriptions, and the
+//! Prometheus recorder. Everything that records a metric uses these names.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+pub const SPEC_DRAFTS: &str = "specgate_spec_decode_num_drafts_total";
+pub const SPEC_DRAFT_TOKENS: &str = "specgate_spec_decode_num_draft_tokens_total";
+pub const SPEC_ACCEPTED_TOKENS: &str = "specgate_spec_decode_num_accepted_tokens_total";
+pub const SPEC_ACCEPTED_PER_POS: &str = "specgate_spec_decode_num_accepted_tokens_per_pos_total";
+pub const SPEC_DRAFT_LENGTH: &str = "specgate_spec_decode_draft_length";
+pub const TTFT: &str = "specgate_time_to_first_token_seconds";
+pub const ITL: &str = "specgate_inter_token_latency_seconds";
+pub const E2E: &str = "specgate_e2e_request_latency_seconds";
+pub const QUEUE_TIME: &str = "specgate_request_queue_time_seconds";
+pub const KV_USAGE: &str = "specgate_kv_cache_usage_ratio";
+pub const RUNNING: &str = "specgate_num_requests_running";
+pub const WAITING: &str = "specgate_num_requests_waiting";
+pub const PREEMPTIONS: &str = "specgate_num_preemptions_total";
+pub const PREFIX_HITS: &str = "specgate_prefix_cache_hits_total";
+pub const PREFIX_QUERIES: &str = "specgate_prefix_cache_queries_total";
+pub const PROMPT_TOKENS: &str = "specgate_prompt_tokens_total";
+pub const GENERATION_TOKENS: &str = "specgate_generation_tokens_total";
+pub const REQUEST_SUCCESS: &str = "specgate_request_success_total";
+
+/// Latency buckets (seconds) for the request histograms.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once; later calls return
+/// the same handle) and describes every metric.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets(&LATENCY_BUCKETS)
+                .expect("static buckets are valid")
+                .install_recorder()
+                .expect("no other metrics recorder is installed");
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(
+        SPEC_DRAFTS,
+        "Verify passes in which at least one token was drafted"
+    );
+    describe_counter!(SPEC_DRAFT_TOKENS, "Tokens proposed by the drafter");
+    describe_counter!(SPEC_ACCEPTED_TOKENS, "Drafted tokens the verifier accepted");
+    describe_counter!(
+        SPEC_ACCEPTED_PER_POS,
+        "Accepted drafted tokens by position in the draft"
+    );
+    describe_gauge!(
+        SPEC_DRAFT_LENGTH,
+        "Draft length (k) in force for new rounds"
+    );
+    describe_histogram!(
+        TTFT,
+        Unit::Seconds,
+        "Time from request arrival to its first token"
+    );
+    describe_histogram!(ITL, Unit::Seconds, "Time between consecutive output tokens");
+    describe_histogram!(E2E, Unit::Seconds, "Time from request arrival to its end");
+    describe_histogram!(
+        QUEUE_TIME,
+        Unit::Seconds,
+        "Time a request waited for admission"
+    );
+    describe_gauge!(KV_USAGE, "Fraction of KV cache blocks in use");
+    describe_gauge!(RUNNING, "Requests being decoded");
+    describe_gauge!(WAITING, "Requests waiting to be scheduled");
+    describe_counter!(PREEMPTIONS, "Sequences preempted for lack of KV blocks");
+    describe_counter!(PREFIX_HITS, "Prompt tokens found in the prefix cache");
+    describe_counter!(
+        PREFIX_QUERIES,
+        "Prompt tokens looked up in the prefix cache"
+    );
+    describe_counter!(PROMPT_TOKENS, "Prompt tokens of requests received");
+    describe_counter!(GENERATION_TOKENS, "Tokens generated");
+    describe_counter!(REQUEST_SUCCESS, "Requests finished, by finish reason");
+}

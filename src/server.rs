@@ -1,0 +1,183 @@
+//! `specgate serve`: loads the models named by the config, starts the
+//! engine and the HTTP server, and handles signals: SIGTERM/Ctrl-C drain
+//! and exit; SIGHUP (and a change of the config file) re-reads the
+//! `[speculative]` section and applies it to the next engine step.
+
+use crate::config::Config;
+use crate::engine::scheduler::SchedulerConfig;
+use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
+use crate::http::{serve, AppState, HttpSettings};
+use crate::tokenizer::TextTokenizer;
+use anyhow::{Context, Result};
+use specgate_verify::model::load_model;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// A started server.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub engine: EngineHandle,
+    /// Send to begin a graceful shutdown.
+    pub shutdown: oneshot::Sender<()>,
+    /// Ends when the server has drained.
+    pub done: tokio::task::JoinHandle<()>,
+}
+
+/// The model name served on /v1/models and expected in requests.
+pub fn model_name(cfg: &Config) -> String {
+    cfg.server.served_model_name.clone().unwrap_or_else(|| {
+        cfg.model
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    })
+}
+
+fn tokenizer_for(model: &Path) -> Result<TextTokenizer> {
+    crate::generate::load_tokenizer(model)
+}
+
+/// Loads models, starts the engine and binds the listener.
+pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running> {
+    let metrics = crate::metrics::install();
+    eprintln!("loading target {}", cfg.model.path.display());
+    let target = load_model(&cfg.model.path)
+        .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
+    target.warm_up()?;
+    let tokenizer = Arc::new(tokenizer_for(&cfg.model.path)?);
+    let sp = &cfg.speculative;
+    let proposer = match sp.method.as_str() {
+        "draft" => {
+            let path = cfg
+                .draft
+                .path
+                .as_ref()
+                .context("speculative.method = \"draft\" needs draft.path")?;
+            eprintln!("loading draft {}", path.display());
+            let d = load_model(path)
+                .with_context(|| format!("loading draft model {}", path.display()))?;
+            d.warm_up()?;
+            ProposerKind::Draft(d)
+        }
+        "ngram" => ProposerKind::Ngram {
+            min_n: sp.ngram_min,
+            max_n: sp.ngram_max,
+        },
+        _ => ProposerKind::None,
+    };
+    let kv = if cfg.kv.num_blocks > 0 {
+        KvSize::Blocks(cfg.kv.num_blocks)
+    } else {
+        KvSize::MemoryBytes(cfg.kv.memory_mib << 20)
+    };
+    let engine_cfg = EngineConfig {
+        kv,
+        block_size: cfg.kv.block_size,
+        scheduler: SchedulerConfig {
+            max_num_seqs: cfg.scheduler.max_num_seqs,
+            max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
+        },
+        policy: sp.policy()?,
+    };
+    let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
+    let s = &cfg.server;
+    let settings = HttpSettings {
+        model_name: model_name(&cfg),
+        api_keys: s.api_keys.clone(),
+        max_body_bytes: s.max_body_bytes,
+        max_concurrent_requests: s.max_concurrent_requests,
+        request_timeout: Duration::from_secs(s.request_timeout_secs),
+        drain_timeout: Duration::from_secs(s.drain_timeout_secs),
+        keep_alive: Duration::from_secs(s.keep_alive_secs),
+    };
+    let listener = TcpListener::bind((s.host.as_str(), s.port))
+        .await
+        .with_context(|| format!("binding {}:{}", s.host, s.port))?;
+    let addr = listener.local_addr()?;
+    let state = AppState::new(engine.clone(), tokenizer, settings, metrics);
+    let (tx, rx) = oneshot::channel::<()>();
+    if let Some(path) = config_path {
+        tokio::spawn(watch_config(cfg.clone(), path, engine.clone()));
+    }
+    let done = tokio::spawn(async move {
+        serve(listener, state, async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    Ok(Running {
+        addr,
+        engine,
+        shutdown: tx,
+        done,
+    })
+}
+
+/// Re-applies `[speculative]` on SIGHUP and when the file's modification
+/// time changes (checked every 2 s). An invalid edit is refused and logged;
+/// the settings in force stay.
+async fn watch_config(mut cfg: Config, path: PathBuf, engine: EngineHandle) {
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = mtime(&path);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hup_fut = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup_fut = std::future::pending::<()>();
+        tokio::select! {
+            _ = hup_fut => {}
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {
+                let now = mtime(&path);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+            }
+        }
+        match cfg
+            .reload_speculative(&path)
+            .and_then(|sp| Ok((sp.policy()?, sp)))
+        {
+            Ok((policy, sp)) => match engine.set_policy(policy.clone()) {
+                Ok(()) => {
+                    eprintln!("reloaded [speculative] from {}: {policy:?}", path.display());
+                    cfg.speculative = sp;
+                }
+                Err(e) => eprintln!("refused [speculative] from {}: {e}", path.display()),
+            },
+            Err(e) => eprintln!(
+                "refused config edit in {}: {e}; keeping the settings in force",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+pub async fn termination() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
