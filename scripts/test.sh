@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 scripts/fetch-models.sh models
 cargo fmt --all -- --check
 cargo test --release --workspace
+# The official OpenAI Python client against `specgate serve` on the real pair.
+scripts/test-openai.sh

@@ -404,3 +404,17 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod shipped {
+    use super::*;
+
+    /// The configs in configs/ parse and validate.
+    #[test]
+    fn shipped_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        for name in ["default.toml", "tiny.toml", "example-all.toml"] {
+            Config::load(&dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+}
