@@ -13,12 +13,17 @@ target/release/specgate serve --config configs/default.toml --port 0 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
 url=""
-for _ in $(seq 1 180); do
-  url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" | head -n 1 || true)
-  [ -n "$url" ] && break
+ready=""
+for _ in $(seq 1 300); do
   kill -0 $pid 2>/dev/null || { cat "$log"; echo "specgate serve exited" >&2; exit 1; }
+  [ -n "$url" ] || url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" | head -n 1 || true)
+  # /health answers 503 while the models load, 200 when ready.
+  if [ -n "$url" ] && "$VENV/bin/python" -c "import sys, urllib.request; sys.exit(urllib.request.urlopen('$url/health').status != 200)" 2>/dev/null; then
+    ready=1
+    break
+  fi
   sleep 1
 done
-[ -n "$url" ] || { cat "$log"; echo "specgate serve did not start" >&2; exit 1; }
+[ -n "$ready" ] || { cat "$log"; echo "specgate serve did not become ready" >&2; exit 1; }
 echo "openai client against $url"
 SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/openai_client.py

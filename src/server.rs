@@ -6,7 +6,7 @@
 use crate::config::Config;
 use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
-use crate::http::{serve, AppState, HttpSettings};
+use crate::http::{serve, AppState, Backend, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
 use specgate_verify::model::load_model;
@@ -42,9 +42,55 @@ fn tokenizer_for(model: &Path) -> Result<TextTokenizer> {
     crate::generate::load_tokenizer(model)
 }
 
-/// Loads models, starts the engine and binds the listener.
+/// Binds the listener and starts answering (503 while loading), loads the
+/// models, starts the engine, and returns once the server is ready.
 pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running> {
     let metrics = crate::metrics::install();
+    let s = &cfg.server;
+    let settings = HttpSettings {
+        model_name: model_name(&cfg),
+        api_keys: s.api_keys.clone(),
+        max_body_bytes: s.max_body_bytes,
+        max_concurrent_requests: s.max_concurrent_requests,
+        request_timeout: Duration::from_secs(s.request_timeout_secs),
+        drain_timeout: Duration::from_secs(s.drain_timeout_secs),
+        keep_alive: Duration::from_secs(s.keep_alive_secs),
+    };
+    let listener = TcpListener::bind((s.host.as_str(), s.port))
+        .await
+        .with_context(|| format!("binding {}:{}", s.host, s.port))?;
+    let addr = listener.local_addr()?;
+    eprintln!("specgate bound to http://{addr} (loading; /health answers 503 until ready)");
+    let state = AppState::new(settings, metrics);
+    let (tx, rx) = oneshot::channel::<()>();
+    let serving = state.clone();
+    let done = tokio::spawn(async move {
+        serve(listener, serving, async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    let load_cfg = cfg.clone();
+    let (engine, tokenizer) = tokio::task::spawn_blocking(move || load(&load_cfg))
+        .await
+        .context("the model loader panicked")??;
+    state.set_ready(Backend {
+        engine: engine.clone(),
+        tokenizer,
+    });
+    if let Some(path) = config_path {
+        tokio::spawn(watch_config(cfg.clone(), path, engine.clone()));
+    }
+    Ok(Running {
+        addr,
+        engine,
+        shutdown: tx,
+        done,
+    })
+}
+
+/// Loads the target, the draft and the tokenizer, and starts the engine.
+fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
     eprintln!("loading target {}", cfg.model.path.display());
     let target = load_model(&cfg.model.path)
         .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
@@ -85,37 +131,7 @@ pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running>
         policy: sp.policy()?,
     };
     let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
-    let s = &cfg.server;
-    let settings = HttpSettings {
-        model_name: model_name(&cfg),
-        api_keys: s.api_keys.clone(),
-        max_body_bytes: s.max_body_bytes,
-        max_concurrent_requests: s.max_concurrent_requests,
-        request_timeout: Duration::from_secs(s.request_timeout_secs),
-        drain_timeout: Duration::from_secs(s.drain_timeout_secs),
-        keep_alive: Duration::from_secs(s.keep_alive_secs),
-    };
-    let listener = TcpListener::bind((s.host.as_str(), s.port))
-        .await
-        .with_context(|| format!("binding {}:{}", s.host, s.port))?;
-    let addr = listener.local_addr()?;
-    let state = AppState::new(engine.clone(), tokenizer, settings, metrics);
-    let (tx, rx) = oneshot::channel::<()>();
-    if let Some(path) = config_path {
-        tokio::spawn(watch_config(cfg.clone(), path, engine.clone()));
-    }
-    let done = tokio::spawn(async move {
-        serve(listener, state, async {
-            let _ = rx.await;
-        })
-        .await;
-    });
-    Ok(Running {
-        addr,
-        engine,
-        shutdown: tx,
-        done,
-    })
+    Ok((engine, tokenizer))
 }
 
 /// Re-applies `[speculative]` on SIGHUP and when the file's modification

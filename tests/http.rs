@@ -615,3 +615,35 @@ fn graceful_drain_finishes_in_flight_requests() {
     s.rt.block_on(running.done).unwrap();
     running.engine.shutdown();
 }
+
+#[test]
+fn an_error_after_streaming_began_is_an_sse_error_event_then_done() {
+    let s = Server::start(config(|_| {}), None);
+    let body = chat(json!({"max_tokens": 900, "stream": true, "temperature": 1.0})).to_string();
+    let conn = send(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        &body,
+    );
+    let mut reader = BufReader::new(conn);
+    read_events(&mut reader, 2);
+    s.engine().shutdown();
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    let rest = dechunk_lenient(&rest);
+    let err = rest.find("data: {\"error\"").expect("no SSE error event");
+    let done = rest
+        .find("data: [DONE]")
+        .expect("no [DONE] after the error");
+    assert!(err < done, "{rest}");
+}
+
+/// The body bytes of a chunked stream read mid-way (chunk sizes dropped).
+fn dechunk_lenient(s: &str) -> String {
+    s.split("\r\n")
+        .filter(|l| usize::from_str_radix(l.trim(), 16).is_err() || l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("")
+}

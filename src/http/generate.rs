@@ -5,7 +5,7 @@
 //! one appears the engine receiver is dropped, which cancels the sequence.
 
 use super::stop::StopMatcher;
-use super::{json_response, read_body, AppState, ResBody};
+use super::{json_response, read_body, AppState, Backend, ResBody};
 use crate::api::{
     self, ApiError, ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, FinishReason,
     Input, Usage, ValidRequest,
@@ -140,6 +140,7 @@ pub(super) async fn handle(
     if state.draining.load(Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
+    let backend = state.backend()?;
     let body = read_body(&state, req.into_body()).await?;
     let v = if chat {
         api::parse_chat(&body)?
@@ -149,7 +150,7 @@ pub(super) async fn handle(
     if v.model != state.settings.model_name {
         return Err(ApiError::model_not_found(&v.model));
     }
-    let (gen, param) = build_request(&state, &v, chat)?;
+    let (gen, param) = build_request(backend, &v, chat)?;
     let permit = state.admission.clone().try_acquire_owned().map_err(|_| {
         ApiError::rate_limited(format!(
             "too many requests in flight (limit {}); retry later",
@@ -157,7 +158,7 @@ pub(super) async fn handle(
         ))
     })?;
     let prompt_tokens = gen.prompt.len();
-    let rx = state.engine.submit(gen).map_err(|e| match e {
+    let rx = backend.engine.submit(gen).map_err(|e| match e {
         EngineError::Invalid(m) => ApiError::invalid(param, m),
         EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
     })?;
@@ -187,11 +188,11 @@ pub(super) async fn handle(
 /// Template, tokenize, and check the context length. Returns the engine
 /// request and the name of the field that holds the prompt.
 fn build_request(
-    state: &AppState,
+    backend: &Backend,
     v: &ValidRequest,
     chat: bool,
 ) -> Result<(GenRequest, &'static str), ApiError> {
-    let tok = &state.tokenizer;
+    let tok = &backend.tokenizer;
     let (text, param) = match &v.input {
         Input::Chat(msgs) => (
             tok.apply_chat_template(msgs, true)
@@ -207,7 +208,7 @@ fn build_request(
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "the prompt encodes to no tokens"));
     }
-    let ctx = state.engine.max_position();
+    let ctx = backend.engine.max_position();
     if prompt.len() >= ctx {
         return Err(ApiError::invalid(
             param,

@@ -19,7 +19,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -37,35 +37,45 @@ pub struct HttpSettings {
     pub keep_alive: Duration,
 }
 
-/// Everything a request handler reads.
-pub struct AppState {
+/// The loaded model side: set once loading is done.
+pub struct Backend {
     pub engine: EngineHandle,
     pub tokenizer: Arc<TextTokenizer>,
+}
+
+/// Everything a request handler reads.
+pub struct AppState {
+    backend: OnceLock<Backend>,
     pub settings: HttpSettings,
     pub metrics: PrometheusHandle,
     pub created: u64,
-    ready: AtomicBool,
     draining: AtomicBool,
     admission: Arc<Semaphore>,
 }
 
 impl AppState {
-    pub fn new(
-        engine: EngineHandle,
-        tokenizer: Arc<TextTokenizer>,
-        settings: HttpSettings,
-        metrics: PrometheusHandle,
-    ) -> Arc<Self> {
+    /// A state that answers 503 on /health and generation routes until
+    /// [`AppState::set_ready`] hands it the loaded backend.
+    pub fn new(settings: HttpSettings, metrics: PrometheusHandle) -> Arc<Self> {
         Arc::new(Self {
             admission: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
-            engine,
-            tokenizer,
+            backend: OnceLock::new(),
             settings,
             metrics,
             created: crate::api::unix_now(),
-            ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),
         })
+    }
+
+    /// Marks the server ready with its engine and tokenizer (once).
+    pub fn set_ready(&self, backend: Backend) {
+        let _ = self.backend.set(backend);
+    }
+
+    fn backend(&self) -> Result<&Backend, ApiError> {
+        self.backend
+            .get()
+            .ok_or_else(|| ApiError::unavailable("the model is still loading"))
     }
 }
 
@@ -203,7 +213,7 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResBody
 }
 
 fn health(state: &AppState) -> Response<ResBody> {
-    if state.ready.load(Ordering::SeqCst) && !state.draining.load(Ordering::SeqCst) {
+    if state.backend.get().is_some() && !state.draining.load(Ordering::SeqCst) {
         json_response(StatusCode::OK, r#"{"status":"ok"}"#.into())
     } else {
         error_response(&ApiError::unavailable(
