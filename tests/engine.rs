@@ -18,9 +18,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn tiny(spec: TinySpec, name: &str) -> Model {
+    // Tests run in parallel: every call writes its own file.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("specgate-engine-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+    let p = dir.join(format!("{n}-{name}"));
     spec.write_gguf(&p, &[]).unwrap();
     load_gguf(&p).unwrap()
 }
