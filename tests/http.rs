@@ -1,226 +1,16 @@
 //! The HTTP gateway end to end on a tiny generated model (with an in-code
 //! ChatML tokenizer): every route, both response shapes, every error status,
 //! SSE framing, stop strings across tokens, include_usage, the per-request
-//! speculation override, auth, 429, cancellation, graceful drain, live
-//! reload of the draft length, and /metrics in Prometheus text format.
+//! speculation override, auth, 429, cancellation, graceful drain, and
+//! /metrics in Prometheus text format. Live reload is in tests/reload.rs.
 
-use candle_core::quantized::GgmlDType;
+mod common;
+
+use common::*;
 use serde_json::{json, Value};
-use specgate::config::Config;
-use specgate::server::{start, Running};
-use specgate::tokenizer::testing::tiny_chatml_metadata;
-use specgate_verify::tiny::TinySpec;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-const MODEL: &str = "tiny";
-
-fn model_files() -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("specgate-http-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (t, d) = (dir.join("target.gguf"), dir.join("draft.gguf"));
-    if !t.exists() {
-        let md = tiny_chatml_metadata(384);
-        let md: Vec<(&str, _)> = md.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        let spec = TinySpec {
-            logit_scale: 1.5,
-            ..TinySpec::llama(41)
-        };
-        spec.write_gguf(&t, &md).unwrap();
-        TinySpec {
-            dtype: GgmlDType::Q8_0,
-            ..spec
-        }
-        .write_gguf(&d, &md)
-        .unwrap();
-    }
-    (t, d)
-}
-
-fn config(edit: impl FnOnce(&mut Config)) -> Config {
-    let (t, d) = model_files();
-    let mut c = Config::default();
-    c.server.port = 0;
-    c.server.served_model_name = Some(MODEL.into());
-    c.model.path = t;
-    c.draft.path = Some(d);
-    c.speculative.method = "ngram".into();
-    c.speculative.policy = "fixed".into();
-    c.kv.num_blocks = 64;
-    edit(&mut c);
-    c.validate().unwrap();
-    c
-}
-
-struct Server {
-    rt: tokio::runtime::Runtime,
-    running: Option<Running>,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn start(cfg: Config, path: Option<PathBuf>) -> Server {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let running = rt.block_on(start(cfg, path)).unwrap();
-        let addr = running.addr;
-        Server {
-            rt,
-            running: Some(running),
-            addr,
-        }
-    }
-
-    fn engine(&self) -> &specgate::engine::EngineHandle {
-        &self.running.as_ref().unwrap().engine
-    }
-
-    fn wait_idle(&self) {
-        let t = Instant::now();
-        loop {
-            let s = self.engine().stats();
-            if s.running == 0 && s.waiting == 0 && s.free_blocks == s.num_blocks {
-                return;
-            }
-            assert!(t.elapsed() < Duration::from_secs(20), "never idle: {s:?}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(r) = self.running.take() {
-            let _ = r.shutdown.send(());
-            let _ = self.rt.block_on(r.done);
-            r.engine.shutdown();
-        }
-    }
-}
-
-/// A response read to the end of the connection.
-struct Resp {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    s
-}
-
-fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Resp {
-    let mut s = send(addr, method, path, headers, body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let raw = String::from_utf8(raw).expect("responses are UTF-8");
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Resp {
-        status,
-        headers: head.to_string(),
-        body,
-    }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (len, rest) = s.split_once("\r\n").unwrap();
-        let n = usize::from_str_radix(len.trim(), 16).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-}
-
-fn post(addr: SocketAddr, path: &str, body: Value) -> Resp {
-    request(
-        addr,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        &body.to_string(),
-    )
-}
-
-fn chat(extra: Value) -> Value {
-    let mut b = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 24, "temperature": 0});
-    b.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    b
-}
-
-/// SSE events of a stream body: the JSON of every `data:` line, then
-/// whether it ended with `[DONE]`.
-fn events(body: &str) -> (Vec<Value>, bool) {
-    let mut out = Vec::new();
-    let mut done = false;
-    for ev in body.split("\n\n").filter(|e| !e.is_empty()) {
-        if ev.starts_with(':') {
-            continue; // keep-alive comment
-        }
-        let data = ev
-            .strip_prefix("data: ")
-            .unwrap_or_else(|| panic!("bad SSE event {ev:?}"));
-        assert!(!done, "data after [DONE]");
-        if data == "[DONE]" {
-            done = true;
-        } else {
-            out.push(serde_json::from_str(data).unwrap());
-        }
-    }
-    (out, done)
-}
-
-fn error_of(r: &Resp) -> Value {
-    let v: Value = serde_json::from_str(&r.body).unwrap();
-    let e = v["error"].clone();
-    for k in ["message", "type", "param", "code"] {
-        assert!(e.get(k).is_some(), "error body lacks {k}: {}", r.body);
-    }
-    e
-}
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
 
 #[test]
 fn routes_shapes_and_sse_framing() {
@@ -427,22 +217,6 @@ fn api_keys_are_required_when_configured() {
     assert_eq!(request(s.addr, "GET", "/health", &[], "").status, 200);
 }
 
-/// Reads SSE events from a live stream until `n` data events arrived.
-fn read_events(reader: &mut BufReader<TcpStream>, n: usize) {
-    let mut seen = 0;
-    let mut line = String::new();
-    while seen < n {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "stream closed early"
-        );
-        if line.contains("data: ") {
-            seen += 1;
-        }
-    }
-}
-
 #[test]
 fn full_queue_429_and_disconnect_cancels() {
     let s = Server::start(config(|c| c.server.max_concurrent_requests = 1), None);
@@ -477,13 +251,6 @@ fn full_queue_429_and_disconnect_cancels() {
         .status,
         200
     );
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[test]
@@ -523,64 +290,6 @@ fn speculation_override_and_metrics_parse() {
     ] {
         assert!(names.contains(&want), "{want} missing from /metrics");
     }
-}
-
-#[test]
-fn live_reload_changes_the_draft_length_and_refuses_bad_edits() {
-    let dir = std::env::temp_dir().join(format!("specgate-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("c.toml");
-    let (t, _) = model_files();
-    let write = |k: &str| {
-        std::fs::write(
-            &path,
-            format!(
-                "[server]\nport = 0\nserved_model_name = \"{MODEL}\"\n[model]\npath = {:?}\n[kv]\nnum_blocks = 64\n[speculative]\nmethod = \"ngram\"\npolicy = \"fixed\"\nnum_tokens = {k}\n",
-                t.display().to_string()
-            ),
-        )
-        .unwrap()
-    };
-    write("2");
-    let s = Server::start(Config::load(&path).unwrap(), Some(path.clone()));
-    let gauge = || {
-        metric(
-            &request(s.addr, "GET", "/metrics", &[], "").body,
-            "specgate_spec_decode_draft_length",
-        )
-    };
-    // The gauge is published after an engine step.
-    post(
-        s.addr,
-        "/v1/chat/completions",
-        chat(json!({"max_tokens": 2})),
-    );
-    assert_eq!(gauge(), 2.0);
-    std::thread::sleep(Duration::from_millis(1100)); // a new modification time
-    write("6");
-    let t0 = Instant::now();
-    while gauge() != 6.0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "the reload never took effect"
-        );
-        post(
-            s.addr,
-            "/v1/chat/completions",
-            chat(json!({"max_tokens": 2})),
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // An invalid edit is refused and the old value stays.
-    std::thread::sleep(Duration::from_millis(1100));
-    write("99");
-    std::thread::sleep(Duration::from_secs(5));
-    post(
-        s.addr,
-        "/v1/chat/completions",
-        chat(json!({"max_tokens": 2})),
-    );
-    assert_eq!(gauge(), 6.0);
 }
 
 #[test]
