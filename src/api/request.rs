@@ -89,6 +89,8 @@ pub struct ValidRequest {
     pub stream: bool,
     /// `stream_options.include_usage`; only ever true when `stream` is.
     pub include_usage: bool,
+    /// vLLM's `ignore_eos` extension: generate past end-of-sequence tokens.
+    pub ignore_eos: bool,
     /// The `user` field, kept for logging only.
     pub user: Option<String>,
     pub speculative: Option<SpecOverride>,
@@ -227,6 +229,11 @@ fn parse_common(
         None => false,
     };
     let include_usage = parse_stream_options(map, stream)?;
+    // vLLM's extension: keep generating past end-of-sequence tokens.
+    let ignore_eos = match get(map, "ignore_eos") {
+        Some(v) => as_bool(v, "ignore_eos")?,
+        None => false,
+    };
 
     let user = match get(map, "user") {
         Some(v) => Some(as_str(v, "user")?.to_owned()),
@@ -241,6 +248,7 @@ fn parse_common(
         stop: parse_stop(map)?,
         stream,
         include_usage,
+        ignore_eos,
         user,
         speculative: parse_speculative(map)?,
     })

@@ -241,7 +241,7 @@ fn build_request(
             max_new_tokens: max_tokens,
             sampling: v.sampling,
             stop_token_ids: Vec::new(),
-            ignore_eos: false,
+            ignore_eos: v.ignore_eos,
             method,
             num_speculative_tokens: spec.and_then(|s| s.num_speculative_tokens()),
         },
