@@ -10,8 +10,10 @@ pub mod kv_pool;
 pub mod model;
 pub mod sample;
 pub mod tiny;
+pub mod tp;
 
 pub use error::VerifyError;
 pub use kv_pool::KvPool;
 pub use model::{Arch, LogitsWanted, Model, ModelConfig, RopeStyle, SeqInput};
 pub use sample::{Sampler, SamplingParams};
+pub use tp::{Communicator, LocalComm, ThreadComm};
