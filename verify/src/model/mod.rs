@@ -9,6 +9,7 @@ mod llama;
 mod loader;
 
 use crate::error::{Result, VerifyError};
+use crate::kernels::{self, QWeight};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 use std::sync::Arc;
@@ -136,12 +137,31 @@ pub struct SeqInput<'a> {
 
 /// A linear layer: quantized (GGUF) or dense, with an optional bias.
 pub(crate) struct Linear {
-    weight: QMatMul,
+    weight: LinearWeight,
     bias: Option<Tensor>,
 }
 
+enum LinearWeight {
+    /// Our kernels (crate::kernels) for the formats they implement.
+    Native(QWeight),
+    /// candle's matmul: dense weights, other formats, or when
+    /// [`kernels::Backend::Candle`] was chosen.
+    Candle(QMatMul),
+}
+
 impl Linear {
+    /// Picks our kernels when the backend is native and the format is one
+    /// of theirs, candle otherwise.
     pub(crate) fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+        let weight = match &weight {
+            QMatMul::QTensor(q) if kernels::backend() == kernels::Backend::Native => {
+                match QWeight::new(q.clone()) {
+                    Some(w) => LinearWeight::Native(w),
+                    None => LinearWeight::Candle(weight),
+                }
+            }
+            _ => LinearWeight::Candle(weight),
+        };
         Self { weight, bias }
     }
 
@@ -149,23 +169,51 @@ impl Linear {
     /// bit for bit, whatever the other rows and however many there are.
     /// Speculative verification (k+1 rows) then scores tokens exactly as
     /// plain decoding (1 row) does, so greedy output is identical with and
-    /// without speculation. candle's kernels are row-independent except its
-    /// single-row Q6_K kernel, which rounds differently from the multi-row
-    /// one; a single Q6_K row is therefore padded to two.
+    /// without speculation. Our kernels are so by construction; candle's
+    /// are row-independent except its single-row Q6_K kernel, which rounds
+    /// differently from the multi-row one, so a single Q6_K row is padded
+    /// to two there.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let single_q6k = matches!(&self.weight, QMatMul::QTensor(q) if q.dtype() == GgmlDType::Q6K)
-            && x.dim(0)? == 1;
-        let y = if single_q6k {
-            let padded = Tensor::cat(&[x, x], 0)?;
-            self.weight.forward(&padded)?.narrow(0, 0, 1)?
-        } else {
-            self.weight.forward(x)?
+        let y = match &self.weight {
+            LinearWeight::Native(w) => native_forward(w, x)?,
+            LinearWeight::Candle(q) => {
+                let single_q6k = matches!(q, QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q6K)
+                    && x.dim(0)? == 1;
+                if single_q6k {
+                    let padded = Tensor::cat(&[x, x], 0)?;
+                    q.forward(&padded)?.narrow(0, 0, 1)?
+                } else {
+                    q.forward(x)?
+                }
+            }
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+}
+
+/// `x (rows x k) @ w^T` through our kernels, reading `x` in place.
+fn native_forward(w: &QWeight, x: &Tensor) -> Result<Tensor> {
+    let (rows, k) = x.dims2()?;
+    if k != w.k() {
+        return Err(VerifyError::BadBatch(format!(
+            "linear layer of {} inputs fed rows of {k}",
+            w.k()
+        )));
+    }
+    let x = x.to_dtype(candle_core::DType::F32)?.contiguous()?;
+    let mut out = vec![0f32; rows * w.n()];
+    {
+        let (storage, layout) = x.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            return Err(candle_core::Error::Msg("quantized linear needs CPU tensors".into()).into());
+        };
+        let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * k];
+        w.matmul(data, rows, &mut out);
+    }
+    Ok(Tensor::from_vec(out, (rows, w.n()), x.device())?)
 }
 
 /// Token embedding table, kept quantized when the file stores it so.
