@@ -181,14 +181,25 @@ unsafe fn unpack32(format: Format, bl: &[u8]) -> (__m256i, f32, f32) {
         Format::Q5_0 => {
             let qh = u32::from_le_bytes([bl[2], bl[3], bl[4], bl[5]]);
             let high = _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10));
-            (_mm256_or_si256(nibbles(bl.as_ptr().add(6)), high), d, -16.0 * d)
+            (
+                _mm256_or_si256(nibbles(bl.as_ptr().add(6)), high),
+                d,
+                -16.0 * d,
+            )
         }
         _ => (nibbles(bl.as_ptr().add(4)), d, f16_at(bl, 2)),
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-unsafe fn q32(format: Format, w: &[u8], a: &Acts, r0: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+unsafe fn q32(
+    format: Format,
+    w: &[u8],
+    a: &Acts,
+    r0: usize,
+    rows: usize,
+    out: &mut [f32; MAX_ROWS],
+) {
     let nb = a.nb;
     let bb = format.block_bytes();
     let mut acc = [_mm512_setzero_ps(); MAX_ROWS];

@@ -193,6 +193,11 @@ impl QWeight {
         self.k
     }
 
+    /// The tensor the bytes are read from.
+    pub fn qtensor(&self) -> &Arc<QTensor> {
+        &self.q
+    }
+
     pub fn format(&self) -> Format {
         self.format
     }

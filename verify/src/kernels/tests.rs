@@ -71,7 +71,9 @@ fn check_format(dtype: GgmlDType, k: usize) {
             let mut out = vec![0f32; rows * n];
             qw.matmul_with(isa, &x, rows, &mut out);
             for r in 0..rows {
-                let xmax = x[r * k..(r + 1) * k].iter().fold(0f32, |m, v| m.max(v.abs()));
+                let xmax = x[r * k..(r + 1) * k]
+                    .iter()
+                    .fold(0f32, |m, v| m.max(v.abs()));
                 for c in 0..n {
                     let wabs: f32 = deq[c * k..(c + 1) * k].iter().map(|v| v.abs()).sum();
                     let i = r * n + c;
