@@ -7,7 +7,7 @@
 //! Run (the committed list came from exactly this):
 //! `cargo run --release --example draft_vocab -- models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 32768 configs/draft-head-qwen2.5.txt ~/.cargo/registry/src /usr/lib/python3.11`
 //! Arguments: model, list size, output file, then corpus directories; at
-//! most 8 MiB of text is read from each directory (files in sorted path
+//! most 32 MiB of text is read from each directory (files in sorted path
 //! order, `.rs`, `.py`, `.md`, `.txt`, `.toml` only), so the list is
 //! reproducible on the same inputs.
 
@@ -15,7 +15,7 @@ use specgate::tokenizer::TextTokenizer;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-const PER_DIR_BYTES: usize = 8 << 20;
+const PER_DIR_BYTES: usize = 32 << 20;
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(rd) = std::fs::read_dir(dir) else {

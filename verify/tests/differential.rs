@@ -430,8 +430,10 @@ fn real_smollm2_matches_reference() {
     compare_real("smollm2-135m-instruct-q4_1.gguf", &SMOL_PROMPT);
 }
 
-/// A restricted output head gives the kept tokens' logits bit for bit and
-/// -inf for every other token, for one row and for several (verify) rows.
+/// A restricted output head gives the kept tokens' logits (to float
+/// rounding: a dense f32 head goes through candle's gemm, whose blocking
+/// depends on the matrix size; quantized heads through our kernels are
+/// exact) and -inf for every other token, for one row and for several.
 #[test]
 fn restricted_head_keeps_logits_of_kept_tokens_exactly() {
     for (spec, name) in [
@@ -457,9 +459,10 @@ fn restricted_head_keeps_logits_of_kept_tokens_exactly() {
                 .forward_one(&mut p2, prompt, 0, &table, LogitsWanted::All)
                 .unwrap();
             for (ra, rb) in a.iter().zip(&b) {
+                let scale = ra.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (t, (&x, &y)) in ra.iter().zip(rb).enumerate() {
                     if keep.contains(&(t as u32)) {
-                        assert_eq!(x.to_bits(), y.to_bits(), "{name}: token {t}");
+                        assert!((x - y).abs() <= 1e-5 * scale, "{name}: token {t}: {x} vs {y}");
                     } else {
                         assert_eq!(y, f32::NEG_INFINITY, "{name}: token {t}");
                     }

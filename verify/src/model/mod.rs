@@ -224,8 +224,8 @@ impl Linear {
 impl Linear {
     /// A layer computing only output features `rows` (in that order), with
     /// the same backend choice as [`Linear::new`]. Each kept feature's
-    /// weights are copied unchanged, so its outputs equal the full layer's
-    /// bit for bit (our kernels compute every output column alone).
+    /// weights are copied unchanged, so with our kernels (every output
+    /// column computed alone) its outputs equal the full layer's bit for bit.
     pub(crate) fn select_rows(&self, rows: &[u32]) -> Result<Linear> {
         let q = match &self.weight {
             LinearWeight::Native(w) => QMatMul::QTensor(w.qtensor().clone()),
@@ -350,7 +350,8 @@ impl Model {
     }
 
     /// Restricts the output head to `tokens`: their logits are computed as
-    /// before (bit for bit), every other token's logit is -inf, so sampling
+    /// before (bit for bit with quantized heads, which our kernels compute
+    /// column by column; to float rounding for dense ones), every other token's logit is -inf, so sampling
     /// gives them probability exactly 0. Meant for a draft model: its head
     /// over the full vocabulary is a large part of its step, and the
     /// verifier, which keeps the full vocabulary, keeps decoding lossless
