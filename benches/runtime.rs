@@ -12,7 +12,7 @@
 //! `SPECGATE_BENCH_BACKENDS=native` runs only ours.
 
 use specgate_verify::kernels::{self, Backend};
-use specgate_verify::model::load_gguf;
+use specgate_verify::model::{load_gguf, read_token_list};
 use specgate_verify::sample::argmax;
 use specgate_verify::{KvPool, LogitsWanted};
 use std::path::Path;
@@ -73,9 +73,13 @@ fn read_bandwidth() -> f64 {
     median(runs)
 }
 
-fn bench_model(path: &Path, bw: f64, backend: Backend) {
+/// `head`: restrict the output head to these tokens (the draft option).
+fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
     kernels::set_backend(backend);
-    let model = load_gguf(path).expect("load");
+    let mut model = load_gguf(path).expect("load");
+    if let Some(h) = head {
+        model.restrict_head(h).expect("restrict head");
+    }
     model.warm_up().expect("warm up");
     let cfg = model.config().clone();
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % 30_000).collect();
@@ -109,8 +113,9 @@ fn bench_model(path: &Path, bw: f64, backend: Backend) {
     let bytes = model.weight_bytes_per_step() as f64;
     let bound = bw / bytes;
     println!(
-        "{} [{backend:?}]: prefill {} tok: {:.1} tok/s | decode: {:.2} tok/s ({:.1} ms/tok) | weights {:.0} MB/token -> bound {:.1} tok/s | {:.0}% of bound",
+        "{} [{backend:?}{}]: prefill {} tok: {:.1} tok/s | decode: {:.2} tok/s ({:.1} ms/tok) | weights {:.0} MB/token -> bound {:.1} tok/s | {:.0}% of bound",
         path.file_name().unwrap().to_string_lossy(),
+        head.map_or(String::new(), |h| format!(", head of {} tokens", h.len())),
         prompt.len(),
         prompt.len() as f64 / prefill,
         tps,
@@ -172,7 +177,13 @@ fn main() {
         let p = Path::new(&dir).join(name);
         if p.exists() {
             for b in &backends {
-                bench_model(&p, bw, *b);
+                bench_model(&p, bw, *b, None);
+            }
+            // The draft with its reduced head (configs/draft-head-qwen2.5.txt).
+            let list = Path::new("configs/draft-head-qwen2.5.txt");
+            if name.starts_with("qwen2.5-coder-0.5b") && list.exists() {
+                let ids = read_token_list(list).expect("token list");
+                bench_model(&p, bw, Backend::Native, Some(&ids));
             }
         } else {
             println!("{name}: not present, skipped (scripts/fetch-models.sh)");

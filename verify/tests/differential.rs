@@ -462,7 +462,10 @@ fn restricted_head_keeps_logits_of_kept_tokens_exactly() {
                 let scale = ra.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (t, (&x, &y)) in ra.iter().zip(rb).enumerate() {
                     if keep.contains(&(t as u32)) {
-                        assert!((x - y).abs() <= 1e-5 * scale, "{name}: token {t}: {x} vs {y}");
+                        assert!(
+                            (x - y).abs() <= 1e-5 * scale,
+                            "{name}: token {t}: {x} vs {y}"
+                        );
                     } else {
                         assert_eq!(y, f32::NEG_INFINITY, "{name}: token {t}");
                     }
