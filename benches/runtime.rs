@@ -3,9 +3,16 @@
 //! machine's memory-bandwidth bound (weight bytes streamed per decoded
 //! token divided into the measured copy bandwidth).
 //!
-//! Run: `cargo bench --bench runtime` (models from scripts/fetch-models.sh).
+//! Each model runs twice in the same process, with candle's quantized
+//! matmul and with ours (`specgate_verify::kernels`), so the two are side by
+//! side; after decoding, one verification pass of r = 1, 2, 4, 8, 16 rows
+//! (one sequence, r new tokens, logits for all) is timed, median of 5.
+//!
+//! Run: `cargo bench --bench runtime` (models from scripts/fetch-models.sh);
+//! `SPECGATE_BENCH_BACKENDS=native` runs only ours.
 
-use specgate_verify::model::load_gguf;
+use specgate_verify::kernels::{self, Backend};
+use specgate_verify::model::{load_gguf, read_token_list};
 use specgate_verify::sample::argmax;
 use specgate_verify::{KvPool, LogitsWanted};
 use std::path::Path;
@@ -66,13 +73,19 @@ fn read_bandwidth() -> f64 {
     median(runs)
 }
 
-fn bench_model(path: &Path, bw: f64) {
-    let model = load_gguf(path).expect("load");
+/// `head`: restrict the output head to these tokens (the draft option).
+fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
+    kernels::set_backend(backend);
+    let mut model = load_gguf(path).expect("load");
+    if let Some(h) = head {
+        model.restrict_head(h).expect("restrict head");
+    }
     model.warm_up().expect("warm up");
     let cfg = model.config().clone();
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % 30_000).collect();
     let decode = 64;
-    let blocks = (prompt.len() + decode).div_ceil(16);
+    let max_rows = 16;
+    let blocks = (prompt.len() + decode + max_rows).div_ceil(16);
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut pool = KvPool::new(&cfg, blocks, 16).unwrap();
     let t = Instant::now();
@@ -100,8 +113,9 @@ fn bench_model(path: &Path, bw: f64) {
     let bytes = model.weight_bytes_per_step() as f64;
     let bound = bw / bytes;
     println!(
-        "{}: prefill {} tok: {:.1} tok/s | decode: {:.2} tok/s ({:.1} ms/tok) | weights {:.0} MB/token -> bound {:.1} tok/s | {:.0}% of bound",
+        "{} [{backend:?}{}]: prefill {} tok: {:.1} tok/s | decode: {:.2} tok/s ({:.1} ms/tok) | weights {:.0} MB/token -> bound {:.1} tok/s | {:.0}% of bound",
         path.file_name().unwrap().to_string_lossy(),
+        head.map_or(String::new(), |h| format!(", head of {} tokens", h.len())),
         prompt.len(),
         prompt.len() as f64 / prefill,
         tps,
@@ -110,6 +124,32 @@ fn bench_model(path: &Path, bw: f64) {
         bound,
         100.0 * tps / bound
     );
+    // Verification passes: r new tokens after the 192-token context, logits
+    // for every row, as a speculative round with k = r - 1 drafts runs it.
+    let ctx = prompt.len() + decode;
+    let mut one = 0.0;
+    for rows in [1usize, 2, 4, 8, 16] {
+        let toks: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 7) % 30_000).collect();
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let out = model
+                .forward_one(&mut pool, &toks, ctx, &table, LogitsWanted::All)
+                .unwrap();
+            times.push(t.elapsed().as_secs_f64());
+            assert_eq!(out.len(), rows);
+        }
+        let ms = median(times) * 1e3;
+        if rows == 1 {
+            one = ms;
+        }
+        println!(
+            "  verify {rows:>2} rows: {ms:.1} ms = {:.2}x one row | weights at {:.1} GB/s, {:.0}% of bound",
+            ms / one,
+            bytes / (ms / 1e3) / 1e9,
+            100.0 * bytes / bw / (ms / 1e3)
+        );
+    }
 }
 
 fn main() {
@@ -123,6 +163,11 @@ fn main() {
     // Decoding only reads weights: the bound uses the larger, read-only figure.
     let bw = read.max(copy);
     println!("bound below uses {:.2} GB/s", bw / 1e9);
+    let backends: Vec<Backend> = match std::env::var("SPECGATE_BENCH_BACKENDS").as_deref() {
+        Ok("native") => vec![Backend::Native],
+        Ok("candle") => vec![Backend::Candle],
+        _ => vec![Backend::Candle, Backend::Native],
+    };
     let dir = std::env::var("SPECGATE_MODELS_DIR").unwrap_or_else(|_| "models".into());
     for name in [
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
@@ -131,7 +176,15 @@ fn main() {
     ] {
         let p = Path::new(&dir).join(name);
         if p.exists() {
-            bench_model(&p, bw);
+            for b in &backends {
+                bench_model(&p, bw, *b, None);
+            }
+            // The draft with its reduced head (configs/draft-head-qwen2.5.txt).
+            let list = Path::new("configs/draft-head-qwen2.5.txt");
+            if name.starts_with("qwen2.5-coder-0.5b") && list.exists() {
+                let ids = read_token_list(list).expect("token list");
+                bench_model(&p, bw, Backend::Native, Some(&ids));
+            }
         } else {
             println!("{name}: not present, skipped (scripts/fetch-models.sh)");
         }

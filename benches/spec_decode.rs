@@ -71,6 +71,7 @@ fn run_set(
             seed: Some(i as u64),
             ignore_eos: true,
             draft: None,
+            draft_head_tokens: None,
             ngram,
             ngram_min: 1,
             ngram_max: 4,

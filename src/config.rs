@@ -102,6 +102,10 @@ impl Default for ModelConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct DraftConfig {
     pub path: Option<PathBuf>,
+    /// Token list (one id per line, e.g. configs/draft-head-qwen2.5.txt)
+    /// restricting the draft's output head to those tokens: a cheaper draft
+    /// step, still lossless (the verifier keeps the full vocabulary).
+    pub head_tokens: Option<PathBuf>,
 }
 
 impl Default for DraftConfig {
@@ -110,6 +114,7 @@ impl Default for DraftConfig {
             path: Some(PathBuf::from(
                 "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             )),
+            head_tokens: None,
         }
     }
 }

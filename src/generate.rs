@@ -8,7 +8,7 @@ use crate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 use anyhow::{bail, Context, Result};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
 use specgate_verify::kv_pool::DEFAULT_BLOCK_SIZE;
-use specgate_verify::model::load_model;
+use specgate_verify::model::{load_model, read_token_list};
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -49,6 +49,10 @@ pub struct GenerateArgs {
     /// Speculate with this draft model (same vocabulary as the target).
     #[arg(long, conflicts_with = "ngram")]
     pub draft: Option<PathBuf>,
+    /// Restrict the draft's output head to the token ids in this file (one
+    /// per line, e.g. configs/draft-head-qwen2.5.txt); lossless.
+    #[arg(long, requires = "draft")]
+    pub draft_head_tokens: Option<PathBuf>,
     /// Speculate with n-gram prompt lookup.
     #[arg(long)]
     pub ngram: bool,
@@ -128,8 +132,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let blocks = blocks_needed(prompt.len(), args);
     let mut proposer: Option<Box<dyn Proposer>> = if let Some(path) = &args.draft {
-        let draft =
+        let mut draft =
             load_model(path).with_context(|| format!("loading draft model {}", path.display()))?;
+        if let Some(list) = &args.draft_head_tokens {
+            draft.restrict_head(&read_token_list(list)?)?;
+        }
         draft.warm_up()?;
         let d = ModelDraft::new(Arc::new(draft), blocks, DEFAULT_BLOCK_SIZE)?;
         d.check_compatible(model.config())?;

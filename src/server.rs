@@ -9,7 +9,7 @@ use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
 use crate::http::{serve, AppState, Backend, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
-use specgate_verify::model::load_model;
+use specgate_verify::model::{load_model, read_token_list};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,8 +105,11 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
                 .as_ref()
                 .context("speculative.method = \"draft\" needs draft.path")?;
             eprintln!("loading draft {}", path.display());
-            let d = load_model(path)
+            let mut d = load_model(path)
                 .with_context(|| format!("loading draft model {}", path.display()))?;
+            if let Some(list) = &cfg.draft.head_tokens {
+                d.restrict_head(&read_token_list(list)?)?;
+            }
             d.warm_up()?;
             ProposerKind::Draft(d)
         }

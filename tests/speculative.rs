@@ -117,6 +117,18 @@ fn tiny_greedy_speculation_equals_plain_decoding() {
         "d1.gguf",
     ));
     let far = Arc::new(tiny(TinySpec::qwen2(12), "d2.gguf"));
+    // The close draft with its head restricted to two thirds of the
+    // vocabulary: tokens outside are never proposed, output unchanged.
+    let mut cut = tiny(
+        TinySpec {
+            dtype: GgmlDType::Q4K,
+            ..TinySpec::qwen2(11)
+        },
+        "d3.gguf",
+    );
+    let keep: Vec<u32> = (0..384u32).filter(|t| t % 3 != 1).collect();
+    cut.restrict_head(&keep).unwrap();
+    let cut = Arc::new(cut);
     // Repetitive prompts so n-gram lookup finds matches.
     let prompts: [Vec<u32>; 3] = [
         vec![5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
@@ -133,7 +145,7 @@ fn tiny_greedy_speculation_equals_plain_decoding() {
             let mut stats = SpecStats::default();
             let got = decode(&target, Some(&mut ngram), prompt, max_new, k, &mut stats);
             assert_eq!(got, plain, "ngram k={k} prompt {prompt:?}");
-            for draft in [&close, &far] {
+            for draft in [&close, &far, &cut] {
                 let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
                 let mut s = SpecStats::default();
                 let got = decode(&target, Some(&mut d), prompt, max_new, k, &mut s);
@@ -247,6 +259,12 @@ fn real_pair_greedy_speculation_equals_plain_decoding() {
     }
     let target = load_gguf(&tp).unwrap();
     let draft = Arc::new(load_gguf(&dp).unwrap());
+    // The draft with the shipped reduced head (configs/), on one prompt.
+    let head_list = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/draft-head-qwen2.5.txt");
+    let mut cut = load_gguf(&dp).unwrap();
+    cut.restrict_head(&specgate_verify::model::read_token_list(&head_list).unwrap())
+        .unwrap();
+    let cut = Arc::new(cut);
     let tok = TextTokenizer::from_gguf_file(&tp).unwrap();
     let max_new = 128;
     let (mut ng_stats, mut d_stats) = (SpecStats::default(), SpecStats::default());
@@ -280,6 +298,11 @@ fn real_pair_greedy_speculation_equals_plain_decoding() {
         d.check_compatible(target.config()).unwrap();
         let got = decode(&target, Some(&mut d), &prompt, max_new, k_d, &mut d_stats);
         assert_eq!(got, plain, "draft k={k_d}, prompt {i}");
+        if i == 0 {
+            let mut d = ModelDraft::new(cut.clone(), blocks, BS).unwrap();
+            let got = decode(&target, Some(&mut d), &prompt, max_new, 4, &mut d_stats);
+            assert_eq!(got, plain, "reduced-head draft, prompt {i}");
+        }
     }
     eprintln!(
         "real pair: ngram acceptance {:.2}, mean length {:.2}; draft acceptance {:.2}, mean length {:.2}",

@@ -6,6 +6,7 @@
 
 pub mod accept;
 pub mod error;
+pub mod kernels;
 pub mod kv_pool;
 pub mod model;
 pub mod sample;

@@ -429,3 +429,54 @@ fn real_qwen_coder_1_5b_matches_reference() {
 fn real_smollm2_matches_reference() {
     compare_real("smollm2-135m-instruct-q4_1.gguf", &SMOL_PROMPT);
 }
+
+/// A restricted output head gives the kept tokens' logits (to float
+/// rounding: a dense f32 head goes through candle's gemm, whose blocking
+/// depends on the matrix size; quantized heads through our kernels are
+/// exact) and -inf for every other token, for one row and for several.
+#[test]
+fn restricted_head_keeps_logits_of_kept_tokens_exactly() {
+    for (spec, name) in [
+        (TinySpec::llama(5), "head-llama.gguf"),
+        (TinySpec::qwen2(6), "head-qwen2.gguf"),
+    ] {
+        let path = tiny_file(&spec, name);
+        let full = load_gguf(&path).unwrap();
+        let mut cut = load_gguf(&path).unwrap();
+        let keep: Vec<u32> = (0..spec.vocab_size as u32).rev().step_by(3).collect();
+        cut.restrict_head(&keep).unwrap();
+        assert_eq!(cut.head_tokens(), Some(keep.as_slice()));
+        assert!(cut.weight_bytes_per_step() < full.weight_bytes_per_step());
+        let cfg = full.config().clone();
+        let table = linear_table(4);
+        for prompt in [&TINY_PROMPT[..1], &TINY_PROMPT[..6]] {
+            let mut p1 = KvPool::new(&cfg, 4, 16).unwrap();
+            let mut p2 = KvPool::new(&cfg, 4, 16).unwrap();
+            let a = full
+                .forward_one(&mut p1, prompt, 0, &table, LogitsWanted::All)
+                .unwrap();
+            let b = cut
+                .forward_one(&mut p2, prompt, 0, &table, LogitsWanted::All)
+                .unwrap();
+            for (ra, rb) in a.iter().zip(&b) {
+                let scale = ra.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (t, (&x, &y)) in ra.iter().zip(rb).enumerate() {
+                    if keep.contains(&(t as u32)) {
+                        assert!(
+                            (x - y).abs() <= 1e-5 * scale,
+                            "{name}: token {t}: {x} vs {y}"
+                        );
+                    } else {
+                        assert_eq!(y, f32::NEG_INFINITY, "{name}: token {t}");
+                    }
+                }
+            }
+        }
+        let mut bad = load_gguf(&path).unwrap();
+        assert!(bad.restrict_head(&[1, 1]).is_err());
+        assert!(bad.restrict_head(&[spec.vocab_size as u32]).is_err());
+        assert!(bad.restrict_head(&[]).is_err());
+        bad.restrict_head(&[3]).unwrap();
+        assert!(bad.restrict_head(&[3]).is_err());
+    }
+}

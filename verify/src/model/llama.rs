@@ -192,7 +192,23 @@ impl Model {
             x.index_select(&idx, 0)?
         };
         let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
-        self.lm_head.forward(&x)
+        let logits = self.lm_head.forward(&x)?;
+        let Some(ids) = &self.head_tokens else {
+            return Ok(logits);
+        };
+        // Restricted head: spread its columns over the full vocabulary.
+        let m = logits.dim(0)?;
+        let sub = logits.flatten_all()?.to_vec1::<f32>()?;
+        let mut full = vec![f32::NEG_INFINITY; m * cfg.vocab_size];
+        for (row, src) in full
+            .chunks_exact_mut(cfg.vocab_size)
+            .zip(sub.chunks_exact(ids.len()))
+        {
+            for (&t, &v) in ids.iter().zip(src) {
+                row[t as usize] = v;
+            }
+        }
+        Ok(Tensor::from_vec(full, (m, cfg.vocab_size), &Device::Cpu)?)
     }
 
     /// Runs a throwaway two-row forward so that candle packs every weight

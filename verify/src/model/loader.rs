@@ -170,14 +170,16 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
         });
     }
     let norm = r.dense("output_norm.weight")?;
-    let lm_head = if r.has("output.weight") {
-        let (l, bytes) = r.linear("output", false)?;
-        weight_bytes += bytes;
-        l
+    let (lm_head, lm_bytes) = if r.has("output.weight") {
+        r.linear("output", false)?
     } else {
-        weight_bytes += embed_q.storage_size_in_bytes();
-        Linear::new(QMatMul::from_arc(embed_q.clone())?, None)
+        let bytes = embed_q.storage_size_in_bytes();
+        (
+            Linear::new(QMatMul::from_arc(embed_q.clone())?, None),
+            bytes,
+        )
     };
+    weight_bytes += lm_bytes;
     Ok(Model {
         cfg,
         embed: Embedding::Quantized(embed_q),
@@ -185,6 +187,8 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
         norm,
         lm_head,
         weight_bytes,
+        head_tokens: None,
+        lm_bytes,
     })
 }
 
@@ -305,8 +309,10 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
     } else {
         lin(&mut take, "lm_head", cfg.vocab_size, h, false)?
     };
+    // `lin` counted an untied head already.
+    let lm_bytes = cfg.vocab_size * h * 4;
     if tied {
-        weight_bytes += cfg.vocab_size * h * 4;
+        weight_bytes += lm_bytes;
     }
     Ok(Model {
         cfg,
@@ -315,6 +321,8 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
         norm,
         lm_head,
         weight_bytes,
+        head_tokens: None,
+        lm_bytes,
     })
 }
 

@@ -9,6 +9,7 @@ mod llama;
 mod loader;
 
 use crate::error::{Result, VerifyError};
+use crate::kernels::{self, QWeight};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 use std::sync::Arc;
@@ -134,14 +135,60 @@ pub struct SeqInput<'a> {
     pub logits: LogitsWanted,
 }
 
+/// Reads a token list for [`Model::restrict_head`]: one id per line; empty
+/// lines and lines starting with `#` are skipped.
+///
+/// Errors: unreadable file, or a line that is not a token id (named with
+/// its line number).
+pub fn read_token_list(path: &std::path::Path) -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string(path).map_err(|source| VerifyError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut ids = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        ids.push(line.parse().map_err(|_| {
+            VerifyError::BadConfig(format!(
+                "{} line {}: '{line}' is not a token id",
+                path.display(),
+                i + 1
+            ))
+        })?);
+    }
+    Ok(ids)
+}
+
 /// A linear layer: quantized (GGUF) or dense, with an optional bias.
 pub(crate) struct Linear {
-    weight: QMatMul,
+    weight: LinearWeight,
     bias: Option<Tensor>,
 }
 
+enum LinearWeight {
+    /// Our kernels (crate::kernels) for the formats they implement.
+    Native(QWeight),
+    /// candle's matmul: dense weights, other formats, or when
+    /// [`kernels::Backend::Candle`] was chosen.
+    Candle(QMatMul),
+}
+
 impl Linear {
+    /// Picks our kernels when the backend is native and the format is one
+    /// of theirs, candle otherwise.
     pub(crate) fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+        let weight = match &weight {
+            QMatMul::QTensor(q) if kernels::backend() == kernels::Backend::Native => {
+                match QWeight::new(q.clone()) {
+                    Some(w) => LinearWeight::Native(w),
+                    None => LinearWeight::Candle(weight),
+                }
+            }
+            _ => LinearWeight::Candle(weight),
+        };
         Self { weight, bias }
     }
 
@@ -149,23 +196,100 @@ impl Linear {
     /// bit for bit, whatever the other rows and however many there are.
     /// Speculative verification (k+1 rows) then scores tokens exactly as
     /// plain decoding (1 row) does, so greedy output is identical with and
-    /// without speculation. candle's kernels are row-independent except its
-    /// single-row Q6_K kernel, which rounds differently from the multi-row
-    /// one; a single Q6_K row is therefore padded to two.
+    /// without speculation. Our kernels are so by construction; candle's
+    /// are row-independent except its single-row Q6_K kernel, which rounds
+    /// differently from the multi-row one, so a single Q6_K row is padded
+    /// to two there.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let single_q6k = matches!(&self.weight, QMatMul::QTensor(q) if q.dtype() == GgmlDType::Q6K)
-            && x.dim(0)? == 1;
-        let y = if single_q6k {
-            let padded = Tensor::cat(&[x, x], 0)?;
-            self.weight.forward(&padded)?.narrow(0, 0, 1)?
-        } else {
-            self.weight.forward(x)?
+        let y = match &self.weight {
+            LinearWeight::Native(w) => native_forward(w, x)?,
+            LinearWeight::Candle(q) => {
+                let single_q6k = matches!(q, QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q6K)
+                    && x.dim(0)? == 1;
+                if single_q6k {
+                    let padded = Tensor::cat(&[x, x], 0)?;
+                    q.forward(&padded)?.narrow(0, 0, 1)?
+                } else {
+                    q.forward(x)?
+                }
+            }
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+}
+
+impl Linear {
+    /// A layer computing only output features `rows` (in that order), with
+    /// the same backend choice as [`Linear::new`]. Each kept feature's
+    /// weights are copied unchanged, so with our kernels (every output
+    /// column computed alone) its outputs equal the full layer's bit for bit.
+    pub(crate) fn select_rows(&self, rows: &[u32]) -> Result<Linear> {
+        let q = match &self.weight {
+            LinearWeight::Native(w) => QMatMul::QTensor(w.qtensor().clone()),
+            LinearWeight::Candle(q) => q.clone(),
+        };
+        let idx = Tensor::new(rows, &candle_core::Device::Cpu)?;
+        let weight = match q {
+            QMatMul::QTensor(t) => {
+                let &[n, k] = t.shape().dims() else {
+                    return Err(VerifyError::BadConfig("output head is not a matrix".into()));
+                };
+                let data = t.data()?;
+                let row_bytes = data.len() / n;
+                let mut bytes = Vec::with_capacity(rows.len() * row_bytes);
+                for &r in rows {
+                    let r = r as usize;
+                    if r >= n {
+                        return Err(VerifyError::BadConfig(format!(
+                            "token {r} outside the vocabulary of {n}"
+                        )));
+                    }
+                    bytes.extend_from_slice(&data[r * row_bytes..(r + 1) * row_bytes]);
+                }
+                let sub = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    t.dtype(),
+                    &bytes,
+                    vec![rows.len(), k],
+                    &candle_core::Device::Cpu,
+                )?;
+                QMatMul::from_arc(Arc::new(sub))?
+            }
+            QMatMul::Tensor(t) => QMatMul::Tensor(t.index_select(&idx, 0)?),
+            QMatMul::TensorF16(t) => QMatMul::TensorF16(t.index_select(&idx, 0)?),
+        };
+        let bias = match &self.bias {
+            Some(b) => Some(b.index_select(&idx, 0)?),
+            None => None,
+        };
+        Ok(Linear::new(weight, bias))
+    }
+}
+
+/// `x (rows x k) @ w^T` through our kernels, reading `x` in place.
+fn native_forward(w: &QWeight, x: &Tensor) -> Result<Tensor> {
+    let (rows, k) = x.dims2()?;
+    if k != w.k() {
+        return Err(VerifyError::BadBatch(format!(
+            "linear layer of {} inputs fed rows of {k}",
+            w.k()
+        )));
+    }
+    let x = x.to_dtype(candle_core::DType::F32)?.contiguous()?;
+    let mut out = vec![0f32; rows * w.n()];
+    {
+        let (storage, layout) = x.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            return Err(
+                candle_core::Error::Msg("quantized linear needs CPU tensors".into()).into(),
+            );
+        };
+        let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * k];
+        w.matmul(data, rows, &mut out);
+    }
+    Ok(Tensor::from_vec(out, (rows, w.n()), x.device())?)
 }
 
 /// Token embedding table, kept quantized when the file stores it so.
@@ -206,6 +330,11 @@ pub struct Model {
     pub(crate) lm_head: Linear,
     /// Bytes of weights a single decode step reads (for bandwidth figures).
     pub(crate) weight_bytes: usize,
+    /// When set, `lm_head` computes only these tokens' logits (in this
+    /// order) and every other token's logit is -inf ([`Model::restrict_head`]).
+    pub(crate) head_tokens: Option<Vec<u32>>,
+    /// Bytes of `lm_head` (part of `weight_bytes`).
+    pub(crate) lm_bytes: usize,
 }
 
 impl Model {
@@ -218,5 +347,52 @@ impl Model {
     /// once, plus one embedding row.
     pub fn weight_bytes_per_step(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// Restricts the output head to `tokens`: their logits are computed as
+    /// before (bit for bit with quantized heads, which our kernels compute
+    /// column by column; to float rounding for dense ones), every other token's logit is -inf, so sampling
+    /// gives them probability exactly 0. Meant for a draft model: its head
+    /// over the full vocabulary is a large part of its step, and the
+    /// verifier, which keeps the full vocabulary, keeps decoding lossless
+    /// (a token outside the subset is simply never proposed, and the draft
+    /// probabilities q are those the draft sampled from, 0 outside).
+    ///
+    /// Errors: an empty list, a duplicate, a token outside the vocabulary,
+    /// or a head restricted already.
+    pub fn restrict_head(&mut self, tokens: &[u32]) -> Result<()> {
+        let mut seen = vec![false; self.cfg.vocab_size];
+        for &t in tokens {
+            match seen.get_mut(t as usize) {
+                Some(s) if !*s => *s = true,
+                Some(_) => return Err(VerifyError::BadConfig(format!("token {t} listed twice"))),
+                None => {
+                    return Err(VerifyError::BadConfig(format!(
+                        "token {t} outside the vocabulary of {}",
+                        self.cfg.vocab_size
+                    )))
+                }
+            }
+        }
+        if tokens.is_empty() {
+            return Err(VerifyError::BadConfig("empty head token list".into()));
+        }
+        if self.head_tokens.is_some() {
+            return Err(VerifyError::BadConfig(
+                "the head is already restricted".into(),
+            ));
+        }
+        let head = self.lm_head.select_rows(tokens)?;
+        let per_row = self.lm_bytes / self.cfg.vocab_size;
+        self.weight_bytes = self.weight_bytes - self.lm_bytes + per_row * tokens.len();
+        self.lm_bytes = per_row * tokens.len();
+        self.lm_head = head;
+        self.head_tokens = Some(tokens.to_vec());
+        Ok(())
+    }
+
+    /// The tokens the head is restricted to, if it is.
+    pub fn head_tokens(&self) -> Option<&[u32]> {
+        self.head_tokens.as_deref()
     }
 }

@@ -1,0 +1,67 @@
+//! Quantized matmul kernels side by side: candle's `QMatMul` against ours
+//! (`specgate_verify::kernels::QWeight`), on random weights of the shapes
+//! the Qwen2.5-Coder models use, for 1, 2, 4, 8 and 16 activation rows.
+//! Throughput is weight bytes per second (each matrix is read once per
+//! call), comparable to the machine's memory bandwidth (BENCHMARKS.md).
+//!
+//! Run: `cargo bench --bench kernels` (filter e.g. `-- q4k`).
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use specgate_verify::kernels::QWeight;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// (label, format, output rows n, inputs k).
+const SHAPES: &[(&str, GgmlDType, usize, usize)] = &[
+    ("q4k_8960x1536", GgmlDType::Q4K, 8960, 1536),
+    ("q6k_1536x8960", GgmlDType::Q6K, 1536, 8960),
+    ("q8_0_4864x896", GgmlDType::Q8_0, 4864, 896),
+    ("q5_0_4864x896", GgmlDType::Q5_0, 4864, 896),
+    ("q4_1_1536x576", GgmlDType::Q4_1, 1536, 576),
+];
+
+fn random(n: usize, seed: u32) -> Vec<f32> {
+    // A cheap deterministic generator: benchmarks need data, not statistics.
+    let mut s = seed.wrapping_mul(2654435761).max(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn kernels(c: &mut Criterion) {
+    let dev = Device::Cpu;
+    for &(label, dtype, n, k) in SHAPES {
+        let w = Tensor::from_vec(random(n * k, 1), (n, k), &dev).unwrap();
+        let q = Arc::new(QTensor::quantize(&w, dtype).unwrap());
+        let bytes = q.storage_size_in_bytes() as u64;
+        let ours = QWeight::new(q.clone()).expect("supported format");
+        let candle = QMatMul::from_arc(q).unwrap();
+        let mut g = c.benchmark_group(label);
+        g.throughput(Throughput::Bytes(bytes))
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        for rows in [1usize, 2, 4, 8, 16] {
+            let x = random(rows * k, rows as u32 + 7);
+            let xt = Tensor::from_vec(x.clone(), (rows, k), &dev).unwrap();
+            g.bench_with_input(BenchmarkId::new("candle", rows), &rows, |b, _| {
+                b.iter(|| candle.forward(&xt).unwrap())
+            });
+            let mut out = vec![0f32; rows * n];
+            g.bench_with_input(BenchmarkId::new("specgate", rows), &rows, |b, _| {
+                b.iter(|| ours.matmul(&x, rows, &mut out))
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

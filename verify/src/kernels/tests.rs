@@ -1,0 +1,157 @@
+//! Kernels against a straightforward reference (candle's dequantized
+//! weights times f32 activations), for every format, 1..=17 rows, every
+//! instruction set this CPU has; and batch invariance, bit for bit.
+
+use super::*;
+use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::Scalar];
+    if Isa::detect() != Isa::Scalar {
+        v.push(Isa::detect());
+    }
+    v
+}
+
+/// A random `n x k` matrix quantized to `dtype`, and its dequantized values.
+fn weight(dtype: GgmlDType, n: usize, k: usize, rng: &mut StdRng) -> (QWeight, Vec<f32>) {
+    // Rows of different magnitudes, some with an offset, so scales and mins vary.
+    let vals: Vec<f32> = (0..n * k)
+        .map(|i| {
+            let row = (i / k) as f32;
+            (rng.random_range(-1.0f32..1.0) + (row % 3.0) * 0.3) * (1.0 + row * 0.1)
+        })
+        .collect();
+    let t = Tensor::from_vec(vals, (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, dtype).unwrap();
+    let deq = q
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    (QWeight::new(Arc::new(q)).expect("supported"), deq)
+}
+
+fn activations(rows: usize, k: usize, rng: &mut StdRng) -> Vec<f32> {
+    (0..rows * k)
+        .map(|i| rng.random_range(-2.0f32..2.0) * (1.0 + (i / k) as f32))
+        .collect()
+}
+
+fn reference(w: &[f32], x: &[f32], n: usize, k: usize, rows: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * n];
+    for r in 0..rows {
+        for c in 0..n {
+            out[r * n + c] = (0..k).map(|i| w[c * k + i] * x[r * k + i]).sum();
+        }
+    }
+    out
+}
+
+fn check_format(dtype: GgmlDType, k: usize) {
+    let mut rng = StdRng::seed_from_u64(dtype as u64 * 1000 + k as u64);
+    let n = 13;
+    let (qw, deq) = weight(dtype, n, k, &mut rng);
+    assert_eq!((qw.n(), qw.k()), (n, k));
+    for rows in 1..=MAX_ROWS + 1 {
+        let x = activations(rows, k, &mut rng);
+        let acts = if qw.format().k_quant() {
+            act::Acts::q8k(&x, rows, k)
+        } else {
+            act::Acts::q8_0(&x, rows, k)
+        };
+        // Same activation rounding as the kernels: only float order differs.
+        let tight = reference(&deq, &acts.dequantize(), n, k, rows);
+        let exact = reference(&deq, &x, n, k, rows);
+        for isa in isas() {
+            let mut out = vec![0f32; rows * n];
+            qw.matmul_with(isa, &x, rows, &mut out);
+            for r in 0..rows {
+                let xmax = x[r * k..(r + 1) * k]
+                    .iter()
+                    .fold(0f32, |m, v| m.max(v.abs()));
+                for c in 0..n {
+                    let wabs: f32 = deq[c * k..(c + 1) * k].iter().map(|v| v.abs()).sum();
+                    let i = r * n + c;
+                    // f32 rounding over k products of magnitude <= |w| xmax.
+                    let tol_tight = 3e-5 * wabs * xmax + 1e-4;
+                    assert!(
+                        (out[i] - tight[i]).abs() <= tol_tight,
+                        "{dtype:?} {isa:?} rows {rows} ({r},{c}): {} vs {}",
+                        out[i],
+                        tight[i]
+                    );
+                    // 8-bit activations: each value off by at most xmax/254.
+                    let tol_exact = wabs * xmax / 250.0 + 1e-4;
+                    assert!(
+                        (out[i] - exact[i]).abs() <= tol_exact,
+                        "{dtype:?} {isa:?} rows {rows} ({r},{c}): {} vs f32 {}",
+                        out[i],
+                        exact[i]
+                    );
+                }
+                let mut alone = vec![0f32; n];
+                qw.matmul_with(isa, &x[r * k..(r + 1) * k], 1, &mut alone);
+                assert!(
+                    alone
+                        .iter()
+                        .zip(&out[r * n..(r + 1) * n])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dtype:?} {isa:?}: row {r} of {rows} differs from the row alone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn q4k_matches_reference_and_is_batch_invariant() {
+    check_format(GgmlDType::Q4K, 512);
+}
+
+#[test]
+fn q6k_matches_reference_and_is_batch_invariant() {
+    check_format(GgmlDType::Q6K, 512);
+}
+
+#[test]
+fn q8_0_matches_reference_and_is_batch_invariant() {
+    check_format(GgmlDType::Q8_0, 128);
+    check_format(GgmlDType::Q8_0, 96); // odd block count: the unpaired tail
+}
+
+#[test]
+fn q5_0_matches_reference_and_is_batch_invariant() {
+    check_format(GgmlDType::Q5_0, 128);
+    check_format(GgmlDType::Q5_0, 96);
+}
+
+#[test]
+fn q4_1_matches_reference_and_is_batch_invariant() {
+    check_format(GgmlDType::Q4_1, 128);
+    check_format(GgmlDType::Q4_1, 96);
+}
+
+#[test]
+fn unsupported_formats_and_shapes_are_refused() {
+    let t = Tensor::zeros((4, 64), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let f32q = QTensor::quantize(&t, GgmlDType::F32).unwrap();
+    assert!(QWeight::new(Arc::new(f32q)).is_none());
+    let t = Tensor::zeros(256, candle_core::DType::F32, &Device::Cpu).unwrap();
+    let one_d = QTensor::quantize(&t, GgmlDType::Q4K).unwrap();
+    assert!(QWeight::new(Arc::new(one_d)).is_none());
+}
+
+#[test]
+fn zero_rows_and_zero_activations() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let (qw, _) = weight(GgmlDType::Q4K, 5, 256, &mut rng);
+    qw.matmul(&[], 0, &mut []);
+    let mut out = vec![1f32; 5];
+    qw.matmul(&[0.0; 256], 1, &mut out);
+    assert!(out.iter().all(|&v| v == 0.0), "{out:?}");
+}
