@@ -10,6 +10,8 @@
 # Settings (environment): CONCURRENCY (1,4,8), NUM_REQUESTS per point (8),
 # MAX_TOKENS (64), WARMUP (2), WORKLOAD (benches/workloads/editing.jsonl),
 # CONFIGS ("off ngram draft adaptive"), OUT (target/bench-sweep).
+# REPORT_ONLY=1 skips the runs and rewrites the section from the results
+# already in OUT (for a sweep that was cut short: the configs with results).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONCURRENCY=${CONCURRENCY:-1,4,8}
@@ -22,7 +24,7 @@ OUT=${OUT:-target/bench-sweep}
 DOCS=docs/bench
 mkdir -p "$OUT" "$DOCS"
 
-cargo build --release --bin specgate --bin specgate-bench
+[ -n "${REPORT_ONLY:-}" ] || cargo build --release --bin specgate --bin specgate-bench
 
 # default.toml up to its [speculative] section, then each setting's own.
 base=$(sed '/^\[speculative\]/,$d' configs/default.toml)
@@ -38,10 +40,13 @@ speculative() {
 
 pid=""
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null || true' EXIT
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-started=$(date -u '+%Y-%m-%d %H:%M UTC')
-files=()
+if [ -z "${REPORT_ONLY:-}" ]; then
+  printf 'load_before="%s"\nstarted="%s"\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \
+    "$(date -u '+%Y-%m-%d %H:%M UTC')" >"$OUT/meta.env"
+  rm -f "$OUT"/*.json
+fi
 for cfg in $CONFIGS; do
+  [ -z "${REPORT_ONLY:-}" ] || continue
   printf '%s\n\n%s\n' "$base" "$(speculative "$cfg")" >"$OUT/$cfg.toml"
   log="$OUT/$cfg.log"
   target/release/specgate serve --config "$OUT/$cfg.toml" --port 0 2>"$log" &
@@ -62,11 +67,19 @@ for cfg in $CONFIGS; do
   kill $pid
   wait $pid || true
   pid=""
-  files+=("$OUT/$cfg.json")
 done
-load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+[ -n "${REPORT_ONLY:-}" ] || printf 'load_after="%s"\n' "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/meta.env"
+# shellcheck disable=SC1091
+. "$OUT/meta.env"
+files=()
+missing=""
+for cfg in $CONFIGS; do
+  if [ -f "$OUT/$cfg.json" ]; then files+=("$OUT/$cfg.json"); else missing="$missing $cfg"; fi
+done
+[ ${#files[@]} -gt 0 ] || { echo "no results in $OUT" >&2; exit 1; }
 
 target/release/specgate-bench report --markdown --svg-dir "$DOCS" "${files[@]}" >"$OUT/table.md"
+cp "${files[@]}" "$DOCS/"
 
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)
 section="$OUT/section.md"
@@ -82,12 +95,14 @@ section="$OUT/section.md"
   echo "(the 0.5B draft, adaptive k up to 4). Workload \`$WORKLOAD\` (code edits whose"
   echo "answer repeats the input), greedy, $MAX_TOKENS output tokens per request"
   echo "(\`ignore_eos\`), closed loop at concurrency $CONCURRENCY, $NUM_REQUESTS requests"
-  echo "per point after $WARMUP uncounted warm-up requests."
+  echo "per point after $WARMUP uncounted warm-up request(s)."
   echo
   echo "Run of $started on $cpu, $(nproc) cores visible, $(free -g | awk '/^Mem:/ {print $2}') GiB RAM, no GPU."
-  echo "Load average before / after: $load_before / $load_after. The machine was shared"
-  echo "with other jobs (builds of other work) while this ran, so absolute figures are"
-  echo "disturbed; the four settings ran one after another in one script run."
+  [ -z "$missing" ] || echo "Not measured in this run (cut short for time):$missing."
+  echo "Load average (1/5/15 min) before / after: $load_before / ${load_after:-unknown}."
+  echo "The machine was shared with other jobs (builds of other work) while this ran,"
+  echo "so absolute figures are disturbed; the settings ran one after another in one"
+  echo "script run."
   echo
   echo "TTFT: time to the first streamed token. ITL: gap between streamed text"
   echo "events (with speculation one event may carry several tokens). TPOT: per"
@@ -102,7 +117,7 @@ section="$OUT/section.md"
   done
   echo
   echo "Reproduce: \`scripts/bench-sweep.sh\` (settings via CONCURRENCY, NUM_REQUESTS,"
-  echo "MAX_TOKENS, WARMUP, WORKLOAD, CONFIGS). Raw results: \`$OUT/*.json\`."
+  echo "MAX_TOKENS, WARMUP, WORKLOAD, CONFIGS). Every figure: \`$DOCS/*.json\`."
   echo "<!-- serving-benchmark:end -->"
 } >"$section"
 

@@ -27,7 +27,10 @@ fn bench(args: &[&str]) -> (String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
-    assert!(out.status.success(), "specgate-bench {args:?} failed:\n{se}\n{so}");
+    assert!(
+        out.status.success(),
+        "specgate-bench {args:?} failed:\n{se}\n{so}"
+    );
     (so, se)
 }
 
@@ -58,16 +61,34 @@ fn reported_counts_match_the_servers_metrics() {
     let url = format!("http://{}/v1", s.addr);
     let (wl, url) = (wl.to_str().unwrap(), url.as_str());
 
-    for (label, load) in [("closed", ["--concurrency", "1,3"]), ("open", ["--rate", "40,80"])] {
+    for (label, load) in [
+        ("closed", ["--concurrency", "1,3"]),
+        ("open", ["--rate", "40,80"]),
+    ] {
         let json = dir.join(format!("{label}.json"));
         let before = counts(&s);
         // The third line has no max_tokens: --max-tokens sets every line's;
         // without ignore_eos a random model may stop early, so the token
         // count is checked against the server, not assumed.
         let (table, _) = bench(&[
-            "run", "--base-url", url, "--workload", wl, load[0], load[1],
-            "--num-requests", "5", "--warmup", "2", "--max-tokens", "7", "--label", label,
-            "--json", json.to_str().unwrap(), "--quiet",
+            "run",
+            "--base-url",
+            url,
+            "--workload",
+            wl,
+            load[0],
+            load[1],
+            "--num-requests",
+            "5",
+            "--warmup",
+            "2",
+            "--max-tokens",
+            "7",
+            "--label",
+            label,
+            "--json",
+            json.to_str().unwrap(),
+            "--quiet",
         ]);
         s.wait_idle();
         let after = counts(&s);
@@ -77,10 +98,21 @@ fn reported_counts_match_the_servers_metrics() {
         assert_eq!(v["model"], MODEL);
         let runs = v["runs"].as_array().unwrap();
         assert_eq!(runs.len(), 2);
-        let (mut done, mut toks) = (v["warmup"]["completed"].as_f64().unwrap(), v["warmup"]["output_tokens"].as_f64().unwrap());
+        let (mut done, mut toks) = (
+            v["warmup"]["completed"].as_f64().unwrap(),
+            v["warmup"]["output_tokens"].as_f64().unwrap(),
+        );
         assert_eq!(done, 2.0);
         for r in runs {
-            assert_eq!((r["requests"].as_u64(), r["completed"].as_u64(), r["failed"].as_u64()), (Some(5), Some(5), Some(0)), "{r}");
+            assert_eq!(
+                (
+                    r["requests"].as_u64(),
+                    r["completed"].as_u64(),
+                    r["failed"].as_u64()
+                ),
+                (Some(5), Some(5), Some(0)),
+                "{r}"
+            );
             assert_eq!(r["exact_token_counts"], true);
             let out = r["output_tokens"].as_f64().unwrap();
             assert!(out >= 5.0 && out <= 35.0, "{r}");
@@ -88,7 +120,10 @@ fn reported_counts_match_the_servers_metrics() {
             assert_eq!(r["server"]["requests_succeeded"].as_f64(), Some(5.0), "{r}");
             assert_eq!(r["server"]["generated_tokens"].as_f64(), Some(out), "{r}");
             let acc = &r["server"]["acceptance_rate"];
-            assert!(acc.is_null() || (0.0..=1.0).contains(&acc.as_f64().unwrap()), "{r}");
+            assert!(
+                acc.is_null() || (0.0..=1.0).contains(&acc.as_f64().unwrap()),
+                "{r}"
+            );
             for k in ["ttft", "e2e"] {
                 assert_eq!(r[k]["count"], 5, "{k}: {r}");
                 let (p50, p99) = (r[k]["p50"].as_f64().unwrap(), r[k]["p99"].as_f64().unwrap());
@@ -98,19 +133,41 @@ fn reported_counts_match_the_servers_metrics() {
             done += 5.0;
             toks += out;
         }
-        assert_eq!(after.0 - before.0, done, "{label}: requests the server counted");
-        assert_eq!(after.1 - before.1, toks, "{label}: tokens the server counted");
+        assert_eq!(
+            after.0 - before.0,
+            done,
+            "{label}: requests the server counted"
+        );
+        assert_eq!(
+            after.1 - before.1,
+            toks,
+            "{label}: tokens the server counted"
+        );
     }
 
     // Every request refused: counted as failures by reason, nothing succeeded.
     let json = dir.join("bad.json");
     let before = counts(&s);
     let (_, err) = bench(&[
-        "run", "--base-url", url, "--workload", wl, "--model", "nope", "--num-requests", "3",
-        "--json", json.to_str().unwrap(), "--quiet",
+        "run",
+        "--base-url",
+        url,
+        "--workload",
+        wl,
+        "--model",
+        "nope",
+        "--num-requests",
+        "3",
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
     ]);
     let r = &read_json(&json)["runs"][0];
-    assert_eq!((r["completed"].as_u64(), r["failed"].as_u64()), (Some(0), Some(3)), "{r}");
+    assert_eq!(
+        (r["completed"].as_u64(), r["failed"].as_u64()),
+        (Some(0), Some(3)),
+        "{r}"
+    );
     assert_eq!(r["failures"]["http 404"]["count"], 3, "{r}");
     assert!(err.contains("http 404"), "{err}");
     assert_eq!(counts(&s).0, before.0);
@@ -118,13 +175,26 @@ fn reported_counts_match_the_servers_metrics() {
     // Several configurations into one table and one set of charts.
     let svg = dir.join("svg");
     let (md, _) = bench(&[
-        "report", "--markdown", "--svg-dir", svg.to_str().unwrap(),
-        dir.join("closed.json").to_str().unwrap(), dir.join("open.json").to_str().unwrap(),
+        "report",
+        "--markdown",
+        "--svg-dir",
+        svg.to_str().unwrap(),
+        dir.join("closed.json").to_str().unwrap(),
+        dir.join("open.json").to_str().unwrap(),
     ]);
     assert_eq!(md.lines().count(), 2 + 4, "{md}");
-    for name in ["throughput.svg", "requests.svg", "ttft.svg", "itl.svg", "e2e.svg"] {
+    for name in [
+        "throughput.svg",
+        "requests.svg",
+        "ttft.svg",
+        "itl.svg",
+        "e2e.svg",
+    ] {
         let text = std::fs::read_to_string(svg.join(name)).unwrap();
-        assert!(text.starts_with("<svg") && text.contains(">closed") && text.contains(">open"), "{name}");
+        assert!(
+            text.starts_with("<svg") && text.contains(">closed") && text.contains(">open"),
+            "{name}"
+        );
     }
     s.wait_idle();
     let _ = std::fs::remove_dir_all(&dir);

@@ -238,7 +238,11 @@ pub fn body(entry: &Entry, o: &RequestOptions) -> (&'static str, Value) {
 }
 
 /// Sends one streaming request and times its events.
-pub async fn stream_request(t: &Target, entry: &Entry, o: &RequestOptions) -> Result<Timing, Failure> {
+pub async fn stream_request(
+    t: &Target,
+    entry: &Entry,
+    o: &RequestOptions,
+) -> Result<Timing, Failure> {
     let start = Instant::now();
     match tokio::time::timeout(o.timeout, stream_inner(t, entry, o, start)).await {
         Ok(r) => r,
@@ -262,7 +266,11 @@ async fn stream_inner(
     let status = resp.status();
     let mut body = resp.into_body();
     if !status.is_success() {
-        let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let bytes = body
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
         let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let msg = v["error"]["message"]
             .as_str()
@@ -274,7 +282,9 @@ async fn stream_inner(
     let mut timing = Timing::default();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| Failure::new("stream broken", e))?;
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         let now = start.elapsed().as_secs_f64();
         for ev in sse.push(&data) {
             if on_event(&ev, now, &mut timing)? {
@@ -370,20 +380,38 @@ mod tests {
     #[test]
     fn base_urls() {
         let t = Target::parse("http://127.0.0.1:8000/v1/", None).unwrap();
-        assert_eq!((t.authority.as_str(), t.prefix.as_str()), ("127.0.0.1:8000", ""));
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("127.0.0.1:8000", "")
+        );
         let t = Target::parse("http://localhost/proxy/v1", Some("k".into())).unwrap();
-        assert_eq!((t.authority.as_str(), t.prefix.as_str()), ("localhost:80", "/proxy"));
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("localhost:80", "/proxy")
+        );
         let t = Target::parse("http://[::1]:9/apiv1", None).unwrap();
-        assert_eq!((t.authority.as_str(), t.prefix.as_str()), ("[::1]:9", "/apiv1"));
-        assert!(matches!(Target::parse("https://x:1", None), Err(ClientError::Scheme(_))));
-        assert!(matches!(Target::parse("http:///v1", None), Err(ClientError::NoHost(_))));
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("[::1]:9", "/apiv1")
+        );
+        assert!(matches!(
+            Target::parse("https://x:1", None),
+            Err(ClientError::Scheme(_))
+        ));
+        assert!(matches!(
+            Target::parse("http:///v1", None),
+            Err(ClientError::NoHost(_))
+        ));
     }
 
     #[test]
     fn sse_events_split_across_frames() {
         let mut p = SseParser::default();
         assert!(p.push(b"data: {\"a\"").is_empty());
-        assert_eq!(p.push(b":1}\n\n: keep-alive\n\ndata: [DO"), vec!["{\"a\":1}"]);
+        assert_eq!(
+            p.push(b":1}\n\n: keep-alive\n\ndata: [DO"),
+            vec!["{\"a\":1}"]
+        );
         assert_eq!(p.push(b"NE]\r\n\r\n"), vec!["[DONE]"]);
     }
 
@@ -394,19 +422,35 @@ mod tests {
         assert!(!on_event(role, 0.1, &mut t).unwrap());
         on_event(r#"{"choices":[{"delta":{"content":"ab"}}]}"#, 0.5, &mut t).unwrap();
         on_event(r#"{"choices":[{"text":"c"}]}"#, 0.7, &mut t).unwrap();
-        on_event(r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#, 0.8, &mut t).unwrap();
-        on_event(r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":5}}"#, 0.8, &mut t)
-            .unwrap();
+        on_event(
+            r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#,
+            0.8,
+            &mut t,
+        )
+        .unwrap();
+        on_event(
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":5}}"#,
+            0.8,
+            &mut t,
+        )
+        .unwrap();
         assert!(on_event("[DONE]", 0.9, &mut t).unwrap());
         t.end = 0.9;
         let t = finish(t);
         assert_eq!(t.chunks, vec![0.5, 0.7]);
-        assert_eq!((t.output_tokens, t.prompt_tokens, t.exact_tokens), (5, Some(9), true));
+        assert_eq!(
+            (t.output_tokens, t.prompt_tokens, t.exact_tokens),
+            (5, Some(9), true)
+        );
         assert_eq!(t.ttft(), Some(0.5));
         assert!((t.tpot().unwrap() - 0.1).abs() < 1e-12); // (0.9 - 0.5) / 4
         let gaps: Vec<f64> = t.gaps().collect();
         assert!((gaps[0] - 0.2).abs() < 1e-12);
-        let e = on_event(r#"{"error":{"message":"boom"}}"#, 1.0, &mut Timing::default());
+        let e = on_event(
+            r#"{"error":{"message":"boom"}}"#,
+            1.0,
+            &mut Timing::default(),
+        );
         assert_eq!(e.unwrap_err().class, "stream error");
         // Without a usage chunk the text events are counted.
         let mut t = Timing::default();

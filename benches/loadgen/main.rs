@@ -143,7 +143,10 @@ fn shapes(a: &RunArgs) -> anyhow::Result<Vec<Shape>> {
     Ok(if !a.rate.is_empty() {
         a.rate.iter().map(|&r| Shape::Rate(r)).collect()
     } else if !a.concurrency.is_empty() {
-        a.concurrency.iter().map(|&c| Shape::Concurrency(c)).collect()
+        a.concurrency
+            .iter()
+            .map(|&c| Shape::Concurrency(c))
+            .collect()
     } else {
         vec![Shape::Concurrency(1)]
     })
@@ -211,12 +214,18 @@ async fn wait_ready(t: &Target, limit: Duration) -> anyhow::Result<()> {
 /// moment after its stream closed (specgate exports counters after each
 /// engine step; vLLM on an interval), so /metrics is read again, for up to
 /// two seconds, until it has counted at least what the client saw.
-async fn settled_delta(t: &Target, before: &Counters, r: &RunReport, warned: &mut bool) -> ServerDelta {
+async fn settled_delta(
+    t: &Target,
+    before: &Counters,
+    r: &RunReport,
+    warned: &mut bool,
+) -> ServerDelta {
     let mut tries = 0;
     loop {
         let d = ServerDelta::between(before, &counters(t, warned).await);
         let behind = d.requests_succeeded.is_some_and(|n| n < r.completed as f64)
-            || d.generated_tokens.is_some_and(|n| n < r.output_tokens as f64);
+            || d.generated_tokens
+                .is_some_and(|n| n < r.output_tokens as f64);
         tries += 1;
         if !behind || tries >= 40 {
             return d;
@@ -329,7 +338,8 @@ fn write_charts(all: &[Results], dir: &Path) -> anyhow::Result<()> {
 fn report_cmd(a: ReportArgs) -> anyhow::Result<()> {
     let mut all = Vec::new();
     for f in &a.files {
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         let r: Results = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a specgate-bench results file", f.display()))?;
         all.push(r);

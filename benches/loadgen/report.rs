@@ -286,7 +286,10 @@ mod tests {
             runs: vec![r],
         };
         let t = text_table(std::slice::from_ref(&res));
-        assert!(t.contains("c=2") && t.contains("3 (http 429: 2, timeout: 1)"), "{t}");
+        assert!(
+            t.contains("c=2") && t.contains("3 (http 429: 2, timeout: 1)"),
+            "{t}"
+        );
         let m = markdown_table(&[res]);
         assert_eq!(m.lines().count(), 3);
         assert!(m.lines().all(|l| l.starts_with('|') && l.ends_with('|')));

@@ -59,7 +59,7 @@ fn nice_step(max: f64, n: f64) -> f64 {
 }
 
 fn fmt_tick(v: f64) -> String {
-    if v == 0.0 || v.abs() >= 10.0 {
+    if v.fract() == 0.0 || v.abs() >= 10.0 {
         format!("{v:.0}")
     } else if v.abs() >= 1.0 {
         format!("{v:.1}")
@@ -175,13 +175,23 @@ impl Chart {
 }
 
 fn x_label(all: &[Results]) -> &'static str {
-    match all.iter().flat_map(|r| r.runs.first()).next().map(|r| r.shape) {
+    match all
+        .iter()
+        .flat_map(|r| r.runs.first())
+        .next()
+        .map(|r| r.shape)
+    {
         Some(Shape::Rate(_)) => "offered load (requests/s, Poisson)",
         _ => "concurrent requests",
     }
 }
 
-fn lines(all: &[Results], name: &str, dashed: bool, f: impl Fn(&RunReport) -> Option<f64>) -> Vec<Series> {
+fn lines(
+    all: &[Results],
+    name: &str,
+    dashed: bool,
+    f: impl Fn(&RunReport) -> Option<f64>,
+) -> Vec<Series> {
     all.iter()
         .enumerate()
         .map(|(i, res)| Series {
@@ -201,7 +211,13 @@ fn lines(all: &[Results], name: &str, dashed: bool, f: impl Fn(&RunReport) -> Op
         .collect()
 }
 
-fn percentile_chart(all: &[Results], title: &str, unit: &str, scale: f64, f: fn(&RunReport) -> &Summary) -> Chart {
+fn percentile_chart(
+    all: &[Results],
+    title: &str,
+    unit: &str,
+    scale: f64,
+    f: fn(&RunReport) -> &Summary,
+) -> Chart {
     let mut series = lines(all, "p50", false, |r| f(r).p50.map(|v| v * scale));
     series.extend(lines(all, "p99", true, |r| f(r).p99.map(|v| v * scale)));
     Chart {
@@ -236,15 +252,33 @@ pub fn charts(all: &[Results]) -> Vec<(&'static str, Chart)> {
         ),
         (
             "ttft.svg",
-            percentile_chart(all, "Time to first token (p50 solid, p99 dashed)", "ms", 1e3, |r| &r.ttft),
+            percentile_chart(
+                all,
+                "Time to first token (p50 solid, p99 dashed)",
+                "ms",
+                1e3,
+                |r| &r.ttft,
+            ),
         ),
         (
             "itl.svg",
-            percentile_chart(all, "Inter-token latency (p50 solid, p99 dashed)", "ms", 1e3, |r| &r.itl),
+            percentile_chart(
+                all,
+                "Inter-token latency (p50 solid, p99 dashed)",
+                "ms",
+                1e3,
+                |r| &r.itl,
+            ),
         ),
         (
             "e2e.svg",
-            percentile_chart(all, "End-to-end latency (p50 solid, p99 dashed)", "s", 1.0, |r| &r.e2e),
+            percentile_chart(
+                all,
+                "End-to-end latency (p50 solid, p99 dashed)",
+                "s",
+                1.0,
+                |r| &r.e2e,
+            ),
         ),
     ]
 }
