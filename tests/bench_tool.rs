@@ -62,22 +62,22 @@ fn reported_counts_match_the_servers_metrics() {
     let (wl, url) = (wl.to_str().unwrap(), url.as_str());
 
     for (label, load) in [
-        ("closed", ["--concurrency", "1,3"]),
-        ("open", ["--rate", "40,80"]),
+        ("closed", &["--concurrency", "1,3", "--ignore-eos"][..]),
+        ("open", &["--rate", "40,80", "--temperature", "1"][..]),
     ] {
         let json = dir.join(format!("{label}.json"));
         let before = counts(&s);
-        // The third line has no max_tokens: --max-tokens sets every line's;
-        // without ignore_eos a random model may stop early, so the token
-        // count is checked against the server, not assumed.
-        let (table, _) = bench(&[
+        // The third line has no max_tokens: --max-tokens sets every line's.
+        // With ignore_eos every request makes exactly 7 tokens; without it
+        // (sampling at temperature 1) a random model may stop early, and
+        // the count is checked against the server only.
+        let json_path = json.to_str().unwrap();
+        let mut args = vec![
             "run",
             "--base-url",
             url,
             "--workload",
             wl,
-            load[0],
-            load[1],
             "--num-requests",
             "5",
             "--warmup",
@@ -87,9 +87,11 @@ fn reported_counts_match_the_servers_metrics() {
             "--label",
             label,
             "--json",
-            json.to_str().unwrap(),
+            json_path,
             "--quiet",
-        ]);
+        ];
+        args.extend_from_slice(load);
+        let (table, _) = bench(&args);
         s.wait_idle();
         let after = counts(&s);
         let v = read_json(&json);
@@ -115,7 +117,11 @@ fn reported_counts_match_the_servers_metrics() {
             );
             assert_eq!(r["exact_token_counts"], true);
             let out = r["output_tokens"].as_f64().unwrap();
-            assert!(out >= 5.0 && out <= 35.0, "{r}");
+            if label == "closed" {
+                assert_eq!(out, 35.0, "{r}");
+            } else {
+                assert!(out <= 35.0, "{r}");
+            }
             // The tool's own before/after reading of /metrics per run.
             assert_eq!(r["server"]["requests_succeeded"].as_f64(), Some(5.0), "{r}");
             assert_eq!(r["server"]["generated_tokens"].as_f64(), Some(out), "{r}");
