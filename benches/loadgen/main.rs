@@ -210,6 +210,22 @@ async fn wait_ready(t: &Target, limit: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// The counters once the previous run's last counts have landed: read until
+/// two reads 50 ms apart agree (at most two seconds), since a server may
+/// count a request's last tokens just after its stream ended.
+async fn stable_counters(t: &Target, warned: &mut bool) -> Counters {
+    let mut last = counters(t, warned).await;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = counters(t, warned).await;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
 /// The server's counters over a run. A server may count a request's end a
 /// moment after its stream closed (specgate exports counters after each
 /// engine step; vLLM on an interval), so /metrics is read again, for up to
@@ -292,7 +308,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             Shape::Concurrency(c) => format!("concurrency {c}"),
             Shape::Rate(r) => format!("rate {r}/s"),
         };
-        let before = counters(&ctx.target, &mut warned).await;
+        let before = stable_counters(&ctx.target, &mut warned).await;
         ctx.progress = progress(a.quiet, bounds.requests, name);
         let o = load::run(&ctx, shape, bounds, a.seed.wrapping_add(i as u64)).await;
         ctx.progress.finish_and_clear();
