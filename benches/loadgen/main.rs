@@ -50,7 +50,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a sweep against a server and report it.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Combine results files (one per configuration) into a table and charts.
     Report(ReportArgs),
 }
@@ -375,6 +375,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(a) => {
+            let a = *a;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
