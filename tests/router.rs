@@ -192,12 +192,16 @@ fn send_through(addr: SocketAddr, body: &Value) -> Outcome {
     if status != "200" {
         return Outcome::Failed(format!("status {status}: {rest}"));
     }
-    let complete = if body["stream"] == true {
-        rest.contains("data: [DONE]") && rest.ends_with("0\r\n\r\n")
-    } else {
-        serde_json::from_str::<Value>(rest.trim()).is_ok()
-            || serde_json::from_str::<Value>(&dechunk(rest)).is_ok()
+    let length = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    });
+    let whole = match length {
+        Some(n) => rest.len() == n,
+        None => rest.ends_with("0\r\n\r\n"),
     };
+    let complete = whole && (body["stream"] != true || rest.contains("data: [DONE]"));
     if complete {
         Outcome::Complete
     } else {

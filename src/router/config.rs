@@ -87,7 +87,7 @@ impl RouterConfig {
                 return Err(invalid(key, "must be positive"));
             }
         }
-        if !(self.affinity_slack >= 0.0) {
+        if self.affinity_slack.is_nan() || self.affinity_slack < 0.0 {
             return Err(invalid("affinity_slack", "must be 0 or more"));
         }
         for r in &self.replicas {
