@@ -9,7 +9,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{post, request};
+use common::request;
 use serde_json::{json, Value};
 use specgate::router::{self, RouterConfig};
 use std::io::{BufRead, BufReader};
@@ -88,6 +88,33 @@ fn model_config() -> (PathBuf, String, bool) {
     (cfg, name, real)
 }
 
+/// POST without the test helpers' 30 s read limit: a loaded machine may
+/// take longer under many clients.
+fn post(addr: SocketAddr, path: &str, body: Value) -> common::Resp {
+    use std::io::Read;
+    let mut s = common::send(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        &body.to_string(),
+    );
+    s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let body = if head.to_ascii_lowercase().contains("chunked") {
+        common::dechunk(body)
+    } else {
+        body.to_string()
+    };
+    common::Resp {
+        status: head.split(' ').nth(1).unwrap().parse().unwrap(),
+        headers: head.to_string(),
+        body,
+    }
+}
+
 fn body(i: usize, max_tokens: usize) -> Value {
     json!({"model": "m", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true,
            "messages": [{"role": "user", "content": format!("Request {i}: list some prime numbers.")}]})
@@ -127,8 +154,8 @@ fn main() {
         .filter_map(|a| a.parse().ok())
         .collect();
     let clients = args.first().copied().unwrap_or(8);
-    let per_client = args.get(1).copied().unwrap_or(4);
-    let max_tokens = args.get(2).copied().unwrap_or(32);
+    let per_client = args.get(1).copied().unwrap_or(3);
+    let max_tokens = args.get(2).copied().unwrap_or(16);
     let (cfg, model, real) = model_config();
     let replicas: Vec<Replica> = (0..3).map(|_| start_replica(&cfg)).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -185,7 +212,7 @@ fn main() {
         }))
         .unwrap();
     let routed = running.addr;
-    let rounds = 40;
+    let rounds = 30;
     println!();
     println!("| request | path | p50 (ms) | p90 (ms) | mean (ms) |");
     println!("|---|---|---|---|---|");

@@ -252,6 +252,7 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
         .zip(&before)
         .map(|(e, b)| e.metric(SUCCESS) - b)
         .collect();
+    eprintln!("requests served per replica: {served:?}");
     assert_eq!(served.iter().sum::<f64>(), 18.0, "{served:?}");
     assert!(
         served.iter().all(|&n| n >= 1.0),
@@ -285,6 +286,7 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
         .zip(&hits0)
         .map(|(e, b)| e.metric(PREFIX_HITS) - b)
         .collect();
+    eprintln!("prefix-cache hits per replica for the repeated prompt: {moved:?}");
     assert_eq!(
         moved.iter().filter(|&&d| d > 0.0).count(),
         1,
@@ -329,6 +331,12 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
         .iter()
         .filter(|o| matches!(o, Outcome::Failed(_)))
         .collect();
+    let cut = out.iter().filter(|o| **o == Outcome::CutAfterStart).count();
+    eprintln!(
+        "during the loss: {} requests, {cut} cut after they began, {} failed before",
+        out.len(),
+        failed.len()
+    );
     assert!(
         failed.is_empty(),
         "requests failed before streaming: {failed:?}"

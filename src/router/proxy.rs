@@ -65,10 +65,10 @@ pub fn local_error(e: &ApiError) -> Response<RouterBody> {
 }
 
 /// Headers that belong to one connection, not to the message (RFC 9110
-/// 7.6.1), plus `host` (set from the replica URL) and `content-length`
-/// (set from the body).
+/// 7.6.1), plus `host` (set from the replica URL). `content-length` stays:
+/// the body passes through byte for byte.
 fn hop_by_hop(name: &HeaderName) -> bool {
-    const HOP: [&str; 9] = [
+    const HOP: [&str; 8] = [
         "connection",
         "keep-alive",
         "proxy-authenticate",
@@ -77,7 +77,6 @@ fn hop_by_hop(name: &HeaderName) -> bool {
         "trailer",
         "transfer-encoding",
         "upgrade",
-        "content-length",
     ];
     HOP.contains(&name.as_str()) || name == HOST
 }
@@ -233,12 +232,16 @@ mod tests {
         h.insert("connection", "close".parse().unwrap());
         h.insert("host", "router".parse().unwrap());
         h.insert("content-length", "3".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
         h.insert("authorization", "Bearer k".parse().unwrap());
         h.insert("content-type", "application/json".parse().unwrap());
         let mut out = HeaderMap::new();
         copy_headers(&h, &mut out);
         let mut names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
         names.sort();
-        assert_eq!(names, vec!["authorization", "content-type"]);
+        assert_eq!(
+            names,
+            vec!["authorization", "content-length", "content-type"]
+        );
     }
 }

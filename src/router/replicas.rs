@@ -331,7 +331,7 @@ mod tests {
         // The lease counts as load: the next request goes to the other one.
         let l2 = p.choose(&[], &[]).unwrap();
         assert_ne!(l1.url, l2.url);
-        let again = p.choose(&[], &[l1.url.clone()]).unwrap();
+        let again = p.choose(&[], std::slice::from_ref(&l1.url)).unwrap();
         assert_eq!(again.url, l2.url);
         drop((l1, l2, again));
         p.mark_down("http://b:1");
@@ -346,11 +346,11 @@ mod tests {
     #[test]
     fn polled_load_plus_new_requests_decides() {
         let p = pool(&["http://a:1", "http://b:1"]);
-        p.record_poll("http://a:1", Some(5.0));
+        p.record_poll("http://a:1", Some(4.5));
         p.record_poll("http://b:1", Some(2.0));
         let leases: Vec<Lease> = (0..3).map(|_| p.choose(&[], &[]).unwrap()).collect();
-        // b: 2 + 1, 2 + 2, 2 + 3 sent since the poll; all three went to b
-        // while it stayed at or under a's 5.
+        // b counts 2 + the requests sent since the poll: it takes requests
+        // while under a's 4.5, then is at 5 and a is chosen.
         assert!(leases.iter().all(|l| &*l.url == "http://b:1"));
         assert_eq!(&*p.choose(&[], &[]).unwrap().url, "http://a:1");
     }
