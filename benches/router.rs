@@ -5,6 +5,7 @@
 //! replica and through the router, interleaved).
 //!
 //! `cargo bench --bench router [-- CLIENTS REQUESTS_PER_CLIENT MAX_TOKENS]`
+//! (`SPECGATE_BENCH_TINY=1`: the tiny model even when SmolLM2 is there).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -68,7 +69,8 @@ fn start_replica(config: &Path) -> Replica {
 /// The model and its config file; `true` when it is the real SmolLM2.
 fn model_config() -> (PathBuf, String, bool) {
     let smol = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct-q4_1.gguf");
-    let (path, real) = if smol.exists() {
+    let tiny = std::env::var_os("SPECGATE_BENCH_TINY").is_some();
+    let (path, real) = if smol.exists() && !tiny {
         (smol, true)
     } else {
         (common::model_files().0, false)

@@ -19,8 +19,11 @@ pub struct RouterConfig {
     pub discovery_interval_ms: u64,
     /// How often each replica's /health and /metrics are polled.
     pub health_interval_ms: u64,
-    /// Limit on connecting to a replica and on each health/metrics poll.
+    /// Limit on connecting to a replica.
     pub connect_timeout_ms: u64,
+    /// Limit on one poll (/health then /metrics); a busy replica's answers
+    /// can be slow, and slow is not down.
+    pub health_timeout_ms: u64,
     /// Prompt bytes per affinity chunk; prompts shorter than one chunk are
     /// placed by load only.
     pub prefix_chunk_bytes: usize,
@@ -46,6 +49,7 @@ impl Default for RouterConfig {
             discovery_interval_ms: 5000,
             health_interval_ms: 1000,
             connect_timeout_ms: 1000,
+            health_timeout_ms: 3000,
             prefix_chunk_bytes: 256,
             affinity_entries: 65536,
             affinity_slack: 4.0,
@@ -72,6 +76,7 @@ impl RouterConfig {
             ("discovery_interval_ms", self.discovery_interval_ms),
             ("health_interval_ms", self.health_interval_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
+            ("health_timeout_ms", self.health_timeout_ms),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be positive"));

@@ -85,7 +85,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RunningRouter> {
     );
     let pool = Arc::new(Pool::new(&cfg.replicas, balancer));
     let client = client(&cfg);
-    let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+    let timeout = Duration::from_millis(cfg.health_timeout_ms);
     if let Some(dns) = &cfg.discovery_dns {
         if let Some(urls) = replicas::resolve(dns).await {
             pool.set_discovered(&urls);
