@@ -224,7 +224,7 @@ fn main() {
             for (k, addr) in [direct, routed].into_iter().enumerate() {
                 let t = Instant::now();
                 let status = if gen {
-                    post(addr, "/v1/chat/completions", body(i, 1)).status
+                    post(addr, "/v1/chat/completions", body(2 * i + k, 1)).status
                 } else {
                     request(addr, "GET", "/v1/models", &[], "").status
                 };
