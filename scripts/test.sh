@@ -9,3 +9,5 @@ cargo fmt --all -- --check
 cargo test --release --workspace
 # The official OpenAI Python client against `specgate serve` on the real pair.
 scripts/test-openai.sh
+# Kubernetes manifests against the schemas, the Grafana dashboard's metric names.
+scripts/validate-deploy.sh

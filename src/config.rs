@@ -1,6 +1,7 @@
 //! The TOML configuration file: server, target model, draft, KV pool,
-//! scheduler and speculation sections. Unknown keys and bad values fail at
-//! start with a message naming the key; every field has a default so a
+//! scheduler and speculation sections (and `[router]` for `specgate
+//! route`). Unknown keys and bad values fail at start with a message naming
+//! the key; every field has a default so a
 //! file only says what it changes. `[speculative]` can be re-read while
 //! running (see [`Config::reload_speculative`]).
 
@@ -40,6 +41,8 @@ pub struct Config {
     pub kv: KvConfig,
     pub scheduler: SchedulerSection,
     pub speculative: SpeculativeConfig,
+    /// `[router]`: only `specgate route` reads it.
+    pub router: crate::router::RouterConfig,
 }
 
 /// `[server]`
@@ -329,6 +332,7 @@ impl Config {
                 "speculative.method = \"draft\" needs a draft model",
             ));
         }
+        self.router.validate()?;
         Ok(())
     }
 

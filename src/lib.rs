@@ -7,6 +7,7 @@ pub mod generate;
 pub mod http;
 pub mod kv;
 pub mod metrics;
+pub mod router;
 pub mod server;
 pub mod spec;
 pub mod tokenizer;

@@ -22,6 +22,65 @@ enum Command {
     Generate(specgate::generate::GenerateArgs),
     /// Serve the OpenAI-compatible API.
     Serve(ServeArgs),
+    /// Front several `serve` replicas with the same API (load + prefix affinity).
+    Route(RouteArgs),
+}
+
+/// `specgate route`: flags override the config file's `[router]`.
+#[derive(clap::Args)]
+struct RouteArgs {
+    /// TOML config; only its `[router]` section is used.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long)]
+    port: Option<u16>,
+    /// A replica base URL such as http://10.0.0.7:8000 (repeatable; replaces
+    /// [router] replicas).
+    #[arg(long = "replica")]
+    replicas: Vec<String>,
+    /// Discover replicas from a DNS name, `name:port` (e.g. a headless Service).
+    #[arg(long)]
+    discovery_dns: Option<String>,
+}
+
+fn route(args: RouteArgs) -> anyhow::Result<()> {
+    let mut cfg = match &args.config {
+        Some(p) => Config::load(p)?.router,
+        None => Default::default(),
+    };
+    if let Some(h) = args.host {
+        cfg.host = h;
+    }
+    if let Some(p) = args.port {
+        cfg.port = p;
+    }
+    if !args.replicas.is_empty() {
+        cfg.replicas = args.replicas;
+    }
+    if let Some(d) = args.discovery_dns {
+        cfg.discovery_dns = Some(d);
+    }
+    cfg.validate_for_routing()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let running = specgate::router::start(cfg).await?;
+        eprintln!(
+            "specgate router listening on http://{} ({} of {} replicas healthy)",
+            running.addr,
+            running.pool.healthy(),
+            running.pool.urls().len()
+        );
+        specgate::server::termination().await;
+        eprintln!("shutting down: draining open streams");
+        let _ = running.shutdown.send(());
+        let _ = running.done.await;
+        Ok(())
+    })
 }
 
 /// `specgate serve`: flags override the config file.
@@ -94,5 +153,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => specgate::generate::run(&args),
         Command::Serve(args) => serve(args),
+        Command::Route(args) => route(args),
     }
 }

@@ -25,6 +25,16 @@ pub const PROMPT_TOKENS: &str = "specgate_prompt_tokens_total";
 pub const GENERATION_TOKENS: &str = "specgate_generation_tokens_total";
 pub const REQUEST_SUCCESS: &str = "specgate_request_success_total";
 
+// `specgate route` (the router process's own /metrics).
+pub const ROUTER_REQUESTS: &str = "specgate_router_requests_total";
+pub const ROUTER_RETRIES: &str = "specgate_router_retries_total";
+pub const ROUTER_UPSTREAM_ERRORS: &str = "specgate_router_upstream_errors_total";
+pub const ROUTER_AFFINITY_ROUTED: &str = "specgate_router_affinity_routed_total";
+pub const ROUTER_UNROUTABLE: &str = "specgate_router_unroutable_total";
+pub const ROUTER_HEALTHY_REPLICAS: &str = "specgate_router_healthy_replicas";
+pub const ROUTER_REPLICAS: &str = "specgate_router_replicas";
+pub const ROUTER_UPSTREAM_LATENCY: &str = "specgate_router_upstream_header_latency_seconds";
+
 /// Latency buckets (seconds) for the request histograms.
 const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -87,4 +97,35 @@ fn describe() {
     describe_counter!(PROMPT_TOKENS, "Prompt tokens of requests received");
     describe_counter!(GENERATION_TOKENS, "Tokens generated");
     describe_counter!(REQUEST_SUCCESS, "Requests finished, by finish reason");
+    describe_router();
+}
+
+fn describe_router() {
+    describe_counter!(
+        ROUTER_REQUESTS,
+        "Requests answered by a replica, by replica and HTTP status"
+    );
+    describe_counter!(
+        ROUTER_RETRIES,
+        "Requests sent again to another replica before anything was streamed"
+    );
+    describe_counter!(
+        ROUTER_UPSTREAM_ERRORS,
+        "Failed attempts on a replica (connection error or 5xx), by replica"
+    );
+    describe_counter!(
+        ROUTER_AFFINITY_ROUTED,
+        "Requests sent to the replica that served their prompt prefix"
+    );
+    describe_counter!(
+        ROUTER_UNROUTABLE,
+        "Requests refused because no healthy replica was left to try"
+    );
+    describe_gauge!(ROUTER_HEALTHY_REPLICAS, "Replicas passing health checks");
+    describe_gauge!(ROUTER_REPLICAS, "Replicas known (static and discovered)");
+    describe_histogram!(
+        ROUTER_UPSTREAM_LATENCY,
+        Unit::Seconds,
+        "Time from sending a request to a replica to its response head"
+    );
 }

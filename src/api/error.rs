@@ -22,8 +22,11 @@ pub enum ErrorKind {
     PayloadTooLarge,
     /// 429: the admission queue is full.
     RateLimited,
-    /// 503: the engine is stopped or shutting down.
+    /// 503: the engine is stopped or shutting down, or (router) no replica
+    /// is healthy.
     Unavailable,
+    /// 502: (router) every replica tried failed before answering.
+    BadGateway,
     /// 500: a bug or an unexpected failure on the server side.
     Internal,
 }
@@ -39,12 +42,14 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge => 413,
             ErrorKind::RateLimited => 429,
             ErrorKind::Unavailable => 503,
+            ErrorKind::BadGateway => 502,
             ErrorKind::Internal => 500,
         }
     }
 
     /// The `error.type` string of the body. 400, 405 and 413 are all
-    /// `invalid_request_error` (as OpenAI does); 500 and 503 are `server_error`.
+    /// `invalid_request_error` (as OpenAI does); 500, 502 and 503 are
+    /// `server_error`.
     pub fn type_str(self) -> &'static str {
         match self {
             ErrorKind::InvalidRequest
@@ -53,7 +58,7 @@ impl ErrorKind {
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::RateLimited => "rate_limit_error",
-            ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
+            ErrorKind::Unavailable | ErrorKind::BadGateway | ErrorKind::Internal => "server_error",
         }
     }
 }
@@ -161,6 +166,11 @@ impl ApiError {
     /// 503.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unavailable, message)
+    }
+
+    /// 502; code `upstream_failed`.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::BadGateway, message).with_code("upstream_failed")
     }
 
     /// 500.

@@ -1,0 +1,209 @@
+//! `[router]`: the settings of `specgate route` (listen address, where the
+//! replicas are, health/load polling, affinity, retries).
+
+use crate::config::ConfigError;
+use serde::Deserialize;
+
+/// `[router]` of the config file. Replicas come from `replicas` (static base
+/// URLs), from `discovery_dns` (a `host:port` whose every resolved address
+/// is a replica, e.g. a Kubernetes headless Service), or both.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterConfig {
+    pub host: String,
+    pub port: u16,
+    /// Base URLs such as `http://10.0.0.7:8000` (plain HTTP).
+    pub replicas: Vec<String>,
+    /// `name:port` re-resolved every `discovery_interval_ms`.
+    pub discovery_dns: Option<String>,
+    pub discovery_interval_ms: u64,
+    /// How often each replica's /health and /metrics are polled.
+    pub health_interval_ms: u64,
+    /// Limit on connecting to a replica.
+    pub connect_timeout_ms: u64,
+    /// Limit on one poll (/health then /metrics); a busy replica's answers
+    /// can be slow, and slow is not down.
+    pub health_timeout_ms: u64,
+    /// Prompt bytes per affinity chunk; prompts shorter than one chunk are
+    /// placed by load only.
+    pub prefix_chunk_bytes: usize,
+    /// Prefix hashes remembered (LRU).
+    pub affinity_entries: usize,
+    /// A remembered replica keeps a prefix while its load (running +
+    /// waiting sequences) is at most this much above the least loaded.
+    pub affinity_slack: f64,
+    /// Replicas tried per request before giving up (only while nothing of
+    /// the answer has been sent).
+    pub max_attempts: usize,
+    /// Largest request body accepted (413 beyond); bodies are held to retry.
+    pub max_body_bytes: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            replicas: Vec::new(),
+            discovery_dns: None,
+            discovery_interval_ms: 5000,
+            health_interval_ms: 1000,
+            connect_timeout_ms: 1000,
+            health_timeout_ms: 3000,
+            prefix_chunk_bytes: 256,
+            affinity_entries: 65536,
+            affinity_slack: 4.0,
+            max_attempts: 3,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+fn invalid(key: &str, message: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key: format!("router.{key}"),
+        message: message.into(),
+    }
+}
+
+impl RouterConfig {
+    /// Checks the section's values (always, even when not routing).
+    ///
+    /// Errors: a zero interval, size or count; a negative slack; a replica
+    /// URL that is not `http://host:port`; a discovery name without a port.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("discovery_interval_ms", self.discovery_interval_ms),
+            ("health_interval_ms", self.health_interval_ms),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("health_timeout_ms", self.health_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        for (key, v) in [
+            ("prefix_chunk_bytes", self.prefix_chunk_bytes),
+            ("affinity_entries", self.affinity_entries),
+            ("max_attempts", self.max_attempts),
+            ("max_body_bytes", self.max_body_bytes),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        if self.affinity_slack.is_nan() || self.affinity_slack < 0.0 {
+            return Err(invalid("affinity_slack", "must be 0 or more"));
+        }
+        for r in &self.replicas {
+            let ok = r
+                .parse::<hyper::Uri>()
+                .ok()
+                .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+            if ok.is_none() {
+                return Err(invalid(
+                    "replicas",
+                    &format!("'{r}' is not a plain http://host:port URL"),
+                ));
+            }
+        }
+        if let Some(d) = &self.discovery_dns {
+            let port = d.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+            if !matches!(port, Some(Ok(_))) {
+                return Err(invalid(
+                    "discovery_dns",
+                    &format!("'{d}' needs the form name:port"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that there is somewhere to route to.
+    ///
+    /// Errors: neither `replicas` nor `discovery_dns` is set.
+    pub fn validate_for_routing(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        if self.replicas.is_empty() && self.discovery_dns.is_none() {
+            return Err(invalid(
+                "replicas",
+                "set router.replicas or router.discovery_dns (or pass --replica URL)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use std::path::Path;
+
+    fn parse(s: &str) -> Result<Config, crate::config::ConfigError> {
+        Config::from_toml(s, Path::new("t.toml"))
+    }
+
+    #[test]
+    fn router_section_parses_and_is_checked() {
+        let c = parse(
+            "[router]\nport = 9000\nreplicas = [\"http://10.0.0.1:8000\"]\ndiscovery_dns = \"engines.default.svc:8000\"",
+        )
+        .unwrap();
+        assert_eq!(c.router.port, 9000);
+        c.router.validate_for_routing().unwrap();
+        let e = parse("[router]\nreplica = []").unwrap_err().to_string();
+        assert!(e.contains("replica"), "{e}");
+        let e = parse("[router]\nreplicas = [\"https://x:1\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("router.replicas"), "{e}");
+        let e = parse("[router]\ndiscovery_dns = \"engines\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("router.discovery_dns"), "{e}");
+        let e = parse("[router]\nmax_attempts = 0").unwrap_err().to_string();
+        assert!(e.contains("router.max_attempts"), "{e}");
+        let e = parse("")
+            .unwrap()
+            .router
+            .validate_for_routing()
+            .unwrap_err();
+        assert!(e.to_string().contains("router.replicas"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod deployed {
+    use crate::config::Config;
+    use std::path::Path;
+
+    /// The block scalar `key: |` of a YAML file, dedented (enough YAML for
+    /// the ConfigMaps in deploy/k8s).
+    fn block(yaml: &str, key: &str) -> String {
+        let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}: |"));
+        let head = lines.next().unwrap_or_else(|| panic!("no {key} block"));
+        let indent = head.len() - head.trim_start().len();
+        lines
+            .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+            .map(|l| l.get(indent + 2..).unwrap_or("").to_string() + "\n")
+            .collect()
+    }
+
+    /// The configs the Kubernetes manifests ship parse and validate.
+    #[test]
+    fn manifest_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s");
+        let engine = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
+        let c =
+            Config::from_toml(&block(&engine, "engine.toml"), Path::new("engine.toml")).unwrap();
+        assert_eq!((c.server.host.as_str(), c.server.port), ("0.0.0.0", 8000));
+        let router = std::fs::read_to_string(dir.join("router.yaml")).unwrap();
+        let c =
+            Config::from_toml(&block(&router, "router.toml"), Path::new("router.toml")).unwrap();
+        c.router.validate_for_routing().unwrap();
+        assert_eq!(
+            c.router.discovery_dns.as_deref(),
+            Some("specgate-engine:8000")
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! Forwarding one client request to a replica: pick (load + prefix
+//! affinity), send, and pass the answer through unchanged (status, headers
+//! less hop-by-hop ones, body bytes as they arrive, so SSE streams flow).
+//! A request is sent again to another replica only while nothing of the
+//! answer has reached the client: on a connection error or a 5xx response
+//! head. Once a 2xx/4xx head arrives the request is committed to it.
+
+use super::balancer::{prefix_hashes, Reason};
+use super::replicas::Lease;
+use super::RouterState;
+use crate::api::ApiError;
+use crate::http::{error_response, ResBody};
+use crate::metrics as names;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderName, HOST};
+use hyper::{Request, Response, Uri};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+
+/// The router's response body: made here (errors, health) or a replica's
+/// body streamed through while its [`Lease`] keeps it counted in flight.
+pub enum RouterBody {
+    Local(ResBody),
+    Upstream { body: Incoming, _lease: Lease },
+}
+
+impl Body for RouterBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            RouterBody::Local(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(|never| match never {}))),
+            RouterBody::Upstream { body, .. } => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RouterBody::Local(b) => b.is_end_stream(),
+            RouterBody::Upstream { body, .. } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            RouterBody::Local(b) => b.size_hint(),
+            RouterBody::Upstream { body, .. } => body.size_hint(),
+        }
+    }
+}
+
+/// An error answered by the router itself.
+pub fn local_error(e: &ApiError) -> Response<RouterBody> {
+    error_response(e).map(RouterBody::Local)
+}
+
+/// Headers that belong to one connection, not to the message (RFC 9110
+/// 7.6.1), plus `host` (set from the replica URL). `content-length` stays:
+/// the body passes through byte for byte.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    const HOP: [&str; 8] = [
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    HOP.contains(&name.as_str()) || name == HOST
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (k, v) in from {
+        if !hop_by_hop(k) {
+            to.append(k.clone(), v.clone());
+        }
+    }
+}
+
+/// The text whose prefix decides affinity: the messages (each as its JSON,
+/// in order) of a chat request, or the prompt of a completion. Empty for a
+/// body that is not such JSON (the replica will refuse it).
+pub fn prompt_text(body: &[u8]) -> Vec<u8> {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
+        let mut out = Vec::new();
+        for m in msgs {
+            out.extend_from_slice(m.to_string().as_bytes());
+        }
+        return out;
+    }
+    match v.get("prompt") {
+        Some(serde_json::Value::String(s)) => s.clone().into_bytes(),
+        Some(p) => p.to_string().into_bytes(),
+        None => Vec::new(),
+    }
+}
+
+/// Forwards `req` to a replica, retrying elsewhere while nothing has been
+/// sent to the client.
+///
+/// Errors (as OpenAI error responses): 413 for a body over the limit, 503
+/// when no replica is healthy, 502 when every replica tried failed to
+/// answer; a replica's own 5xx is passed through when it was the last try.
+pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Response<RouterBody> {
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, state.cfg.max_body_bytes).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return local_error(&ApiError::payload_too_large(state.cfg.max_body_bytes))
+        }
+        Err(e) => {
+            return local_error(&ApiError::bad_request(format!(
+                "could not read the request body: {e}"
+            )))
+        }
+    };
+    let hashes = prefix_hashes(&prompt_text(&body), state.cfg.prefix_chunk_bytes);
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    let mut tried: Vec<Arc<str>> = Vec::new();
+    let mut last_5xx: Option<Response<RouterBody>> = None;
+    let mut last_error = String::new();
+    while tried.len() < state.cfg.max_attempts {
+        let Some(lease) = state.pool.choose(&hashes, &tried) else {
+            break;
+        };
+        if !tried.is_empty() {
+            metrics::counter!(names::ROUTER_RETRIES).increment(1);
+        }
+        tried.push(lease.url.clone());
+        let uri: Uri = match format!("{}{path}", lease.url).parse() {
+            Ok(u) => u,
+            Err(e) => {
+                last_error = format!("bad replica URL {}: {e}", lease.url);
+                continue;
+            }
+        };
+        let mut up = Request::new(Full::new(body.clone()));
+        *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri;
+        copy_headers(&parts.headers, up.headers_mut());
+        let sent = Instant::now();
+        let replica = lease.url.to_string();
+        match state.client.request(up).await {
+            Err(e) => {
+                metrics::counter!(names::ROUTER_UPSTREAM_ERRORS, "replica" => replica.clone())
+                    .increment(1);
+                state.pool.mark_down(&replica);
+                last_error = format!("replica {replica}: {e}");
+            }
+            Ok(resp) => {
+                metrics::histogram!(names::ROUTER_UPSTREAM_LATENCY)
+                    .record(sent.elapsed().as_secs_f64());
+                let status = resp.status();
+                metrics::counter!(names::ROUTER_REQUESTS, "replica" => replica.clone(), "status" => status.as_str().to_string())
+                    .increment(1);
+                if lease.reason == Reason::Affinity {
+                    metrics::counter!(names::ROUTER_AFFINITY_ROUTED).increment(1);
+                }
+                let (rparts, rbody) = resp.into_parts();
+                let mut out = Response::new(RouterBody::Upstream {
+                    body: rbody,
+                    _lease: lease,
+                });
+                *out.status_mut() = status;
+                copy_headers(&rparts.headers, out.headers_mut());
+                if !status.is_server_error() {
+                    return out;
+                }
+                metrics::counter!(names::ROUTER_UPSTREAM_ERRORS, "replica" => replica.clone())
+                    .increment(1);
+                last_error = format!("replica {replica} answered {status}");
+                last_5xx = Some(out);
+            }
+        }
+    }
+    if let Some(r) = last_5xx {
+        return r;
+    }
+    metrics::counter!(names::ROUTER_UNROUTABLE).increment(1);
+    if tried.is_empty() {
+        local_error(&ApiError::unavailable("no healthy replica is available"))
+    } else {
+        local_error(&ApiError::bad_gateway(format!(
+            "no replica answered ({} tried; last: {last_error})",
+            tried.len()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_text_is_the_messages_or_the_prompt() {
+        let chat = br#"{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"U"}],"max_tokens":3}"#;
+        let t = String::from_utf8(prompt_text(chat)).unwrap();
+        assert_eq!(
+            t,
+            r#"{"content":"S","role":"system"}{"content":"U","role":"user"}"#
+        );
+        // Other fields do not change it.
+        let chat2 = br#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"U"}],"temperature":1}"#;
+        assert_eq!(prompt_text(chat2), prompt_text(chat));
+        assert_eq!(prompt_text(br#"{"prompt":"abc"}"#), b"abc");
+        assert_eq!(prompt_text(br#"{"prompt":["abc"]}"#), br#"["abc"]"#);
+        assert!(prompt_text(b"not json").is_empty());
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close".parse().unwrap());
+        h.insert("host", "router".parse().unwrap());
+        h.insert("content-length", "3".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("authorization", "Bearer k".parse().unwrap());
+        h.insert("content-type", "application/json".parse().unwrap());
+        let mut out = HeaderMap::new();
+        copy_headers(&h, &mut out);
+        let mut names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            vec!["authorization", "content-length", "content-type"]
+        );
+    }
+}
