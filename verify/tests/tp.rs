@@ -126,12 +126,23 @@ fn check_worlds(path: &Path, worlds: &[usize], gen: usize, tol: f32) {
     }
 }
 
-/// Runs `f` in a fresh thread with candle's CANDLE_DEQUANTIZE_ALL set
-/// (candle reads it per thread, at load).
+/// candle reads CANDLE_DEQUANTIZE_ALL once per thread, from the process
+/// environment: while one test sets it, another test thread loading its
+/// first model would silently load dequantized. So the tests of this file
+/// run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` in a fresh thread with CANDLE_DEQUANTIZE_ALL set (the caller
+/// holds [`serial`]).
 fn dequantized<F: FnOnce() + Send + 'static>(f: F) {
     std::thread::spawn(move || {
         std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
         f();
+        std::env::remove_var("CANDLE_DEQUANTIZE_ALL");
     })
     .join()
     .unwrap();
@@ -139,6 +150,7 @@ fn dequantized<F: FnOnce() + Send + 'static>(f: F) {
 
 #[test]
 fn tiny_llama_tp_2_3_4_match_world_1() {
+    let _serial = serial();
     let path = gguf(&llama_spec(), "llama.gguf");
     check_worlds(&path, &[2, 3, 4], 32, 2e-2);
     let p = path.clone();
@@ -147,6 +159,7 @@ fn tiny_llama_tp_2_3_4_match_world_1() {
 
 #[test]
 fn tiny_qwen2_k_quant_tp_2_4_match_world_1() {
+    let _serial = serial();
     let path = gguf(&qwen2_spec(), "qwen2.gguf");
     check_worlds(&path, &[2, 4], 32, 2e-2);
     let p = path.clone();
@@ -155,6 +168,7 @@ fn tiny_qwen2_k_quant_tp_2_4_match_world_1() {
 
 #[test]
 fn tiny_safetensors_tp_3_splits_heads_unevenly() {
+    let _serial = serial();
     let dir = tmp_dir().join("st-llama");
     llama_spec().write_safetensors(&dir).unwrap();
     let m = load_safetensors_tp(&dir, 3).unwrap();
@@ -165,6 +179,7 @@ fn tiny_safetensors_tp_3_splits_heads_unevenly() {
 
 #[test]
 fn pool_of_another_world_size_is_an_error_not_a_hang() {
+    let _serial = serial();
     let path = gguf(&llama_spec(), "llama-pool.gguf");
     let m = load_gguf_tp(&path, 2).unwrap();
     let mut unsharded = KvPool::new(m.config(), 2, 16).unwrap();
@@ -180,6 +195,7 @@ fn pool_of_another_world_size_is_an_error_not_a_hang() {
 
 #[test]
 fn impossible_splits_name_the_tensor_and_the_sizes_that_work() {
+    let _serial = serial();
     // 2 KV heads cannot cover 4 ranks.
     let spec = TinySpec {
         num_kv_heads: 2,
@@ -245,6 +261,7 @@ const QWEN_PROMPT: [u32; 24] = [
 /// 16 greedy steps against world size 1.
 #[test]
 fn real_qwen_coder_1_5b_tp2_matches_world_1() {
+    let _serial = serial();
     let Some(p) = real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") else {
         return;
     };
