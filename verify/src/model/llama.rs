@@ -181,7 +181,9 @@ impl Model {
             return rank0(self.shards[0].forward(&step, &mut kv[0]));
         }
         let _one_step = self.step.lock().unwrap_or_else(|e| e.into_inner());
-        let (kv0, kv_rest) = kv.split_first_mut().expect("a pool has a shard per rank");
+        let Some((kv0, kv_rest)) = kv.split_first_mut() else {
+            return Err(VerifyError::BadBatch("KV pool has no shards".into()));
+        };
         let step = &step;
         std::thread::scope(|scope| {
             let others: Vec<_> = self.shards[1..]
