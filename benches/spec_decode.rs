@@ -77,6 +77,7 @@ fn run_set(
             ngram_max: 4,
             num_speculative_tokens: k,
             adaptive,
+            tensor_parallel_size: 1,
         };
         let sampling = SamplingParams {
             temperature,

@@ -301,11 +301,8 @@ impl Config {
         if s.keep_alive_secs == 0 {
             return Err(invalid("server.keep_alive_secs", "must be positive"));
         }
-        if self.model.tensor_parallel_size != 1 {
-            return Err(invalid(
-                "model.tensor_parallel_size",
-                "only 1 is supported by this build",
-            ));
+        if self.model.tensor_parallel_size == 0 {
+            return Err(invalid("model.tensor_parallel_size", "must be at least 1"));
         }
         if self.kv.block_size == 0 {
             return Err(invalid("kv.block_size", "must be positive"));

@@ -8,7 +8,7 @@ use crate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 use anyhow::{bail, Context, Result};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
 use specgate_verify::kv_pool::DEFAULT_BLOCK_SIZE;
-use specgate_verify::model::{load_model, read_token_list};
+use specgate_verify::model::{load_model, load_model_tp, read_token_list};
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -68,6 +68,10 @@ pub struct GenerateArgs {
     /// Pick k each round from the measured acceptance (EMA) instead of fixed.
     #[arg(long)]
     pub adaptive: bool,
+    /// Shard the target over this many tensor-parallel ranks (threads); the
+    /// draft always runs unsharded.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
 }
 
 impl GenerateArgs {
@@ -103,7 +107,10 @@ pub fn load_tokenizer(model: &Path) -> Result<TextTokenizer> {
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let sampling = args.sampling()?;
     let t0 = Instant::now();
-    let model = load_model(&args.model)
+    if args.tensor_parallel_size == 0 {
+        bail!("--tensor-parallel-size must be at least 1");
+    }
+    let model = load_model_tp(&args.model, args.tensor_parallel_size)
         .with_context(|| format!("loading model {}", args.model.display()))?;
     model.warm_up()?;
     let tok = load_tokenizer(&args.model)?;
@@ -222,7 +229,7 @@ pub fn generate<P: Proposer + ?Sized>(
     emit: &mut dyn FnMut(&str) -> std::io::Result<()>,
 ) -> Result<GenStats> {
     let blocks = blocks_needed(prompt.len(), args);
-    let mut pool = KvPool::new(model.config(), blocks, DEFAULT_BLOCK_SIZE)?;
+    let mut pool = KvPool::for_model(model, blocks, DEFAULT_BLOCK_SIZE)?;
     // One sequence owns the whole pool; the engine's BlockManager is not needed.
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut seq = SpecSeq {

@@ -9,7 +9,7 @@ use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
 use crate::http::{serve, AppState, Backend, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
-use specgate_verify::model::{load_model, read_token_list};
+use specgate_verify::model::{load_model, load_model_tp, read_token_list};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -92,7 +92,7 @@ pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running>
 /// Loads the target, the draft and the tokenizer, and starts the engine.
 fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
     eprintln!("loading target {}", cfg.model.path.display());
-    let target = load_model(&cfg.model.path)
+    let target = load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
         .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
     target.warm_up()?;
     let tokenizer = Arc::new(tokenizer_for(&cfg.model.path)?);

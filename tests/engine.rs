@@ -11,13 +11,17 @@ use specgate::engine::{
     ProposerKind,
 };
 use specgate_draft::DraftPolicy;
-use specgate_verify::model::load_gguf;
+use specgate_verify::model::{load_gguf, load_gguf_tp};
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{Model, SamplingParams};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn tiny(spec: TinySpec, name: &str) -> Model {
+    tiny_tp(spec, name, 1)
+}
+
+fn tiny_tp(spec: TinySpec, name: &str, world: usize) -> Model {
     // Tests run in parallel: every call writes its own file.
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -25,7 +29,7 @@ fn tiny(spec: TinySpec, name: &str) -> Model {
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(format!("{n}-{name}"));
     spec.write_gguf(&p, &[]).unwrap();
-    load_gguf(&p).unwrap()
+    load_gguf_tp(&p, world).unwrap()
 }
 
 fn target() -> Model {
@@ -46,6 +50,16 @@ enum Spec {
 }
 
 fn engine(spec: Spec, num_blocks: usize, max_num_seqs: usize, tokens: usize) -> EngineHandle {
+    engine_with(target(), spec, num_blocks, max_num_seqs, tokens)
+}
+
+fn engine_with(
+    target: Model,
+    spec: Spec,
+    num_blocks: usize,
+    max_num_seqs: usize,
+    tokens: usize,
+) -> EngineHandle {
     let proposer = match spec {
         Spec::Off => ProposerKind::None,
         Spec::Ngram => ProposerKind::Ngram { min_n: 1, max_n: 3 },
@@ -66,7 +80,7 @@ fn engine(spec: Spec, num_blocks: usize, max_num_seqs: usize, tokens: usize) -> 
         },
         policy: DraftPolicy::Fixed { k: 3 },
     };
-    spawn(target(), proposer, None, cfg).unwrap().0
+    spawn(target, proposer, None, cfg).unwrap().0
 }
 
 fn request(i: usize) -> GenRequest {
@@ -128,6 +142,25 @@ fn alone(n: usize) -> Vec<Vec<u32>> {
 fn together(h: &EngineHandle, n: usize) -> Vec<Vec<u32>> {
     let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
     rxs.into_iter().map(|rx| collect(rx).0).collect()
+}
+
+/// A target sharded over 2 ranks, batched with a draft, emits what the
+/// unsharded target emits for each request alone.
+#[test]
+fn tp2_target_batched_with_draft_matches_unsharded_alone() {
+    // Q8_0 (32-value blocks): 2 of the 4 heads' o_proj columns cut cleanly.
+    let spec = || TinySpec {
+        dtype: GgmlDType::Q8_0,
+        ..TinySpec::qwen2(31)
+    };
+    let n = 8;
+    let h = engine_with(tiny_tp(spec(), "tp1.gguf", 1), Spec::Off, 64, 1, 64);
+    let reference: Vec<Vec<u32>> = (0..n)
+        .map(|i| collect(h.submit(request(i)).unwrap()).0)
+        .collect();
+    let h = engine_with(tiny_tp(spec(), "tp2.gguf", 2), Spec::Draft, 64, 4, 64);
+    assert_eq!(together(&h, n), reference);
+    wait_idle(&h);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use candle_core::quantized::GgmlDType;
 use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use specgate::tokenizer::{ChatMessage, TextTokenizer};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
-use specgate_verify::model::load_gguf;
+use specgate_verify::model::{load_gguf, load_gguf_tp};
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ fn decode_with<P: Proposer + ?Sized>(
     stats: &mut SpecStats,
 ) -> Vec<u32> {
     let blocks = (prompt.len() + max_new + k + 1).div_ceil(BS);
-    let mut pool = KvPool::new(target.config(), blocks, BS).unwrap();
+    let mut pool = KvPool::for_model(target, blocks, BS).unwrap();
     // Reversed block ids: nothing may depend on contiguous blocks.
     let table: Vec<u32> = (0..blocks as u32).rev().collect();
     target
@@ -94,6 +94,63 @@ fn tiny(spec: TinySpec, name: &str) -> Model {
     let p = dir.join(name);
     spec.write_gguf(&p, &[]).unwrap();
     load_gguf(&p).unwrap()
+}
+
+/// A tensor-parallel target (2 ranks) speculates exactly as the unsharded
+/// target decodes: with an n-gram proposer and with an unsharded draft.
+#[test]
+fn tp2_target_speculation_equals_unsharded_plain_decoding() {
+    // Q8_0: 32-value blocks, so 2 of 4 heads (128 columns) cut cleanly.
+    let spec = TinySpec {
+        dtype: GgmlDType::Q8_0,
+        ..TinySpec::qwen2(21)
+    };
+    let dir = std::env::temp_dir().join(format!("specgate-spec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("tp-target.gguf");
+    spec.write_gguf(&p, &[]).unwrap();
+    let unsharded = load_gguf(&p).unwrap();
+    let sharded = load_gguf_tp(&p, 2).unwrap();
+    assert_eq!(sharded.world_size(), 2);
+    let draft = Arc::new(tiny(TinySpec::qwen2(21), "tp-draft.gguf"));
+    let prompt: Vec<u32> = vec![5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 40, 41];
+    let max_new = 32;
+    let plain = decode::<NgramProposer>(
+        &unsharded,
+        None,
+        &prompt,
+        max_new,
+        0,
+        &mut SpecStats::default(),
+    );
+    let tp_plain = decode::<NgramProposer>(
+        &sharded,
+        None,
+        &prompt,
+        max_new,
+        0,
+        &mut SpecStats::default(),
+    );
+    assert_eq!(tp_plain, plain, "TP=2 plain decoding");
+    let mut accepted = 0;
+    for k in [1, 3, 5] {
+        let mut ngram = NgramProposer::new(1, 3).unwrap();
+        let got = decode(
+            &sharded,
+            Some(&mut ngram),
+            &prompt,
+            max_new,
+            k,
+            &mut SpecStats::default(),
+        );
+        assert_eq!(got, plain, "TP=2 ngram k={k}");
+        let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
+        let mut s = SpecStats::default();
+        let got = decode(&sharded, Some(&mut d), &prompt, max_new, k, &mut s);
+        assert_eq!(got, plain, "TP=2 draft k={k}");
+        accepted += s.accepted_tokens;
+    }
+    assert!(accepted > 0, "the draft never had a token accepted");
 }
 
 #[test]

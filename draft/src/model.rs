@@ -29,7 +29,7 @@ impl ModelDraft {
         num_blocks: usize,
         block_size: usize,
     ) -> Result<Self, DraftError> {
-        let pool = KvPool::new(model.config(), num_blocks, block_size)?;
+        let pool = KvPool::for_model(&model, num_blocks, block_size)?;
         Ok(Self {
             model,
             pool,

@@ -63,7 +63,7 @@ impl Engine {
                 cfg.kv
             )));
         }
-        let pool = KvPool::new(target.config(), num_blocks, cfg.block_size)
+        let pool = KvPool::for_model(&target, num_blocks, cfg.block_size)
             .map_err(|e| invalid(e.to_string()))?;
         let (default_method, ngram, draft) = match proposer {
             ProposerKind::None => (SpecMethod::Off, NgramProposer::default(), None),

@@ -25,6 +25,18 @@ pub enum VerifyError {
     },
     #[error("invalid model config: {0}")]
     BadConfig(String),
+    #[error(
+        "cannot split tensor '{tensor}' over {world} tensor-parallel ranks: {reason}; \
+         tensor-parallel sizes that work for this model: {working:?}"
+    )]
+    ImpossibleSplit {
+        tensor: String,
+        world: usize,
+        reason: String,
+        working: Vec<usize>,
+    },
+    #[error("tensor-parallel rank failed: {0}")]
+    RankFailed(String),
     #[error("invalid forward batch: {0}")]
     BadBatch(String),
     #[error("tensor operation failed: {0}")]

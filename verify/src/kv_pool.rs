@@ -4,22 +4,35 @@
 //! attention kernel that reads blocks in place; it does no bookkeeping of
 //! which sequence owns which block.
 //!
-//! Layout per layer: `[block][kv_head][slot][head_dim]`, so one KV head's
-//! keys within a block are contiguous for the attention loop.
+//! Layout per layer and shard: `[block][kv_head][slot][head_dim]`, so one KV
+//! head's keys within a block are contiguous for the attention loop. Under
+//! tensor parallelism each rank's shard holds only that rank's KV heads.
 
 use crate::error::{Result, VerifyError};
-use crate::model::ModelConfig;
+use crate::model::{Model, ModelConfig};
 
 /// Default token slots per block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-/// Per-layer K/V storage for `num_blocks` blocks of `block_size` tokens.
+/// The paged K/V cache of one model, sharded by KV heads across the
+/// model's tensor-parallel ranks: shard `r` holds rank `r`'s KV heads for
+/// every layer. The block ids (and so the block tables the engine keeps) are
+/// one numbering for all shards: block `b` of a sequence is block `b` in
+/// every shard.
 ///
-/// Invariant: every layer's `k` and `v` hold exactly
-/// `num_blocks * num_kv_heads * block_size * head_dim` floats.
+/// Invariant: every shard has `num_blocks` blocks of `block_size` slots.
 pub struct KvPool {
     block_size: usize,
     num_blocks: usize,
+    shards: Vec<KvShard>,
+}
+
+/// One rank's part of a [`KvPool`]: per-layer K and V storage of its KV heads.
+///
+/// Invariant: every layer's `k` and `v` hold exactly
+/// `num_blocks * num_kv_heads * block_size * head_dim` floats.
+pub(crate) struct KvShard {
+    block_size: usize,
     num_kv_heads: usize,
     head_dim: usize,
     k: Vec<Vec<f32>>,
@@ -27,21 +40,57 @@ pub struct KvPool {
 }
 
 impl KvPool {
-    /// Allocates a zeroed pool for `cfg`'s layers and KV heads.
+    /// Allocates a zeroed unsharded pool (tensor-parallel world size 1) for
+    /// `cfg`'s layers and KV heads. A pool for a sharded model comes from
+    /// [`KvPool::for_model`].
+    ///
+    /// Errors: zero blocks or a zero block size.
     pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<Self> {
+        Self::with_shards(cfg, &[cfg.num_kv_heads], num_blocks, block_size)
+    }
+
+    /// Allocates a zeroed pool shaped for `model`: one shard per
+    /// tensor-parallel rank, each holding that rank's KV heads.
+    ///
+    /// Errors: zero blocks or a zero block size.
+    pub fn for_model(model: &Model, num_blocks: usize, block_size: usize) -> Result<Self> {
+        Self::with_shards(
+            model.config(),
+            &model.kv_heads_per_rank(),
+            num_blocks,
+            block_size,
+        )
+    }
+
+    /// A pool with one shard per entry of `kv_heads` (that rank's KV heads).
+    pub(crate) fn with_shards(
+        cfg: &ModelConfig,
+        kv_heads: &[usize],
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self> {
         if num_blocks == 0 || block_size == 0 {
             return Err(VerifyError::BadConfig(
                 "KV pool needs at least one block of at least one slot".into(),
             ));
         }
-        let per_layer = num_blocks * cfg.num_kv_heads * block_size * cfg.head_dim;
+        let shards = kv_heads
+            .iter()
+            .map(|&heads| {
+                let per_layer = num_blocks * heads * block_size * cfg.head_dim;
+                KvShard {
+                    block_size,
+                    num_kv_heads: heads,
+                    head_dim: cfg.head_dim,
+                    k: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
+                    v: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
+                }
+            })
+            .collect();
         Ok(Self {
             block_size,
             num_blocks,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            k: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
+            shards,
         })
     }
 
@@ -53,10 +102,15 @@ impl KvPool {
         self.num_blocks
     }
 
-    /// Bytes of cache one token occupies across all layers (K and V);
-    /// equals `ModelConfig::kv_bytes_per_token` of the model it serves.
+    /// Number of shards (the tensor-parallel world size it was built for).
+    pub fn world_size(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Bytes of cache one token occupies across all layers (K and V) and all
+    /// shards; equals `ModelConfig::kv_bytes_per_token` of the model it serves.
     pub fn bytes_per_token(&self) -> usize {
-        self.k.len() * 2 * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+        self.shards.iter().map(KvShard::bytes_per_token).sum()
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -64,15 +118,18 @@ impl KvPool {
         tokens.div_ceil(self.block_size)
     }
 
-    fn offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
-        ((block * self.num_kv_heads + kv_head) * self.block_size + slot) * self.head_dim
+    /// Whether this pool was built for `cfg`'s layers and head size with
+    /// `kv_heads[r]` KV heads in shard `r`.
+    pub(crate) fn fits(&self, cfg: &ModelConfig, kv_heads: &[usize]) -> bool {
+        self.shards.len() == kv_heads.len()
+            && self.shards.iter().zip(kv_heads).all(|(s, &h)| {
+                s.k.len() == cfg.num_layers && s.num_kv_heads == h && s.head_dim == cfg.head_dim
+            })
     }
 
-    /// Whether this pool was built for `cfg`'s layers and KV head shape.
-    pub(crate) fn fits(&self, cfg: &ModelConfig) -> bool {
-        self.k.len() == cfg.num_layers
-            && self.num_kv_heads == cfg.num_kv_heads
-            && self.head_dim == cfg.head_dim
+    /// The per-rank shards, in rank order.
+    pub(crate) fn shards_mut(&mut self) -> &mut [KvShard] {
+        &mut self.shards
     }
 
     /// Checks that `block_table` can address positions `0..len`.
@@ -95,6 +152,16 @@ impl KvPool {
             )));
         }
         Ok(())
+    }
+}
+
+impl KvShard {
+    fn bytes_per_token(&self) -> usize {
+        self.k.len() * 2 * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    }
+
+    fn offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
+        ((block * self.num_kv_heads + kv_head) * self.block_size + slot) * self.head_dim
     }
 
     /// Stores one token's K and V rows (`num_kv_heads * head_dim` floats
@@ -240,13 +307,13 @@ mod tests {
             })
             .collect();
         for (t, (k, v)) in kv.iter().enumerate() {
-            pool.write(1, &table, t, k, v);
+            pool.shards[0].write(1, &table, t, k, v);
         }
         let q: Vec<f32> = (0..16).map(|i| (i as f32 * 0.7).sin()).collect();
         let mut out = vec![0.0; 16];
         let mut scratch = Vec::new();
         pool.check_table(&table, ctx).unwrap();
-        pool.attend(1, &table, ctx, &q, 4, 0.5, &mut out, &mut scratch);
+        pool.shards[0].attend(1, &table, ctx, &q, 4, 0.5, &mut out, &mut scratch);
         for h in 0..4 {
             let kvh = h / 2;
             let s: Vec<f32> = (0..ctx)

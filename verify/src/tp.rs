@@ -11,7 +11,7 @@
 //! repeated runs are reproducible.
 
 use crate::error::{Result, VerifyError};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// One rank's handle on a communication group.
 ///
@@ -32,6 +32,11 @@ pub trait Communicator: Send + Sync {
     /// Returns the concatenation of every rank's `local`, in rank order.
     /// Lengths may differ between ranks (uneven vocabulary shards).
     fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>>;
+    /// Marks the whole group failed, for a rank that cannot finish its step:
+    /// ranks waiting in a collective, and every later collective of the
+    /// group, return an error instead of waiting forever. Irreversible.
+    /// The default (a group of one) has nobody to wake.
+    fn abort(&self) {}
 }
 
 /// The group of one: collectives are identities.
@@ -53,8 +58,73 @@ impl Communicator for LocalComm {
     }
 }
 
+/// A reusable barrier that a failing rank can break (std's cannot be).
+struct GroupBarrier {
+    n: usize,
+    state: Mutex<BarrierState>,
+    cv: Condvar,
+}
+
+struct BarrierState {
+    arrived: usize,
+    generation: u64,
+    broken: bool,
+}
+
+fn aborted() -> VerifyError {
+    VerifyError::RankFailed("another rank of the tensor-parallel group failed".into())
+}
+
+impl GroupBarrier {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            state: Mutex::new(BarrierState {
+                arrived: 0,
+                generation: 0,
+                broken: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BarrierState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Returns once all `n` ranks have arrived; an error if the group is
+    /// or becomes broken first.
+    fn wait(&self) -> Result<()> {
+        let mut st = self.lock();
+        if st.broken {
+            return Err(aborted());
+        }
+        let generation = st.generation;
+        st.arrived += 1;
+        if st.arrived == self.n {
+            st.arrived = 0;
+            st.generation += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        while st.generation == generation && !st.broken {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.generation != generation {
+            Ok(())
+        } else {
+            Err(aborted())
+        }
+    }
+
+    fn abort(&self) {
+        self.lock().broken = true;
+        self.cv.notify_all();
+    }
+}
+
 struct Shared {
-    barrier: Barrier,
+    barrier: GroupBarrier,
     /// Each rank's contribution to the collective in flight.
     slots: Vec<Mutex<Vec<f32>>>,
 }
@@ -63,7 +133,8 @@ struct Shared {
 ///
 /// Each collective is two barrier phases: every rank publishes into its own
 /// slot, waits, reads all slots, and waits again so no rank overwrites its
-/// slot for the next collective while another still reads it.
+/// slot for the next collective while another still reads it. A rank that
+/// fails calls [`Communicator::abort`], which breaks the barrier for all.
 pub struct ThreadComm {
     rank: usize,
     shared: Arc<Shared>,
@@ -81,7 +152,7 @@ impl ThreadComm {
             ));
         }
         let shared = Arc::new(Shared {
-            barrier: Barrier::new(world_size),
+            barrier: GroupBarrier::new(world_size),
             slots: (0..world_size).map(|_| Mutex::new(Vec::new())).collect(),
         });
         Ok((0..world_size)
@@ -118,7 +189,7 @@ impl Communicator for ThreadComm {
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
         self.publish(buf);
-        self.shared.barrier.wait();
+        self.shared.barrier.wait()?;
         // Every rank checks every length, so all agree on the error and none
         // is left waiting at the second barrier.
         let mut mismatch = None;
@@ -138,7 +209,7 @@ impl Communicator for ThreadComm {
                 }
             }
         }
-        self.shared.barrier.wait();
+        self.shared.barrier.wait()?;
         match mismatch {
             None => Ok(()),
             Some((r, n)) => Err(VerifyError::BadBatch(format!(
@@ -151,13 +222,17 @@ impl Communicator for ThreadComm {
 
     fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
         self.publish(local);
-        self.shared.barrier.wait();
+        self.shared.barrier.wait()?;
         let mut out = Vec::new();
         for r in 0..self.world_size() {
             out.extend_from_slice(&self.slot(r));
         }
-        self.shared.barrier.wait();
+        self.shared.barrier.wait()?;
         Ok(out)
+    }
+
+    fn abort(&self) {
+        self.shared.barrier.abort();
     }
 }
 
@@ -226,6 +301,23 @@ mod tests {
             c.all_reduce_sum(&mut buf).is_err()
         });
         assert_eq!(results, vec![true, true]);
+    }
+
+    #[test]
+    fn abort_wakes_waiting_ranks_and_fails_later_collectives() {
+        let results = run_group(3, |c| {
+            if c.rank() == 2 {
+                // This rank gives up instead of joining the collective.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                c.abort();
+                return (true, true);
+            }
+            let mut buf = vec![1.0; 4];
+            let first = c.all_reduce_sum(&mut buf).is_err();
+            let later = c.all_gather(&buf).is_err();
+            (first, later)
+        });
+        assert_eq!(results, vec![(true, true); 3]);
     }
 
     #[test]

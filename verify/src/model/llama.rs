@@ -5,12 +5,27 @@
 //! row's K/V into the pool, then each row attends over positions
 //! `0..=position` of its own sequence; since rows of one sequence carry
 //! consecutive positions, that is causal within the new rows too.
+//!
+//! Tensor parallelism: the same code runs on every rank over that rank's
+//! [`Shard`] (its heads, its MLP slice, its vocabulary rows) and its KV pool
+//! shard. Two all-reduces per layer (after o_proj and after down_proj) make
+//! every rank's residual stream the full model's; one all-gather assembles
+//! the logits. At world size 1 the collectives are skipped, not run as
+//! identities, so that path does no extra copies.
+//!
+//! Threads: a sharded forward runs its ranks on scoped threads spawned per
+//! call (`std::thread::scope`), rank 0 on the caller's. Scoped threads may
+//! borrow the batch, the pool shards and the weights without `'static`
+//! bounds, channels or unsafe code; spawning costs tens of microseconds per
+//! rank against milliseconds per forward, which persistent workers would
+//! save at that price.
 
-use super::{LogitsWanted, Model, RopeStyle, SeqInput};
+use super::{LogitsWanted, Model, RopeStyle, SeqInput, Shard};
 use crate::error::{Result, VerifyError};
-use crate::kv_pool::KvPool;
+use crate::kv_pool::{KvPool, KvShard};
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Per-row rotary tables for one forward: cos/sin of `head_dim / 2` angles.
 struct RopeRows {
@@ -74,12 +89,26 @@ struct Rows {
     logit_rows: Vec<u32>,
 }
 
+/// Everything one forward shares across ranks (read-only).
+struct Step<'a> {
+    rows: &'a Rows,
+    tables: &'a [&'a [u32]],
+    rope: &'a RopeRows,
+    eps: f32,
+    head_dim: usize,
+    vocab_size: usize,
+    /// Every rank's vocabulary rows, in rank order (to reassemble logits).
+    vocab: &'a [Range<usize>],
+}
+
 impl Model {
     fn flatten(&self, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
-        if !pool.fits(&self.cfg) {
-            return Err(VerifyError::BadBatch(
-                "KV pool was built for a different model shape".into(),
-            ));
+        if !pool.fits(&self.cfg, &self.kv_heads_per_rank()) {
+            return Err(VerifyError::BadBatch(format!(
+                "KV pool was built for a different model shape (a model sharded over {} \
+                 ranks needs KvPool::for_model)",
+                self.world_size()
+            )));
         }
         let mut rows = Rows {
             tokens: Vec::new(),
@@ -125,97 +154,86 @@ impl Model {
     ///
     /// Errors: a token outside the vocabulary, a position beyond the model's
     /// context, a block table too short or naming a block outside the pool,
-    /// or a pool built for another model shape.
+    /// a pool built for another model shape or world size, or (sharded) a
+    /// rank that failed ([`VerifyError::RankFailed`]).
     pub fn forward(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
         let cfg = &self.cfg;
         let rows = self.flatten(pool, seqs)?;
-        let n = rows.tokens.len();
-        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let (qd, kvd) = (nh * hd, nkv * hd);
-        let eps = cfg.rms_norm_eps as f32;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let rope = RopeRows::new(hd, cfg.rope_theta, cfg.rope_style, &rows.positions);
+        let rope = RopeRows::new(
+            cfg.head_dim,
+            cfg.rope_theta,
+            cfg.rope_style,
+            &rows.positions,
+        );
         let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
-
-        let ids = Tensor::new(rows.tokens.as_slice(), &Device::Cpu)?;
-        let mut x = self.embed.forward(&ids)?;
-        let mut attn = vec![0f32; n * qd];
-        for (li, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let mut q = layer.q.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
-            let mut k = layer.k.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
-            let v = layer.v.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
-            rope.apply(&mut q, nh);
-            rope.apply(&mut k, nkv);
-            for r in 0..n {
-                pool.write(
-                    li,
-                    tables[rows.seq[r]],
-                    rows.positions[r],
-                    &k[r * kvd..(r + 1) * kvd],
-                    &v[r * kvd..(r + 1) * kvd],
-                );
-            }
-            let pool_ref = &*pool;
-            attn.par_chunks_mut(qd)
-                .enumerate()
-                .for_each_init(Vec::new, |scores, (r, out)| {
-                    pool_ref.attend(
-                        li,
-                        tables[rows.seq[r]],
-                        rows.positions[r] + 1,
-                        &q[r * qd..(r + 1) * qd],
-                        nh,
-                        scale,
-                        out,
-                        scores,
-                    )
-                });
-            let a = Tensor::from_slice(&attn, (n, qd), &Device::Cpu)?;
-            x = (x + layer.o.forward(&a)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
-            let u = layer.up.forward(&h)?;
-            x = (x + layer.down.forward(&(g * u)?)?)?;
-        }
-        if rows.logit_rows.is_empty() {
-            return Ok(Tensor::zeros(
-                (0, cfg.vocab_size),
-                candle_core::DType::F32,
-                &Device::Cpu,
-            )?);
-        }
-        let x = if rows.logit_rows.len() == n {
-            x
-        } else {
-            let idx = Tensor::new(rows.logit_rows.as_slice(), &Device::Cpu)?;
-            x.index_select(&idx, 0)?
+        let vocab: Vec<Range<usize>> = self.shards.iter().map(|s| s.vocab.clone()).collect();
+        let step = Step {
+            rows: &rows,
+            tables: &tables,
+            rope: &rope,
+            eps: cfg.rms_norm_eps as f32,
+            head_dim: cfg.head_dim,
+            vocab_size: cfg.vocab_size,
+            vocab: &vocab,
         };
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
-        let logits = self.lm_head.forward(&x)?;
+        let kv = pool.shards_mut();
+        if self.shards.len() == 1 {
+            let logits = rank0(self.shards[0].forward(&step, &mut kv[0]))?;
+            return self.spread_restricted_head(logits);
+        }
+        let _one_step = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((kv0, kv_rest)) = kv.split_first_mut() else {
+            return Err(VerifyError::BadBatch("KV pool has no shards".into()));
+        };
+        let step = &step;
+        std::thread::scope(|scope| {
+            let others: Vec<_> = self.shards[1..]
+                .iter()
+                .zip(kv_rest)
+                .map(|(shard, kv)| scope.spawn(move || shard.run(step, kv)))
+                .collect();
+            let first = self.shards[0].run(step, kv0);
+            let mut result = rank0(first);
+            for h in others {
+                // `run` catches panics, so join only fails if that did.
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(VerifyError::RankFailed("rank panicked".into())));
+                if let (Err(e), Ok(_)) = (r, &result) {
+                    result = Err(e);
+                }
+            }
+            result
+        })
+    }
+
+    /// With a restricted head ([`Model::restrict_head`], world size 1 only)
+    /// spreads its columns over the full vocabulary, -inf elsewhere, so
+    /// callers always see `[n, vocab]` logits.
+    fn spread_restricted_head(&self, logits: Tensor) -> Result<Tensor> {
         let Some(ids) = &self.head_tokens else {
             return Ok(logits);
         };
-        // Restricted head: spread its columns over the full vocabulary.
+        let vocab = self.cfg.vocab_size;
         let m = logits.dim(0)?;
         let sub = logits.flatten_all()?.to_vec1::<f32>()?;
-        let mut full = vec![f32::NEG_INFINITY; m * cfg.vocab_size];
+        let mut full = vec![f32::NEG_INFINITY; m * vocab];
         for (row, src) in full
-            .chunks_exact_mut(cfg.vocab_size)
+            .chunks_exact_mut(vocab)
             .zip(sub.chunks_exact(ids.len()))
         {
             for (&t, &v) in ids.iter().zip(src) {
                 row[t as usize] = v;
             }
         }
-        Ok(Tensor::from_vec(full, (m, cfg.vocab_size), &Device::Cpu)?)
+        Ok(Tensor::from_vec(full, (m, vocab), &Device::Cpu)?)
     }
 
     /// Runs a throwaway two-row forward so that candle packs every weight
     /// into its kernel layout now (it does so lazily, on first use: about
     /// 1.5 s for the 1.5B model) rather than inside the first request.
     pub fn warm_up(&self) -> Result<()> {
-        let mut pool = KvPool::new(&self.cfg, 1, 2)?;
+        let mut pool = KvPool::for_model(self, 1, 2)?;
         self.forward(
             &mut pool,
             &[SeqInput {
@@ -251,5 +269,129 @@ impl Model {
                 logits,
             }],
         )
+    }
+}
+
+/// Rank 0's result of a forward: its logits.
+fn rank0(r: Result<Option<Tensor>>) -> Result<Tensor> {
+    r?.ok_or_else(|| VerifyError::RankFailed("rank 0 returned no logits".into()))
+}
+
+impl Shard {
+    /// [`Shard::forward`] that never leaves the other ranks waiting: on an
+    /// error or a panic it aborts the rank group before returning.
+    fn run(&self, step: &Step, kv: &mut KvShard) -> Result<Option<Tensor>> {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.forward(step, kv)))
+            .unwrap_or_else(|_| {
+                Err(VerifyError::RankFailed(format!(
+                    "rank {} panicked",
+                    self.comm.rank()
+                )))
+            });
+        if r.is_err() {
+            self.comm.abort();
+        }
+        r
+    }
+
+    /// Sums the ranks' partial outputs of a row-parallel layer.
+    fn all_reduce(&self, t: Tensor) -> Result<Tensor> {
+        if self.comm.world_size() == 1 {
+            return Ok(t);
+        }
+        let shape = t.dims2()?;
+        let mut v = t.flatten_all()?.to_vec1::<f32>()?;
+        self.comm.all_reduce_sum(&mut v)?;
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    }
+
+    /// This rank's part of one forward. Returns the logits on rank 0 and
+    /// `None` on the others.
+    fn forward(&self, step: &Step, kv: &mut KvShard) -> Result<Option<Tensor>> {
+        let rows = step.rows;
+        let n = rows.tokens.len();
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, step.head_dim);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let eps = step.eps;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let tables = step.tables;
+
+        let ids = Tensor::new(rows.tokens.as_slice(), &Device::Cpu)?;
+        let mut x = self.embed.forward(&ids)?;
+        let mut attn = vec![0f32; n * qd];
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let mut q = layer.q.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
+            let mut k = layer.k.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
+            let v = layer.v.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
+            step.rope.apply(&mut q, nh);
+            step.rope.apply(&mut k, nkv);
+            for r in 0..n {
+                kv.write(
+                    li,
+                    tables[rows.seq[r]],
+                    rows.positions[r],
+                    &k[r * kvd..(r + 1) * kvd],
+                    &v[r * kvd..(r + 1) * kvd],
+                );
+            }
+            let kv_ref = &*kv;
+            attn.par_chunks_mut(qd)
+                .enumerate()
+                .for_each_init(Vec::new, |scores, (r, out)| {
+                    kv_ref.attend(
+                        li,
+                        tables[rows.seq[r]],
+                        rows.positions[r] + 1,
+                        &q[r * qd..(r + 1) * qd],
+                        nh,
+                        scale,
+                        out,
+                        scores,
+                    )
+                });
+            let a = Tensor::from_slice(&attn, (n, qd), &Device::Cpu)?;
+            x = (x + self.all_reduce(layer.o.forward(&a)?)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
+            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
+            let u = layer.up.forward(&h)?;
+            x = (x + self.all_reduce(layer.down.forward(&(g * u)?)?)?)?;
+        }
+        let m = rows.logit_rows.len();
+        if m == 0 {
+            return Ok((self.comm.rank() == 0)
+                .then(|| Tensor::zeros((0, step.vocab_size), candle_core::DType::F32, &Device::Cpu))
+                .transpose()?);
+        }
+        let x = if m == n {
+            x
+        } else {
+            let idx = Tensor::new(rows.logit_rows.as_slice(), &Device::Cpu)?;
+            x.index_select(&idx, 0)?
+        };
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        let local = self.lm_head.forward(&x)?;
+        if self.comm.world_size() == 1 {
+            return Ok(Some(local));
+        }
+        // Gathered: rank 0's [m, v0] block, then rank 1's [m, v1], ...
+        let gathered = self
+            .comm
+            .all_gather(&local.flatten_all()?.to_vec1::<f32>()?)?;
+        if self.comm.rank() != 0 {
+            return Ok(None);
+        }
+        let vocab = step.vocab_size;
+        let mut logits = vec![0f32; m * vocab];
+        let mut off = 0;
+        for range in step.vocab {
+            let w = range.len();
+            for row in 0..m {
+                logits[row * vocab + range.start..row * vocab + range.end]
+                    .copy_from_slice(&gathered[off + row * w..off + (row + 1) * w]);
+            }
+            off += m * w;
+        }
+        Ok(Some(Tensor::from_vec(logits, (m, vocab), &Device::Cpu)?))
     }
 }

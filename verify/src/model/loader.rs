@@ -1,10 +1,13 @@
 //! Weight loading: GGUF files (weights stay quantized as candle `QTensor`s)
 //! and safetensors + config.json (dense, used by generated test models) for
 //! the llama family. A missing tensor or metadata key is an error naming it.
+//! Each loader reads a matrix whole and cuts it at once into the ranks'
+//! shards (`shard.rs`), so at most one unsharded matrix is in memory extra.
 
-use super::{Arch, Embedding, Layer, Linear, Model, ModelConfig, RopeStyle};
+use super::shard::{rank_parts, FullLayer, Matrix, ShardPlan, SplitLimits};
+use super::{Arch, Embedding, Model, ModelConfig, RopeStyle};
 use crate::error::{Result, VerifyError};
-use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{DType, Device, Tensor};
 use std::fs::File;
 use std::io::BufReader;
@@ -77,23 +80,54 @@ impl GgufReader<'_> {
         Ok(self.qtensor(name)?.dequantize(&Device::Cpu)?)
     }
 
-    fn linear(&mut self, name: &str, bias: bool) -> Result<(Linear, usize)> {
-        let q = self.qtensor(&format!("{name}.weight"))?;
-        let bytes = q.storage_size_in_bytes();
+    fn with_bias(&mut self, name: &str, bias: bool) -> Result<(Matrix, Option<Tensor>)> {
+        let w = Matrix::Quant(self.qtensor(&format!("{name}.weight"))?);
         let b = if bias {
             Some(self.dense(&format!("{name}.bias"))?)
         } else {
             None
         };
-        Ok((Linear::new(QMatMul::from_arc(q)?, b), bytes))
+        Ok((w, b))
+    }
+
+    fn matrix(&mut self, name: &str) -> Result<Matrix> {
+        Ok(Matrix::Quant(self.qtensor(&format!("{name}.weight"))?))
+    }
+
+    /// Largest quantization block size among `blk.*.{suffix}` and the first
+    /// tensor that has it.
+    fn widest_block(&self, layers: usize, suffix: &str) -> Result<(usize, String)> {
+        let mut best = (0, String::new());
+        for i in 0..layers {
+            let name = format!("blk.{i}.{suffix}");
+            let info = self
+                .content
+                .tensor_infos
+                .get(&name)
+                .ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
+            let bs = info.ggml_dtype.block_size();
+            if bs > best.0 {
+                best = (bs, name);
+            }
+        }
+        Ok(best)
     }
 }
 
-/// Loads a llama or qwen2 GGUF file; matrices stay in their quantized format.
+/// Loads a llama or qwen2 GGUF file unsharded (tensor-parallel size 1).
+pub fn load_gguf(path: &Path) -> Result<Model> {
+    load_gguf_tp(path, 1)
+}
+
+/// Loads a llama or qwen2 GGUF file sharded over `world` tensor-parallel
+/// ranks; matrices stay in their quantized format and are cut along whole
+/// quantization blocks.
 ///
 /// Errors: unreadable file, unknown `general.architecture`, a missing
-/// metadata key or tensor (named in the error).
-pub fn load_gguf(path: &Path) -> Result<Model> {
+/// metadata key or tensor (named in the error), `world` 0, or a tensor that
+/// cannot be split `world` ways ([`VerifyError::ImpossibleSplit`] names it
+/// and the sizes that work).
+pub fn load_gguf_tp(path: &Path, world: usize) -> Result<Model> {
     let content = read_gguf_content(path)?;
     let arch_name = content
         .metadata
@@ -139,57 +173,50 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
     };
     cfg.validate()?;
     let bias = arch == Arch::Qwen2;
+    let head_name = if r.has("output.weight") {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    let limits = SplitLimits {
+        attn_out: r.widest_block(cfg.num_layers, "attn_output.weight")?,
+        ffn_down: r.widest_block(cfg.num_layers, "ffn_down.weight")?,
+        kv_tensor: "blk.0.attn_k.weight".into(),
+        vocab_tensor: head_name.into(),
+    };
+    let plan = ShardPlan::new(&cfg, &limits, world)?;
 
     let embed_q = r.qtensor("token_embd.weight")?;
     let mut weight_bytes = embed_q.storage_size_in_bytes() / vocab_size;
-    let mut layers = Vec::with_capacity(cfg.num_layers);
+    let mut ranks: Vec<Vec<_>> = (0..world).map(|_| Vec::new()).collect();
     for i in 0..cfg.num_layers {
         let p = format!("blk.{i}");
-        let mut lin = |name: &str, bias: bool| -> Result<Linear> {
-            let (l, bytes) = r.linear(&format!("{p}.{name}"), bias)?;
-            weight_bytes += bytes;
-            Ok(l)
-        };
-        let q = lin("attn_q", bias)?;
-        let k = lin("attn_k", bias)?;
-        let v = lin("attn_v", bias)?;
-        let o = lin("attn_output", false)?;
-        let gate = lin("ffn_gate", false)?;
-        let up = lin("ffn_up", false)?;
-        let down = lin("ffn_down", false)?;
-        layers.push(Layer {
+        let full = FullLayer {
             attn_norm: r.dense(&format!("{p}.attn_norm.weight"))?,
+            q: r.with_bias(&format!("{p}.attn_q"), bias)?,
+            k: r.with_bias(&format!("{p}.attn_k"), bias)?,
+            v: r.with_bias(&format!("{p}.attn_v"), bias)?,
+            o: r.matrix(&format!("{p}.attn_output"))?,
             ffn_norm: r.dense(&format!("{p}.ffn_norm.weight"))?,
-            q,
-            k,
-            v,
-            o,
-            gate,
-            up,
-            down,
-        });
+            gate: r.matrix(&format!("{p}.ffn_gate"))?,
+            up: r.matrix(&format!("{p}.ffn_up"))?,
+            down: r.matrix(&format!("{p}.ffn_down"))?,
+            prefix: p,
+        };
+        weight_bytes += full.bytes();
+        for (rank, layer) in full.split(&plan, cfg.head_dim)?.into_iter().enumerate() {
+            ranks[rank].push(layer);
+        }
     }
     let norm = r.dense("output_norm.weight")?;
-    let (lm_head, lm_bytes) = if r.has("output.weight") {
-        r.linear("output", false)?
+    let head = if head_name == "output.weight" {
+        r.matrix("output")?
     } else {
-        let bytes = embed_q.storage_size_in_bytes();
-        (
-            Linear::new(QMatMul::from_arc(embed_q.clone())?, None),
-            bytes,
-        )
+        Matrix::Quant(embed_q.clone())
     };
-    weight_bytes += lm_bytes;
-    Ok(Model {
-        cfg,
-        embed: Embedding::Quantized(embed_q),
-        layers,
-        norm,
-        lm_head,
-        weight_bytes,
-        head_tokens: None,
-        lm_bytes,
-    })
+    weight_bytes += head.bytes();
+    let parts = rank_parts(&plan, Embedding::Quantized(embed_q), ranks, norm, &head)?;
+    Model::from_rank_parts(cfg, parts, weight_bytes, head.bytes())
 }
 
 fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
@@ -233,15 +260,41 @@ pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
 }
 
 /// Loads a llama or qwen2 model from a directory holding `config.json` and
-/// `model.safetensors` in Hugging Face tensor names. Weights become dense f32.
+/// `model.safetensors` in Hugging Face tensor names, unsharded. Weights
+/// become dense f32.
 ///
 /// Errors: missing files, unknown `model_type`, missing or misshapen tensors.
 pub fn load_safetensors(dir: &Path) -> Result<Model> {
+    load_safetensors_tp(dir, 1)
+}
+
+/// [`load_safetensors`] sharded over `world` tensor-parallel ranks.
+///
+/// Errors: as [`load_safetensors`], plus `world` 0 or a split that is
+/// impossible ([`VerifyError::ImpossibleSplit`]).
+pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
     let cfg_path = dir.join("config.json");
     let raw = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path))?;
     let json: serde_json::Value = serde_json::from_str(&raw)
         .map_err(|e| VerifyError::BadConfig(format!("{}: {e}", cfg_path.display())))?;
     let cfg = config_from_hf_json(&json)?;
+    let tied = json
+        .get("tie_word_embeddings")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let head_name = if tied {
+        "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    };
+    // Dense rows cut anywhere: only head and vocabulary counts limit a split.
+    let limits = SplitLimits {
+        attn_out: (1, "model.layers.0.self_attn.o_proj.weight".into()),
+        ffn_down: (1, "model.layers.0.mlp.down_proj.weight".into()),
+        kv_tensor: "model.layers.0.self_attn.k_proj.weight".into(),
+        vocab_tensor: head_name.into(),
+    };
+    let plan = ShardPlan::new(&cfg, &limits, world)?;
     let st_path = dir.join("model.safetensors");
     if !st_path.exists() {
         return Err(io_err(&st_path)(std::io::ErrorKind::NotFound.into()));
@@ -267,70 +320,66 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
         cfg.intermediate_size,
     );
     let bias = cfg.arch == Arch::Qwen2;
-    let mut weight_bytes = h * 4;
-    let mut lin = |take: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>,
-                   name: &str,
-                   out: usize,
-                   inp: usize,
-                   with_bias: bool|
-     -> Result<Linear> {
+    let lin = |take: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>,
+               name: &str,
+               out: usize,
+               inp: usize,
+               with_bias: bool|
+     -> Result<(Matrix, Option<Tensor>)> {
         let w = take(&format!("{name}.weight"), &[out, inp])?;
         let b = if with_bias {
             Some(take(&format!("{name}.bias"), &[out])?)
         } else {
             None
         };
-        weight_bytes += out * inp * 4;
-        Ok(Linear::new(QMatMul::Tensor(w), b))
+        Ok((Matrix::Dense(w), b))
     };
     let embed = take("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
-    let mut layers = Vec::with_capacity(cfg.num_layers);
+    let mut weight_bytes = h * 4;
+    let mut ranks: Vec<Vec<_>> = (0..world).map(|_| Vec::new()).collect();
     for i in 0..cfg.num_layers {
         let p = format!("model.layers.{i}");
-        layers.push(Layer {
+        let full = FullLayer {
             attn_norm: take(&format!("{p}.input_layernorm.weight"), &[h])?,
             q: lin(&mut take, &format!("{p}.self_attn.q_proj"), qd, h, bias)?,
             k: lin(&mut take, &format!("{p}.self_attn.k_proj"), kvd, h, bias)?,
             v: lin(&mut take, &format!("{p}.self_attn.v_proj"), kvd, h, bias)?,
-            o: lin(&mut take, &format!("{p}.self_attn.o_proj"), h, qd, false)?,
+            o: lin(&mut take, &format!("{p}.self_attn.o_proj"), h, qd, false)?.0,
             ffn_norm: take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-            gate: lin(&mut take, &format!("{p}.mlp.gate_proj"), ff, h, false)?,
-            up: lin(&mut take, &format!("{p}.mlp.up_proj"), ff, h, false)?,
-            down: lin(&mut take, &format!("{p}.mlp.down_proj"), h, ff, false)?,
-        });
+            gate: lin(&mut take, &format!("{p}.mlp.gate_proj"), ff, h, false)?.0,
+            up: lin(&mut take, &format!("{p}.mlp.up_proj"), ff, h, false)?.0,
+            down: lin(&mut take, &format!("{p}.mlp.down_proj"), h, ff, false)?.0,
+            prefix: p,
+        };
+        weight_bytes += full.bytes();
+        for (rank, layer) in full.split(&plan, hd)?.into_iter().enumerate() {
+            ranks[rank].push(layer);
+        }
     }
     let norm = take("model.norm.weight", &[h])?;
-    let tied = json
-        .get("tie_word_embeddings")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    let lm_head = if tied {
-        Linear::new(QMatMul::Tensor(embed.clone()), None)
+    let head = if tied {
+        Matrix::Dense(embed.clone())
     } else {
-        lin(&mut take, "lm_head", cfg.vocab_size, h, false)?
+        lin(&mut take, "lm_head", cfg.vocab_size, h, false)?.0
     };
-    // `lin` counted an untied head already.
-    let lm_bytes = cfg.vocab_size * h * 4;
-    if tied {
-        weight_bytes += lm_bytes;
-    }
-    Ok(Model {
-        cfg,
-        embed: Embedding::Dense(embed),
-        layers,
-        norm,
-        lm_head,
-        weight_bytes,
-        head_tokens: None,
-        lm_bytes,
-    })
+    weight_bytes += head.bytes();
+    let parts = rank_parts(&plan, Embedding::Dense(embed), ranks, norm, &head)?;
+    Model::from_rank_parts(cfg, parts, weight_bytes, head.bytes())
 }
 
-/// Loads a model from a `.gguf` file or a safetensors directory.
+/// Loads a model from a `.gguf` file or a safetensors directory, unsharded.
 pub fn load_model(path: &Path) -> Result<Model> {
+    load_model_tp(path, 1)
+}
+
+/// Loads a model from a `.gguf` file or a safetensors directory, sharded
+/// over `world` tensor-parallel ranks (1: unsharded).
+///
+/// Errors: as [`load_gguf_tp`] / [`load_safetensors_tp`].
+pub fn load_model_tp(path: &Path, world: usize) -> Result<Model> {
     if path.is_dir() {
-        load_safetensors(path)
+        load_safetensors_tp(path, world)
     } else {
-        load_gguf(path)
+        load_gguf_tp(path, world)
     }
 }

@@ -3,18 +3,25 @@
 //!
 //! There is ONE forward implementation per architecture family: `llama.rs`
 //! serves both `llama` and `qwen2` (qwen2 is llama with q/k/v biases and
-//! neox-style RoPE). Loading lives in `loader.rs`.
+//! neox-style RoPE). Loading lives in `loader.rs`, tensor-parallel
+//! sharding in `shard.rs`.
 
 mod llama;
 mod loader;
+mod shard;
 
 use crate::error::{Result, VerifyError};
 use crate::kernels::{self, QWeight};
+use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
-pub use loader::{config_from_hf_json, load_gguf, load_model, load_safetensors, read_gguf_content};
+pub use loader::{
+    config_from_hf_json, load_gguf, load_gguf_tp, load_model, load_model_tp, load_safetensors,
+    load_safetensors_tp, read_gguf_content,
+};
 
 /// Architecture family of a model; decides the tensor layout and forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,6 +300,8 @@ fn native_forward(w: &QWeight, x: &Tensor) -> Result<Tensor> {
 }
 
 /// Token embedding table, kept quantized when the file stores it so.
+/// Replicated on every rank (cloning shares the storage).
+#[derive(Clone)]
 pub(crate) enum Embedding {
     Quantized(Arc<QTensor>),
     Dense(Tensor),
@@ -320,14 +329,36 @@ pub(crate) struct Layer {
     pub(crate) down: Linear,
 }
 
-/// A loaded model: config plus weights. Immutable once loaded, so one model
-/// can serve many sequences; all per-sequence state lives in a [`crate::KvPool`].
-pub struct Model {
-    pub(crate) cfg: ModelConfig,
+/// One tensor-parallel rank's part of a model: its query and KV heads of
+/// every layer, its slice of every MLP, its rows of the output head, and its
+/// end of the rank group. At world size 1 the one shard is the whole model.
+pub(crate) struct Shard {
+    pub(crate) comm: Box<dyn Communicator>,
     pub(crate) embed: Embedding,
     pub(crate) layers: Vec<Layer>,
     pub(crate) norm: Tensor,
+    /// The vocabulary rows `vocab` of the output head.
     pub(crate) lm_head: Linear,
+    pub(crate) vocab: Range<usize>,
+    /// Query heads of this rank.
+    pub(crate) num_heads: usize,
+    /// KV heads of this rank (its [`crate::KvPool`] shard holds these).
+    pub(crate) num_kv_heads: usize,
+}
+
+/// A loaded model: config plus weights, as one shard per tensor-parallel
+/// rank. Immutable once loaded, so one model can serve many sequences; all
+/// per-sequence state lives in a [`crate::KvPool`] built by
+/// [`crate::KvPool::for_model`].
+///
+/// At world size 1 a forward runs inline on the calling thread; at world
+/// size N it runs the N shards on N threads (see `llama.rs`) and returns
+/// rank 0's logits, which equal world size 1's up to float summation order.
+pub struct Model {
+    /// The unsharded model's config; per-rank head counts live in the shards.
+    pub(crate) cfg: ModelConfig,
+    /// One per rank, in rank order; never empty.
+    pub(crate) shards: Vec<Shard>,
     /// Bytes of weights a single decode step reads (for bandwidth figures).
     pub(crate) weight_bytes: usize,
     /// When set, `lm_head` computes only these tokens' logits (in this
@@ -335,16 +366,60 @@ pub struct Model {
     pub(crate) head_tokens: Option<Vec<u32>>,
     /// Bytes of `lm_head` (part of `weight_bytes`).
     pub(crate) lm_bytes: usize,
+    /// Held for a whole sharded forward: two forwards at once would
+    /// interleave their collectives on the one rank group.
+    pub(crate) step: Mutex<()>,
 }
 
 impl Model {
-    /// The model's shape and numerics.
+    /// Assembles a model from per-rank shards in rank order, connecting them
+    /// with a [`LocalComm`] (one shard) or a [`ThreadComm`] group.
+    pub(crate) fn from_rank_parts(
+        cfg: ModelConfig,
+        parts: Vec<RankParts>,
+        weight_bytes: usize,
+        lm_bytes: usize,
+    ) -> Result<Self> {
+        let comms: Vec<Box<dyn Communicator>> = if parts.len() == 1 {
+            vec![Box::new(LocalComm)]
+        } else {
+            ThreadComm::group(parts.len())?
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn Communicator>)
+                .collect()
+        };
+        let group = cfg.num_heads / cfg.num_kv_heads;
+        let shards = parts
+            .into_iter()
+            .zip(comms)
+            .map(|(p, comm)| Shard {
+                comm,
+                embed: p.embed,
+                layers: p.layers,
+                norm: p.norm,
+                lm_head: p.lm_head,
+                vocab: p.vocab,
+                num_heads: p.num_kv_heads * group,
+                num_kv_heads: p.num_kv_heads,
+            })
+            .collect();
+        Ok(Self {
+            cfg,
+            shards,
+            weight_bytes,
+            head_tokens: None,
+            lm_bytes,
+            step: Mutex::new(()),
+        })
+    }
+
+    /// The model's shape and numerics (of the whole, unsharded model).
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
-    /// Bytes of weights one decode step streams from memory: every matrix
-    /// once, plus one embedding row.
+    /// Bytes of weights one decode step streams from memory, all ranks
+    /// together: every matrix once, plus one embedding row.
     pub fn weight_bytes_per_step(&self) -> usize {
         self.weight_bytes
     }
@@ -382,11 +457,16 @@ impl Model {
                 "the head is already restricted".into(),
             ));
         }
-        let head = self.lm_head.select_rows(tokens)?;
+        let [shard] = self.shards.as_mut_slice() else {
+            return Err(VerifyError::BadConfig(
+                "a restricted head needs an unsharded model (tensor-parallel world size 1)".into(),
+            ));
+        };
+        let head = shard.lm_head.select_rows(tokens)?;
         let per_row = self.lm_bytes / self.cfg.vocab_size;
         self.weight_bytes = self.weight_bytes - self.lm_bytes + per_row * tokens.len();
         self.lm_bytes = per_row * tokens.len();
-        self.lm_head = head;
+        shard.lm_head = head;
         self.head_tokens = Some(tokens.to_vec());
         Ok(())
     }
@@ -395,4 +475,25 @@ impl Model {
     pub fn head_tokens(&self) -> Option<&[u32]> {
         self.head_tokens.as_deref()
     }
+
+    /// Number of tensor-parallel ranks the weights are sharded over.
+    pub fn world_size(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// KV heads each rank holds, in rank order (they sum to
+    /// `config().num_kv_heads`); the shape of a matching [`crate::KvPool`].
+    pub fn kv_heads_per_rank(&self) -> Vec<usize> {
+        self.shards.iter().map(|s| s.num_kv_heads).collect()
+    }
+}
+
+/// What a loader hands [`Model::from_rank_parts`] for one rank.
+pub(crate) struct RankParts {
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Tensor,
+    pub(crate) lm_head: Linear,
+    pub(crate) vocab: Range<usize>,
+    pub(crate) num_kv_heads: usize,
 }
