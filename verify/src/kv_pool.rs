@@ -6,6 +6,11 @@
 //!
 //! Layout per layer: `[block][kv_head][slot][head_dim]`, so one KV head's
 //! keys within a block are contiguous for the attention loop.
+//!
+//! Latent attention models (DeepSeek-V3 family) cache one row per token
+//! instead: the compressed KV latent (after its norm) followed by the RoPE'd
+//! shared key, `kv_lora_rank + qk_rope_head_dim` floats, stored as a single
+//! "head" in `k` (no `v`); heads are expanded from it inside attention.
 
 use crate::error::{Result, VerifyError};
 use crate::model::ModelConfig;
@@ -16,7 +21,8 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 /// Per-layer K/V storage for `num_blocks` blocks of `block_size` tokens.
 ///
 /// Invariant: every layer's `k` and `v` hold exactly
-/// `num_blocks * num_kv_heads * block_size * head_dim` floats.
+/// `num_blocks * num_kv_heads * block_size * head_dim` floats; a latent pool
+/// has one head of the latent row's width and empty `v`.
 pub struct KvPool {
     block_size: usize,
     num_blocks: usize,
@@ -24,6 +30,7 @@ pub struct KvPool {
     head_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    latent: bool,
 }
 
 impl KvPool {
@@ -34,14 +41,20 @@ impl KvPool {
                 "KV pool needs at least one block of at least one slot".into(),
             ));
         }
-        let per_layer = num_blocks * cfg.num_kv_heads * block_size * cfg.head_dim;
+        let (heads, width, latent) = match &cfg.mla {
+            Some(m) => (1, m.kv_lora_rank + m.qk_rope_head_dim, true),
+            None => (cfg.num_kv_heads, cfg.head_dim, false),
+        };
+        let per_layer = num_blocks * heads * block_size * width;
+        let v_len = if latent { 0 } else { per_layer };
         Ok(Self {
             block_size,
             num_blocks,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
+            num_kv_heads: heads,
+            head_dim: width,
             k: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
+            v: (0..cfg.num_layers).map(|_| vec![0.0; v_len]).collect(),
+            latent,
         })
     }
 
@@ -53,10 +66,13 @@ impl KvPool {
         self.num_blocks
     }
 
-    /// Bytes of cache one token occupies across all layers (K and V);
-    /// equals `ModelConfig::kv_bytes_per_token` of the model it serves.
+    /// Bytes of cache one token occupies across all layers, counted from
+    /// the storage itself (K and V, or the latent row); equals
+    /// `ModelConfig::kv_bytes_per_token` of the model it serves.
     pub fn bytes_per_token(&self) -> usize {
-        self.k.len() * 2 * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+        let slots = self.num_blocks * self.block_size;
+        let floats: usize = self.k.iter().chain(&self.v).map(Vec::len).sum();
+        floats / slots * std::mem::size_of::<f32>()
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -70,9 +86,47 @@ impl KvPool {
 
     /// Whether this pool was built for `cfg`'s layers and KV head shape.
     pub(crate) fn fits(&self, cfg: &ModelConfig) -> bool {
-        self.k.len() == cfg.num_layers
-            && self.num_kv_heads == cfg.num_kv_heads
-            && self.head_dim == cfg.head_dim
+        match &cfg.mla {
+            Some(m) => {
+                self.latent
+                    && self.k.len() == cfg.num_layers
+                    && self.head_dim == m.kv_lora_rank + m.qk_rope_head_dim
+            }
+            None => {
+                !self.latent
+                    && self.k.len() == cfg.num_layers
+                    && self.num_kv_heads == cfg.num_kv_heads
+                    && self.head_dim == cfg.head_dim
+            }
+        }
+    }
+
+    /// Stores one token's latent row (latent then RoPE key) of a latent pool
+    /// at `position` of the sequence with `block_table`.
+    pub(crate) fn write_latent(
+        &mut self,
+        layer: usize,
+        block_table: &[u32],
+        position: usize,
+        row: &[f32],
+    ) {
+        debug_assert!(self.latent && row.len() == self.head_dim);
+        let off = self.offset(
+            block_table[position / self.block_size] as usize,
+            0,
+            position % self.block_size,
+        );
+        self.k[layer][off..off + self.head_dim].copy_from_slice(row);
+    }
+
+    /// The latent row cached at `position` of a sequence (latent pool).
+    pub(crate) fn latent_row(&self, layer: usize, block_table: &[u32], position: usize) -> &[f32] {
+        let off = self.offset(
+            block_table[position / self.block_size] as usize,
+            0,
+            position % self.block_size,
+        );
+        &self.k[layer][off..off + self.head_dim]
     }
 
     /// Checks that `block_table` can address positions `0..len`.
@@ -174,7 +228,7 @@ impl KvPool {
 }
 
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight independent accumulators let the compiler vectorize the loop.
     let mut acc = [0f32; 8];
     let (ac, ar) = a.split_at(a.len() / 8 * 8);
@@ -192,7 +246,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline]
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
     }
@@ -217,6 +271,9 @@ mod tests {
             rope_theta: 10_000.0,
             rope_style: RopeStyle::Neox,
             max_position: 64,
+            mla: None,
+            moe: None,
+            yarn: None,
         }
     }
 
@@ -224,6 +281,31 @@ mod tests {
     fn bytes_per_token_counts_layers_heads_and_kv() {
         let pool = KvPool::new(&cfg(), 4, 16).unwrap();
         assert_eq!(pool.bytes_per_token(), 2 * 2 * 2 * 4 * 4);
+        assert_eq!(pool.bytes_per_token(), cfg().kv_bytes_per_token());
+    }
+
+    #[test]
+    fn latent_pool_holds_one_row_per_token() {
+        let c = ModelConfig {
+            mla: Some(crate::model::MlaConfig {
+                q_lora_rank: None,
+                kv_lora_rank: 6,
+                qk_nope_head_dim: 4,
+                qk_rope_head_dim: 2,
+                v_head_dim: 4,
+            }),
+            ..cfg()
+        };
+        let mut pool = KvPool::new(&c, 3, 2).unwrap();
+        assert_eq!(pool.bytes_per_token(), 2 * (6 + 2) * 4);
+        assert!(pool.fits(&c) && !pool.fits(&cfg()));
+        let table = [2u32, 0];
+        for t in 0..4 {
+            pool.write_latent(1, &table, t, &[t as f32; 8]);
+        }
+        for t in 0..4 {
+            assert_eq!(pool.latent_row(1, &table, t), &[t as f32; 8]);
+        }
     }
 
     #[test]

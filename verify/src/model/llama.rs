@@ -6,7 +6,7 @@
 //! `0..=position` of its own sequence; since rows of one sequence carry
 //! consecutive positions, that is causal within the new rows too.
 
-use super::{LogitsWanted, Model, RopeStyle, SeqInput};
+use super::{Body, LlamaWeights, LogitsWanted, Model, RopeStyle, SeqInput};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::KvPool;
 use candle_core::{Device, Tensor};
@@ -67,15 +67,15 @@ impl RopeRows {
 }
 
 /// The batch flattened into rows.
-struct Rows {
-    tokens: Vec<u32>,
-    positions: Vec<usize>,
-    seq: Vec<usize>,
-    logit_rows: Vec<u32>,
+pub(super) struct Rows {
+    pub(super) tokens: Vec<u32>,
+    pub(super) positions: Vec<usize>,
+    pub(super) seq: Vec<usize>,
+    pub(super) logit_rows: Vec<u32>,
 }
 
 impl Model {
-    fn flatten(&self, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
+    pub(super) fn flatten(&self, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
         if !pool.fits(&self.cfg) {
             return Err(VerifyError::BadBatch(
                 "KV pool was built for a different model shape".into(),
@@ -127,6 +127,18 @@ impl Model {
     /// context, a block table too short or naming a block outside the pool,
     /// or a pool built for another model shape.
     pub fn forward(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
+        match &self.body {
+            Body::Llama(w) => self.forward_llama(w, pool, seqs),
+            Body::Deepseek(w) => super::deepseek::forward(self, w, pool, seqs),
+        }
+    }
+
+    fn forward_llama(
+        &self,
+        w: &LlamaWeights,
+        pool: &mut KvPool,
+        seqs: &[SeqInput],
+    ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let rows = self.flatten(pool, seqs)?;
         let n = rows.tokens.len();
@@ -138,9 +150,9 @@ impl Model {
         let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
 
         let ids = Tensor::new(rows.tokens.as_slice(), &Device::Cpu)?;
-        let mut x = self.embed.forward(&ids)?;
+        let mut x = w.embed.forward(&ids)?;
         let mut attn = vec![0f32; n * qd];
-        for (li, layer) in self.layers.iter().enumerate() {
+        for (li, layer) in w.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
             let mut q = layer.q.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
             let mut k = layer.k.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
@@ -191,8 +203,8 @@ impl Model {
             let idx = Tensor::new(rows.logit_rows.as_slice(), &Device::Cpu)?;
             x.index_select(&idx, 0)?
         };
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
-        self.lm_head.forward(&x)
+        let x = candle_nn::ops::rms_norm(&x, &w.norm, eps)?;
+        w.lm_head.forward(&x)
     }
 
     /// Runs a throwaway two-row forward so that candle packs every weight

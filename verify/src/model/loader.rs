@@ -2,8 +2,9 @@
 //! and safetensors + config.json (dense, used by generated test models) for
 //! the llama family. A missing tensor or metadata key is an error naming it.
 
-use super::{Arch, Embedding, Layer, Linear, Model, ModelConfig, RopeStyle};
+use super::{Arch, Body, Embedding, Layer, Linear, LlamaWeights, Model, ModelConfig, RopeStyle};
 use crate::error::{Result, VerifyError};
+use crate::tp::{Communicator, LocalComm};
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 use std::fs::File;
@@ -106,7 +107,7 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
     let mut r = GgufReader {
         content: &content,
         reader,
-        prefix: arch_name,
+        prefix: arch_name.clone(),
     };
 
     let hidden_size = r.meta_usize("embedding_length")?;
@@ -134,8 +135,16 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
         rope_style: match arch {
             Arch::Llama => RopeStyle::Interleaved,
             Arch::Qwen2 => RopeStyle::Neox,
+            Arch::DeepseekV3 => return Err(VerifyError::BadConfig(format!(
+                "{}: GGUF architecture {arch_name} is not supported for the DeepSeek-V3 family; \
+                     load its safetensors directory",
+                path.display()
+            ))),
         },
         max_position: r.meta_usize("context_length")?,
+        mla: None,
+        moe: None,
+        yarn: None,
     };
     cfg.validate()?;
     let bias = arch == Arch::Qwen2;
@@ -180,15 +189,17 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
     };
     Ok(Model {
         cfg,
-        embed: Embedding::Quantized(embed_q),
-        layers,
-        norm,
-        lm_head,
+        body: Body::Llama(LlamaWeights {
+            embed: Embedding::Quantized(embed_q),
+            layers,
+            norm,
+            lm_head,
+        }),
         weight_bytes,
     })
 }
 
-fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
+pub(super) fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
     cfg.get(key)
         .and_then(|v| v.as_u64())
         .map(|v| v as usize)
@@ -202,6 +213,9 @@ pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
         .and_then(|v| v.as_str())
         .ok_or_else(|| VerifyError::MissingMetadata("config.json: model_type".into()))?;
     let arch = Arch::from_name(arch_name)?;
+    if arch == Arch::DeepseekV3 {
+        return super::deepseek::config_from_hf_json(cfg);
+    }
     let hidden_size = json_usize(cfg, "hidden_size")?;
     let num_heads = json_usize(cfg, "num_attention_heads")?;
     let config = ModelConfig {
@@ -223,16 +237,15 @@ pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
             .unwrap_or(10_000.0) as f32,
         rope_style: RopeStyle::Neox,
         max_position: json_usize(cfg, "max_position_embeddings")?,
+        mla: None,
+        moe: None,
+        yarn: None,
     };
     config.validate()?;
     Ok(config)
 }
 
-/// Loads a llama or qwen2 model from a directory holding `config.json` and
-/// `model.safetensors` in Hugging Face tensor names. Weights become dense f32.
-///
-/// Errors: missing files, unknown `model_type`, missing or misshapen tensors.
-pub fn load_safetensors(dir: &Path) -> Result<Model> {
+fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, std::path::PathBuf)> {
     let cfg_path = dir.join("config.json");
     let raw = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path))?;
     let json: serde_json::Value = serde_json::from_str(&raw)
@@ -241,6 +254,39 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
     let st_path = dir.join("model.safetensors");
     if !st_path.exists() {
         return Err(io_err(&st_path)(std::io::ErrorKind::NotFound.into()));
+    }
+    Ok((json, cfg, st_path))
+}
+
+/// Loads one tensor-parallel rank's shard of a DeepSeek-V3-family model
+/// (`deepseek_v3`, `kimi_k2`) from a safetensors directory: this rank's
+/// attention heads, its experts (expert `e` lives on rank `e % world`), its
+/// slices of the dense and shared MLPs and of the vocabulary. Every rank of
+/// `comm`'s group loads its own shard and runs the same forwards.
+///
+/// Errors: those of [`load_safetensors`], a shape that does not split
+/// across the group (the error names the tensor and the world sizes that
+/// work), or a llama/qwen2 directory (not sharded by this loader).
+pub fn load_safetensors_shard(dir: &Path, comm: Box<dyn Communicator>) -> Result<Model> {
+    let (_, cfg, st_path) = read_hf_dir(dir)?;
+    if cfg.arch != Arch::DeepseekV3 {
+        return Err(VerifyError::BadConfig(format!(
+            "sharded safetensors loading serves the DeepSeek-V3 family, not {:?}",
+            cfg.arch
+        )));
+    }
+    super::deepseek::load(&st_path, cfg, comm)
+}
+
+/// Loads a model from a directory holding `config.json` and
+/// `model.safetensors` in Hugging Face tensor names (llama, qwen2, or the
+/// DeepSeek-V3 family). Weights become dense f32.
+///
+/// Errors: missing files, unknown `model_type`, missing or misshapen tensors.
+pub fn load_safetensors(dir: &Path) -> Result<Model> {
+    let (json, cfg, st_path) = read_hf_dir(dir)?;
+    if cfg.arch == Arch::DeepseekV3 {
+        return super::deepseek::load(&st_path, cfg, Box::new(LocalComm));
     }
     let mut tensors = candle_core::safetensors::load(&st_path, &Device::Cpu)?;
     let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
@@ -310,10 +356,12 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
     }
     Ok(Model {
         cfg,
-        embed: Embedding::Dense(embed),
-        layers,
-        norm,
-        lm_head,
+        body: Body::Llama(LlamaWeights {
+            embed: Embedding::Dense(embed),
+            layers,
+            norm,
+            lm_head,
+        }),
         weight_bytes,
     })
 }
