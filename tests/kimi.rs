@@ -146,7 +146,9 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
     };
     let n = 12;
     let h = engine(ProposerKind::None, 1, 64);
-    let alone: Vec<Vec<u32>> = (0..n).map(|i| collect(h.submit(request(i)).unwrap())).collect();
+    let alone: Vec<Vec<u32>> = (0..n)
+        .map(|i| collect(h.submit(request(i)).unwrap()))
+        .collect();
     for proposer in [
         ProposerKind::None,
         ProposerKind::Ngram { min_n: 1, max_n: 3 },

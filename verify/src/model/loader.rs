@@ -135,11 +135,13 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
         rope_style: match arch {
             Arch::Llama => RopeStyle::Interleaved,
             Arch::Qwen2 => RopeStyle::Neox,
-            Arch::DeepseekV3 => return Err(VerifyError::BadConfig(format!(
+            Arch::DeepseekV3 => {
+                return Err(VerifyError::BadConfig(format!(
                 "{}: GGUF architecture {arch_name} is not supported for the DeepSeek-V3 family; \
                      load its safetensors directory",
                 path.display()
-            ))),
+            )))
+            }
         },
         max_position: r.meta_usize("context_length")?,
         mla: None,
