@@ -287,13 +287,13 @@ mod tests {
     #[test]
     fn latent_pool_holds_one_row_per_token() {
         let c = ModelConfig {
-            mla: Some(crate::model::MlaConfig {
+            mla: Some(Box::new(crate::model::MlaConfig {
                 q_lora_rank: None,
                 kv_lora_rank: 6,
                 qk_nope_head_dim: 4,
                 qk_rope_head_dim: 2,
                 v_head_dim: 4,
-            }),
+            })),
             ..cfg()
         };
         let mut pool = KvPool::new(&c, 3, 2).unwrap();

@@ -356,7 +356,7 @@ pub(crate) fn config_from_hf_json(v: &Value) -> Result<ModelConfig> {
     let num_layers = json_usize(v, "num_hidden_layers")?;
     let moe = match v.get("n_routed_experts") {
         None | Some(Value::Null) => None,
-        Some(_) => Some(MoeConfig {
+        Some(_) => Some(Box::new(MoeConfig {
             n_routed_experts: json_usize(v, "n_routed_experts")?,
             num_experts_per_tok: json_usize(v, "num_experts_per_tok")?,
             moe_intermediate_size: json_usize(v, "moe_intermediate_size")?,
@@ -369,7 +369,7 @@ pub(crate) fn config_from_hf_json(v: &Value) -> Result<ModelConfig> {
                 .unwrap_or(true),
             routed_scaling_factor: json_f64(v, "routed_scaling_factor", 2.5)? as f32,
             first_k_dense_replace: json_usize_or(v, "first_k_dense_replace", 3)?.min(num_layers),
-        }),
+        })),
     };
     // Published configs carry `rope_scaling` + top-level `rope_theta`;
     // transformers 5 writes `rope_parameters` holding both.
@@ -404,7 +404,7 @@ pub(crate) fn config_from_hf_json(v: &Value) -> Result<ModelConfig> {
                     };
                     // transformers: `get("beta_fast") or 32` (0 means default).
                     let or = |x: f64, d: f64| if x == 0.0 { d } else { x };
-                    Some(YarnConfig {
+                    Some(Box::new(YarnConfig {
                         factor,
                         original_max_position: orig,
                         beta_fast: or(json_f64(p, "beta_fast", 0.0)?, 32.0),
@@ -412,7 +412,7 @@ pub(crate) fn config_from_hf_json(v: &Value) -> Result<ModelConfig> {
                         mscale: json_f64(p, "mscale", 0.0)?,
                         mscale_all_dim: json_f64(p, "mscale_all_dim", 0.0)?,
                         attention_factor: p.get("attention_factor").and_then(Value::as_f64),
-                    })
+                    }))
                 }
                 other => {
                     return Err(bad(format!(
@@ -446,7 +446,7 @@ pub(crate) fn config_from_hf_json(v: &Value) -> Result<ModelConfig> {
             RopeStyle::Neox
         },
         max_position,
-        mla: Some(mla),
+        mla: Some(Box::new(mla)),
         moe,
         yarn,
     };

@@ -127,12 +127,13 @@ pub struct ModelConfig {
     pub rope_style: RopeStyle,
     /// Longest sequence (prompt + output) the model was trained for.
     pub max_position: usize,
+    // Boxed: a config is embedded in every `Model` and should stay small.
     /// Latent attention (DeepseekV3 family).
-    pub mla: Option<MlaConfig>,
+    pub mla: Option<Box<MlaConfig>>,
     /// Mixture of experts (DeepseekV3 family); `None`: every layer dense.
-    pub moe: Option<MoeConfig>,
+    pub moe: Option<Box<MoeConfig>>,
     /// YaRN RoPE scaling (DeepseekV3 family).
-    pub yarn: Option<YarnConfig>,
+    pub yarn: Option<Box<YarnConfig>>,
 }
 
 impl ModelConfig {
