@@ -11,7 +11,9 @@ pub enum VerifyError {
         #[source]
         source: std::io::Error,
     },
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2)")]
+    #[error(
+        "unsupported model architecture '{0}' (supported: llama, qwen2, deepseek_v3, kimi_k2)"
+    )]
     UnknownArchitecture(String),
     #[error("model metadata key '{0}' is missing or has the wrong type")]
     MissingMetadata(String),

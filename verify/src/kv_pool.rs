@@ -7,6 +7,13 @@
 //! Layout per layer and shard: `[block][kv_head][slot][head_dim]`, so one KV
 //! head's keys within a block are contiguous for the attention loop. Under
 //! tensor parallelism each rank's shard holds only that rank's KV heads.
+//!
+//! Latent attention models (DeepSeek-V3 family) cache one row per token
+//! instead: the compressed KV latent (after its norm) followed by the RoPE'd
+//! shared key, `kv_lora_rank + qk_rope_head_dim` floats, stored as a single
+//! "head" in `k` (no `v`) of a single shard; heads are expanded from it
+//! inside attention. Under tensor parallelism every rank of such a model
+//! keeps its own full copy (each rank's model gets its own pool).
 
 use crate::error::{Result, VerifyError};
 use crate::model::{Model, ModelConfig};
@@ -20,7 +27,8 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 /// one numbering for all shards: block `b` of a sequence is block `b` in
 /// every shard.
 ///
-/// Invariant: every shard has `num_blocks` blocks of `block_size` slots.
+/// Invariant: every shard has `num_blocks` blocks of `block_size` slots; a
+/// latent pool has exactly one shard.
 pub struct KvPool {
     block_size: usize,
     num_blocks: usize,
@@ -37,6 +45,7 @@ pub(crate) struct KvShard {
     head_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    latent: bool,
 }
 
 impl KvPool {
@@ -74,19 +83,29 @@ impl KvPool {
                 "KV pool needs at least one block of at least one slot".into(),
             ));
         }
-        let shards = kv_heads
-            .iter()
-            .map(|&heads| {
-                let per_layer = num_blocks * heads * block_size * cfg.head_dim;
-                KvShard {
-                    block_size,
-                    num_kv_heads: heads,
-                    head_dim: cfg.head_dim,
-                    k: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-                    v: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-                }
-            })
-            .collect();
+        let shards = match &cfg.mla {
+            Some(m) => vec![KvShard::zeroed(
+                cfg.num_layers,
+                num_blocks,
+                block_size,
+                1,
+                m.kv_lora_rank + m.qk_rope_head_dim,
+                true,
+            )],
+            None => kv_heads
+                .iter()
+                .map(|&heads| {
+                    KvShard::zeroed(
+                        cfg.num_layers,
+                        num_blocks,
+                        block_size,
+                        heads,
+                        cfg.head_dim,
+                        false,
+                    )
+                })
+                .collect(),
+        };
         Ok(Self {
             block_size,
             num_blocks,
@@ -107,10 +126,18 @@ impl KvPool {
         self.shards.len()
     }
 
-    /// Bytes of cache one token occupies across all layers (K and V) and all
-    /// shards; equals `ModelConfig::kv_bytes_per_token` of the model it serves.
+    /// Bytes of cache one token occupies across all layers and all shards,
+    /// counted from the storage itself (K and V, or the latent row); equals
+    /// `ModelConfig::kv_bytes_per_token` of the model it serves.
     pub fn bytes_per_token(&self) -> usize {
-        self.shards.iter().map(KvShard::bytes_per_token).sum()
+        let slots = self.num_blocks * self.block_size;
+        let floats: usize = self
+            .shards
+            .iter()
+            .flat_map(|s| s.k.iter().chain(&s.v))
+            .map(Vec::len)
+            .sum();
+        floats / slots * std::mem::size_of::<f32>()
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -120,16 +147,69 @@ impl KvPool {
 
     /// Whether this pool was built for `cfg`'s layers and head size with
     /// `kv_heads[r]` KV heads in shard `r`.
+    /// A latent model's pool fits when it is one latent shard of the
+    /// latent row's width.
     pub(crate) fn fits(&self, cfg: &ModelConfig, kv_heads: &[usize]) -> bool {
-        self.shards.len() == kv_heads.len()
-            && self.shards.iter().zip(kv_heads).all(|(s, &h)| {
-                s.k.len() == cfg.num_layers && s.num_kv_heads == h && s.head_dim == cfg.head_dim
-            })
+        match &cfg.mla {
+            Some(m) => {
+                let [s] = self.shards.as_slice() else {
+                    return false;
+                };
+                s.latent
+                    && s.k.len() == cfg.num_layers
+                    && s.head_dim == m.kv_lora_rank + m.qk_rope_head_dim
+            }
+            None => {
+                self.shards.len() == kv_heads.len()
+                    && self.shards.iter().zip(kv_heads).all(|(s, &h)| {
+                        !s.latent
+                            && s.k.len() == cfg.num_layers
+                            && s.num_kv_heads == h
+                            && s.head_dim == cfg.head_dim
+                    })
+            }
+        }
     }
 
     /// The per-rank shards, in rank order.
     pub(crate) fn shards_mut(&mut self) -> &mut [KvShard] {
         &mut self.shards
+    }
+
+    /// The one shard of a latent pool.
+    fn latent_shard(&self) -> &KvShard {
+        debug_assert!(self.shards.len() == 1 && self.shards[0].latent);
+        &self.shards[0]
+    }
+
+    /// Stores one token's latent row (latent then RoPE key) of a latent pool
+    /// at `position` of the sequence with `block_table`.
+    pub(crate) fn write_latent(
+        &mut self,
+        layer: usize,
+        block_table: &[u32],
+        position: usize,
+        row: &[f32],
+    ) {
+        let s = &mut self.shards[0];
+        debug_assert!(s.latent && row.len() == s.head_dim);
+        let off = s.offset(
+            block_table[position / s.block_size] as usize,
+            0,
+            position % s.block_size,
+        );
+        s.k[layer][off..off + s.head_dim].copy_from_slice(row);
+    }
+
+    /// The latent row cached at `position` of a sequence (latent pool).
+    pub(crate) fn latent_row(&self, layer: usize, block_table: &[u32], position: usize) -> &[f32] {
+        let s = self.latent_shard();
+        let off = s.offset(
+            block_table[position / s.block_size] as usize,
+            0,
+            position % s.block_size,
+        );
+        &s.k[layer][off..off + s.head_dim]
     }
 
     /// Checks that `block_table` can address positions `0..len`.
@@ -156,8 +236,24 @@ impl KvPool {
 }
 
 impl KvShard {
-    fn bytes_per_token(&self) -> usize {
-        self.k.len() * 2 * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    fn zeroed(
+        layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        heads: usize,
+        width: usize,
+        latent: bool,
+    ) -> Self {
+        let per_layer = num_blocks * heads * block_size * width;
+        let v_len = if latent { 0 } else { per_layer };
+        KvShard {
+            block_size,
+            num_kv_heads: heads,
+            head_dim: width,
+            k: (0..layers).map(|_| vec![0.0; per_layer]).collect(),
+            v: (0..layers).map(|_| vec![0.0; v_len]).collect(),
+            latent,
+        }
     }
 
     fn offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
@@ -241,7 +337,7 @@ impl KvShard {
 }
 
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight independent accumulators let the compiler vectorize the loop.
     let mut acc = [0f32; 8];
     let (ac, ar) = a.split_at(a.len() / 8 * 8);
@@ -259,7 +355,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline]
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
     }
@@ -284,6 +380,9 @@ mod tests {
             rope_theta: 10_000.0,
             rope_style: RopeStyle::Neox,
             max_position: 64,
+            mla: None,
+            moe: None,
+            yarn: None,
         }
     }
 
@@ -291,6 +390,31 @@ mod tests {
     fn bytes_per_token_counts_layers_heads_and_kv() {
         let pool = KvPool::new(&cfg(), 4, 16).unwrap();
         assert_eq!(pool.bytes_per_token(), 2 * 2 * 2 * 4 * 4);
+        assert_eq!(pool.bytes_per_token(), cfg().kv_bytes_per_token());
+    }
+
+    #[test]
+    fn latent_pool_holds_one_row_per_token() {
+        let c = ModelConfig {
+            mla: Some(Box::new(crate::model::MlaConfig {
+                q_lora_rank: None,
+                kv_lora_rank: 6,
+                qk_nope_head_dim: 4,
+                qk_rope_head_dim: 2,
+                v_head_dim: 4,
+            })),
+            ..cfg()
+        };
+        let mut pool = KvPool::new(&c, 3, 2).unwrap();
+        assert_eq!(pool.bytes_per_token(), 2 * (6 + 2) * 4);
+        assert!(pool.fits(&c, &[1]) && !pool.fits(&cfg(), &[2]));
+        let table = [2u32, 0];
+        for t in 0..4 {
+            pool.write_latent(1, &table, t, &[t as f32; 8]);
+        }
+        for t in 0..4 {
+            assert_eq!(pool.latent_row(1, &table, t), &[t as f32; 8]);
+        }
     }
 
     #[test]

@@ -71,6 +71,10 @@ impl TinySpec {
         match self.arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            // Tiny DeepSeek-V3-family checkpoints come from
+            // scripts/kimi-reference.py; a TinySpec of this arch has no
+            // latent attention and is refused at load.
+            Arch::DeepseekV3 => "deepseek_v3",
         }
     }
 

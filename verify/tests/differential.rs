@@ -29,6 +29,8 @@ impl Reference {
             Arch::Qwen2 => Reference::Qwen2(
                 quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap(),
             ),
+            // Checked against transformers instead (tests/deepseek.rs).
+            Arch::DeepseekV3 => unreachable!("no GGUF reference for DeepSeek-V3"),
         }
     }
 

@@ -20,7 +20,7 @@
 //! rank against milliseconds per forward, which persistent workers would
 //! save at that price.
 
-use super::{LogitsWanted, Model, RopeStyle, SeqInput, Shard};
+use super::{Body, LogitsWanted, Model, RopeStyle, SeqInput, Shard};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{KvPool, KvShard};
 use candle_core::{Device, Tensor};
@@ -82,11 +82,11 @@ impl RopeRows {
 }
 
 /// The batch flattened into rows.
-struct Rows {
-    tokens: Vec<u32>,
-    positions: Vec<usize>,
-    seq: Vec<usize>,
-    logit_rows: Vec<u32>,
+pub(super) struct Rows {
+    pub(super) tokens: Vec<u32>,
+    pub(super) positions: Vec<usize>,
+    pub(super) seq: Vec<usize>,
+    pub(super) logit_rows: Vec<u32>,
 }
 
 /// Everything one forward shares across ranks (read-only).
@@ -102,7 +102,7 @@ struct Step<'a> {
 }
 
 impl Model {
-    fn flatten(&self, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
+    pub(super) fn flatten(&self, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
         if !pool.fits(&self.cfg, &self.kv_heads_per_rank()) {
             return Err(VerifyError::BadBatch(format!(
                 "KV pool was built for a different model shape (a model sharded over {} \
@@ -157,6 +157,18 @@ impl Model {
     /// a pool built for another model shape or world size, or (sharded) a
     /// rank that failed ([`VerifyError::RankFailed`]).
     pub fn forward(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
+        match &self.body {
+            Body::Llama(shards) => self.forward_llama(shards, pool, seqs),
+            Body::Deepseek(w) => super::deepseek::forward(self, w, pool, seqs),
+        }
+    }
+
+    fn forward_llama(
+        &self,
+        shards: &[Shard],
+        pool: &mut KvPool,
+        seqs: &[SeqInput],
+    ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let rows = self.flatten(pool, seqs)?;
         let rope = RopeRows::new(
@@ -166,7 +178,7 @@ impl Model {
             &rows.positions,
         );
         let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
-        let vocab: Vec<Range<usize>> = self.shards.iter().map(|s| s.vocab.clone()).collect();
+        let vocab: Vec<Range<usize>> = shards.iter().map(|s| s.vocab.clone()).collect();
         let step = Step {
             rows: &rows,
             tables: &tables,
@@ -177,8 +189,8 @@ impl Model {
             vocab: &vocab,
         };
         let kv = pool.shards_mut();
-        if self.shards.len() == 1 {
-            let logits = rank0(self.shards[0].forward(&step, &mut kv[0]))?;
+        if shards.len() == 1 {
+            let logits = rank0(shards[0].forward(&step, &mut kv[0]))?;
             return self.spread_restricted_head(logits);
         }
         let _one_step = self.step.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,12 +199,12 @@ impl Model {
         };
         let step = &step;
         std::thread::scope(|scope| {
-            let others: Vec<_> = self.shards[1..]
+            let others: Vec<_> = shards[1..]
                 .iter()
                 .zip(kv_rest)
                 .map(|(shard, kv)| scope.spawn(move || shard.run(step, kv)))
                 .collect();
-            let first = self.shards[0].run(step, kv0);
+            let first = shards[0].run(step, kv0);
             let mut result = rank0(first);
             for h in others {
                 // `run` catches panics, so join only fails if that did.

@@ -7,6 +7,7 @@
 use super::shard::{rank_parts, FullLayer, Matrix, ShardPlan, SplitLimits};
 use super::{Arch, Embedding, Model, ModelConfig, RopeStyle};
 use crate::error::{Result, VerifyError};
+use crate::tp::{Communicator, LocalComm};
 use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{DType, Device, Tensor};
 use std::fs::File;
@@ -140,7 +141,7 @@ pub fn load_gguf_tp(path: &Path, world: usize) -> Result<Model> {
     let mut r = GgufReader {
         content: &content,
         reader,
-        prefix: arch_name,
+        prefix: arch_name.clone(),
     };
 
     let hidden_size = r.meta_usize("embedding_length")?;
@@ -168,8 +169,18 @@ pub fn load_gguf_tp(path: &Path, world: usize) -> Result<Model> {
         rope_style: match arch {
             Arch::Llama => RopeStyle::Interleaved,
             Arch::Qwen2 => RopeStyle::Neox,
+            Arch::DeepseekV3 => {
+                return Err(VerifyError::BadConfig(format!(
+                "{}: GGUF architecture {arch_name} is not supported for the DeepSeek-V3 family; \
+                     load its safetensors directory",
+                path.display()
+            )))
+            }
         },
         max_position: r.meta_usize("context_length")?,
+        mla: None,
+        moe: None,
+        yarn: None,
     };
     cfg.validate()?;
     let bias = arch == Arch::Qwen2;
@@ -219,7 +230,7 @@ pub fn load_gguf_tp(path: &Path, world: usize) -> Result<Model> {
     Model::from_rank_parts(cfg, parts, weight_bytes, head.bytes())
 }
 
-fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
+pub(super) fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
     cfg.get(key)
         .and_then(|v| v.as_u64())
         .map(|v| v as usize)
@@ -233,6 +244,9 @@ pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
         .and_then(|v| v.as_str())
         .ok_or_else(|| VerifyError::MissingMetadata("config.json: model_type".into()))?;
     let arch = Arch::from_name(arch_name)?;
+    if arch == Arch::DeepseekV3 {
+        return super::deepseek::config_from_hf_json(cfg);
+    }
     let hidden_size = json_usize(cfg, "hidden_size")?;
     let num_heads = json_usize(cfg, "num_attention_heads")?;
     let config = ModelConfig {
@@ -254,30 +268,77 @@ pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
             .unwrap_or(10_000.0) as f32,
         rope_style: RopeStyle::Neox,
         max_position: json_usize(cfg, "max_position_embeddings")?,
+        mla: None,
+        moe: None,
+        yarn: None,
     };
     config.validate()?;
     Ok(config)
 }
 
-/// Loads a llama or qwen2 model from a directory holding `config.json` and
-/// `model.safetensors` in Hugging Face tensor names, unsharded. Weights
-/// become dense f32.
+/// Reads `config.json` of a Hugging Face directory and finds its
+/// `model.safetensors`.
+fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, std::path::PathBuf)> {
+    let cfg_path = dir.join("config.json");
+    let raw = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path))?;
+    let json: serde_json::Value = serde_json::from_str(&raw)
+        .map_err(|e| VerifyError::BadConfig(format!("{}: {e}", cfg_path.display())))?;
+    let cfg = config_from_hf_json(&json)?;
+    let st_path = dir.join("model.safetensors");
+    if !st_path.exists() {
+        return Err(io_err(&st_path)(std::io::ErrorKind::NotFound.into()));
+    }
+    Ok((json, cfg, st_path))
+}
+
+/// Loads one tensor-parallel rank's shard of a DeepSeek-V3-family model
+/// (`deepseek_v3`, `kimi_k2`) from a safetensors directory: this rank's
+/// attention heads, its experts (expert `e` lives on rank `e % world`), its
+/// slices of the dense and shared MLPs and of the vocabulary. Every rank of
+/// `comm`'s group loads its own shard and runs the same forwards.
+///
+/// Errors: those of [`load_safetensors`], a shape that does not split
+/// across the group (the error names the tensor and the world sizes that
+/// work), or a llama/qwen2 directory (not sharded by this loader).
+pub fn load_safetensors_shard(dir: &Path, comm: Box<dyn Communicator>) -> Result<Model> {
+    let (_, cfg, st_path) = read_hf_dir(dir)?;
+    if cfg.arch != Arch::DeepseekV3 {
+        return Err(VerifyError::BadConfig(format!(
+            "sharded safetensors loading serves the DeepSeek-V3 family, not {:?}",
+            cfg.arch
+        )));
+    }
+    super::deepseek::load(&st_path, cfg, comm)
+}
+
+/// Loads a model from a directory holding `config.json` and
+/// `model.safetensors` in Hugging Face tensor names (llama, qwen2, or the
+/// DeepSeek-V3 family), unsharded. Weights become dense f32.
 ///
 /// Errors: missing files, unknown `model_type`, missing or misshapen tensors.
 pub fn load_safetensors(dir: &Path) -> Result<Model> {
     load_safetensors_tp(dir, 1)
 }
 
-/// [`load_safetensors`] sharded over `world` tensor-parallel ranks.
+/// [`load_safetensors`] sharded over `world` tensor-parallel ranks run by
+/// the returned model (llama family). A DeepSeek-family model is sharded
+/// one `Model` per rank with [`load_safetensors_shard`] instead.
 ///
-/// Errors: as [`load_safetensors`], plus `world` 0 or a split that is
-/// impossible ([`VerifyError::ImpossibleSplit`]).
+/// Errors: as [`load_safetensors`], plus `world` 0, a split that is
+/// impossible ([`VerifyError::ImpossibleSplit`]), or `world` > 1 for the
+/// DeepSeek family.
 pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
-    let cfg_path = dir.join("config.json");
-    let raw = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path))?;
-    let json: serde_json::Value = serde_json::from_str(&raw)
-        .map_err(|e| VerifyError::BadConfig(format!("{}: {e}", cfg_path.display())))?;
-    let cfg = config_from_hf_json(&json)?;
+    let (json, cfg, st_path) = read_hf_dir(dir)?;
+    if cfg.arch == Arch::DeepseekV3 {
+        if world != 1 {
+            return Err(VerifyError::BadConfig(format!(
+                "{}: a DeepSeek-family model is sharded one Model per rank \
+                 (load_safetensors_shard), not by load_safetensors_tp",
+                dir.display()
+            )));
+        }
+        return super::deepseek::load(&st_path, cfg, Box::new(LocalComm));
+    }
     let tied = json
         .get("tie_word_embeddings")
         .and_then(|v| v.as_bool())
@@ -295,10 +356,6 @@ pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
         vocab_tensor: head_name.into(),
     };
     let plan = ShardPlan::new(&cfg, &limits, world)?;
-    let st_path = dir.join("model.safetensors");
-    if !st_path.exists() {
-        return Err(io_err(&st_path)(std::io::ErrorKind::NotFound.into()));
-    }
     let mut tensors = candle_core::safetensors::load(&st_path, &Device::Cpu)?;
     let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
         let t = tensors

@@ -3,9 +3,13 @@
 //!
 //! There is ONE forward implementation per architecture family: `llama.rs`
 //! serves both `llama` and `qwen2` (qwen2 is llama with q/k/v biases and
-//! neox-style RoPE). Loading lives in `loader.rs`, tensor-parallel
-//! sharding in `shard.rs`.
+//! neox-style RoPE); `deepseek/` serves the DeepSeek-V3 layout (model
+//! types `deepseek_v3` and `kimi_k2`: latent attention + mixture of
+//! experts). Loading lives in `loader.rs`, llama-family tensor-parallel
+//! sharding in `shard.rs` (the DeepSeek family's sharded safetensors
+//! loading in `deepseek/load.rs`).
 
+mod deepseek;
 mod llama;
 mod loader;
 mod shard;
@@ -18,9 +22,10 @@ use candle_core::{Module, Tensor};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+pub use deepseek::MlaPrefill;
 pub use loader::{
     config_from_hf_json, load_gguf, load_gguf_tp, load_model, load_model_tp, load_safetensors,
-    load_safetensors_tp, read_gguf_content,
+    load_safetensors_shard, load_safetensors_tp, read_gguf_content,
 };
 
 /// Architecture family of a model; decides the tensor layout and forward.
@@ -28,6 +33,10 @@ pub use loader::{
 pub enum Arch {
     Llama,
     Qwen2,
+    /// DeepSeek-V3 layout (Kimi K2 ships it as `kimi_k2`): multi-head
+    /// latent attention and mixture-of-experts layers; needs
+    /// [`ModelConfig::mla`].
+    DeepseekV3,
 }
 
 impl Arch {
@@ -36,6 +45,7 @@ impl Arch {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
+            "deepseek_v3" | "kimi_k2" => Ok(Arch::DeepseekV3),
             other => Err(VerifyError::UnknownArchitecture(other.to_string())),
         }
     }
@@ -50,10 +60,63 @@ pub enum RopeStyle {
     Neox,
 }
 
-/// Shape and numerics of a llama-family model.
+/// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2) shape, in the
+/// config.json names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaConfig {
+    /// Rank of the low-rank query (`q_a_proj` -> norm -> `q_b_proj`);
+    /// `None` means a full-rank `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// Width of the compressed KV latent the cache stores.
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    /// Width of the decoupled RoPE key shared by all heads (cached too).
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+/// Mixture-of-experts layers of the DeepSeek-V3 family (sigmoid router with
+/// a selection-only score correction, group-limited top-k).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub n_routed_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub moe_intermediate_size: usize,
+    /// Shared experts, run for every token as one MLP of
+    /// `n_shared_experts * moe_intermediate_size`.
+    pub n_shared_experts: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f32,
+    /// Layers `0..first_k_dense_replace` use a dense MLP of
+    /// `intermediate_size`; the rest are MoE.
+    pub first_k_dense_replace: usize,
+}
+
+/// YaRN RoPE scaling (`rope_scaling.type = "yarn"`), as transformers
+/// computes it: blended inverse frequencies, cos/sin scaled by an attention
+/// factor, and the softmax scale multiplied by `mscale(factor,
+/// mscale_all_dim)^2`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct YarnConfig {
+    pub factor: f64,
+    pub original_max_position: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: f64,
+    pub mscale_all_dim: f64,
+    /// Explicit `attention_factor`, overriding the one derived from mscale.
+    pub attention_factor: Option<f64>,
+}
+
+/// Shape and numerics of a model.
 ///
 /// Invariants (checked by [`ModelConfig::validate`]): `num_heads` is a
-/// multiple of `num_kv_heads`, `head_dim` is even, all sizes are non-zero.
+/// multiple of `num_kv_heads`, `head_dim` is even, all sizes are non-zero;
+/// `mla`, `moe` and `yarn` only for [`Arch::DeepseekV3`], which needs `mla`.
+/// For DeepseekV3, `head_dim` is `qk_nope_head_dim + qk_rope_head_dim` and
+/// `num_kv_heads == num_heads` (what the latent expands to).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
@@ -69,6 +132,13 @@ pub struct ModelConfig {
     pub rope_style: RopeStyle,
     /// Longest sequence (prompt + output) the model was trained for.
     pub max_position: usize,
+    // Boxed: a config is embedded in every `Model` and should stay small.
+    /// Latent attention (DeepseekV3 family).
+    pub mla: Option<Box<MlaConfig>>,
+    /// Mixture of experts (DeepseekV3 family); `None`: every layer dense.
+    pub moe: Option<Box<MoeConfig>>,
+    /// YaRN RoPE scaling (DeepseekV3 family).
+    pub yarn: Option<Box<YarnConfig>>,
 }
 
 impl ModelConfig {
@@ -98,12 +168,31 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} is odd", self.head_dim));
         }
-        Ok(())
+        if self.arch == Arch::DeepseekV3 {
+            deepseek::validate(self)
+        } else if self.mla.is_some() || self.moe.is_some() || self.yarn.is_some() {
+            bad(format!(
+                "latent attention, experts and YaRN are DeepseekV3-family only, not {:?}",
+                self.arch
+            ))
+        } else {
+            Ok(())
+        }
     }
 
-    /// Bytes of K plus V one token occupies in a [`crate::KvPool`], all layers.
+    /// Bytes one token occupies in a [`crate::KvPool`], all layers: K plus V
+    /// per KV head, or for latent attention the compressed latent plus the
+    /// RoPE key (`kv_lora_rank + qk_rope_head_dim` values per layer).
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.num_layers * 2 * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+        self.num_layers * self.kv_floats_per_token_layer() * std::mem::size_of::<f32>()
+    }
+
+    /// Cached floats per token per layer.
+    pub(crate) fn kv_floats_per_token_layer(&self) -> usize {
+        match &self.mla {
+            Some(m) => m.kv_lora_rank + m.qk_rope_head_dim,
+            None => 2 * self.num_kv_heads * self.head_dim,
+        }
     }
 }
 
@@ -346,6 +435,16 @@ pub(crate) struct Shard {
     pub(crate) num_kv_heads: usize,
 }
 
+/// The weights of one architecture family; each has its one forward.
+pub(crate) enum Body {
+    /// One shard per tensor-parallel rank, in rank order; never empty.
+    Llama(Vec<Shard>),
+    /// One rank's weights (the whole model at world size 1); a sharded
+    /// DeepSeek-family model is one `Model` per rank, driven by its caller
+    /// (see [`load_safetensors_shard`]).
+    Deepseek(Box<deepseek::Weights>),
+}
+
 /// A loaded model: config plus weights, as one shard per tensor-parallel
 /// rank. Immutable once loaded, so one model can serve many sequences; all
 /// per-sequence state lives in a [`crate::KvPool`] built by
@@ -357,8 +456,8 @@ pub(crate) struct Shard {
 pub struct Model {
     /// The unsharded model's config; per-rank head counts live in the shards.
     pub(crate) cfg: ModelConfig,
-    /// One per rank, in rank order; never empty.
-    pub(crate) shards: Vec<Shard>,
+    /// The family's weights.
+    pub(crate) body: Body,
     /// Bytes of weights a single decode step reads (for bandwidth figures).
     pub(crate) weight_bytes: usize,
     /// When set, `lm_head` computes only these tokens' logits (in this
@@ -405,7 +504,7 @@ impl Model {
             .collect();
         Ok(Self {
             cfg,
-            shards,
+            body: Body::Llama(shards),
             weight_bytes,
             head_tokens: None,
             lm_bytes,
@@ -418,8 +517,9 @@ impl Model {
         &self.cfg
     }
 
-    /// Bytes of weights one decode step streams from memory, all ranks
-    /// together: every matrix once, plus one embedding row.
+    /// Bytes of weights one decode step streams from memory: every matrix
+    /// once (for mixture-of-experts layers: the experts one token uses),
+    /// plus one embedding row.
     pub fn weight_bytes_per_step(&self) -> usize {
         self.weight_bytes
     }
@@ -457,7 +557,12 @@ impl Model {
                 "the head is already restricted".into(),
             ));
         }
-        let [shard] = self.shards.as_mut_slice() else {
+        let Body::Llama(shards) = &mut self.body else {
+            return Err(VerifyError::BadConfig(
+                "a restricted head is implemented for the llama family only".into(),
+            ));
+        };
+        let [shard] = shards.as_mut_slice() else {
             return Err(VerifyError::BadConfig(
                 "a restricted head needs an unsharded model (tensor-parallel world size 1)".into(),
             ));
@@ -476,15 +581,40 @@ impl Model {
         self.head_tokens.as_deref()
     }
 
-    /// Number of tensor-parallel ranks the weights are sharded over.
+    /// Chooses how a latent-attention model attends prompt chunks that
+    /// start at position 0 (see [`MlaPrefill`]).
+    ///
+    /// Errors: the model has no latent attention.
+    pub fn set_mla_prefill(&mut self, mode: MlaPrefill) -> Result<()> {
+        match &mut self.body {
+            Body::Deepseek(w) => {
+                w.set_prefill(mode);
+                Ok(())
+            }
+            Body::Llama(_) => Err(VerifyError::BadConfig(
+                "MLA prefill mode on a model without latent attention".into(),
+            )),
+        }
+    }
+
+    /// Number of tensor-parallel ranks this `Model` runs itself (its
+    /// shards). A DeepSeek-family rank from [`load_safetensors_shard`] is
+    /// one rank of a group its caller drives, so it says 1.
     pub fn world_size(&self) -> usize {
-        self.shards.len()
+        match &self.body {
+            Body::Llama(shards) => shards.len(),
+            Body::Deepseek(_) => 1,
+        }
     }
 
     /// KV heads each rank holds, in rank order (they sum to
     /// `config().num_kv_heads`); the shape of a matching [`crate::KvPool`].
+    /// A latent-attention model caches one latent "head" per token.
     pub fn kv_heads_per_rank(&self) -> Vec<usize> {
-        self.shards.iter().map(|s| s.num_kv_heads).collect()
+        match &self.body {
+            Body::Llama(shards) => shards.iter().map(|s| s.num_kv_heads).collect(),
+            Body::Deepseek(_) => vec![1],
+        }
     }
 }
 

@@ -377,6 +377,9 @@ mod tests {
             rope_theta: 1e4,
             rope_style: RopeStyle::Neox,
             max_position: 64,
+            mla: None,
+            moe: None,
+            yarn: None,
         }
     }
 

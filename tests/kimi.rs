@@ -1,0 +1,163 @@
+//! The tiny Kimi-K2-architecture model (tests/fixtures/tiny-kimi: MLA with
+//! a latent cache + MoE, checked against transformers in
+//! verify/tests/deepseek.rs) as the verifier: greedy speculative decoding
+//! with a tiny llama draft and with n-gram lookup emits exactly what plain
+//! greedy decoding emits, and under continuous batching concurrent requests
+//! emit what each emits alone.
+
+use specgate::engine::scheduler::SchedulerConfig;
+use specgate::engine::{spawn, EngineConfig, Event, GenRequest, KvSize, ProposerKind};
+use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
+use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
+use specgate_verify::model::{load_gguf, load_safetensors};
+use specgate_verify::tiny::TinySpec;
+use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
+use std::path::Path;
+use std::sync::Arc;
+
+const BS: usize = 16;
+
+fn kimi() -> Model {
+    load_safetensors(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-kimi"))
+        .unwrap()
+}
+
+/// A tiny llama with the Kimi fixture's vocabulary (384), as GGUF.
+fn llama_draft(name: &str) -> Model {
+    let dir = std::env::temp_dir().join(format!("specgate-kimi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    TinySpec::llama(21).write_gguf(&p, &[]).unwrap();
+    load_gguf(&p).unwrap()
+}
+
+/// Greedy-decodes `max_new` tokens after `prompt` with fixed k (0 = plain).
+fn decode(
+    target: &Model,
+    mut proposer: Option<&mut dyn Proposer>,
+    prompt: &[u32],
+    max_new: usize,
+    k: usize,
+    stats: &mut SpecStats,
+) -> Vec<u32> {
+    let blocks = (prompt.len() + max_new + k + 1).div_ceil(BS);
+    let mut pool = KvPool::new(target.config(), blocks, BS).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let head = &prompt[..prompt.len() - 1];
+    target
+        .forward_one(&mut pool, head, 0, &table, LogitsWanted::None)
+        .unwrap();
+    let mut seq = SpecSeq {
+        id: 3,
+        tokens: prompt.to_vec(),
+        sampler: Sampler::new(SamplingParams::default()),
+        policy_state: PolicyState::default(),
+    };
+    let policy = DraftPolicy::Fixed { k };
+    while seq.tokens.len() - prompt.len() < max_new {
+        let left = max_new - (seq.tokens.len() - prompt.len());
+        spec_round(
+            target,
+            &mut pool,
+            proposer.as_deref_mut(),
+            &policy,
+            &mut [RoundInput {
+                seq: &mut seq,
+                block_table: &table,
+                k: k.min(left - 1),
+            }],
+            &[],
+            stats,
+        )
+        .unwrap();
+    }
+    if let Some(p) = proposer {
+        p.release(3);
+    }
+    seq.tokens[prompt.len()..].to_vec()
+}
+
+#[test]
+fn kimi_verifier_greedy_speculation_equals_plain_decoding() {
+    let target = kimi();
+    let draft = Arc::new(llama_draft("draft.gguf"));
+    let prompts: [Vec<u32>; 2] = [
+        vec![5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
+        (0..20).map(|i| (i * 37 % 384) as u32).collect(),
+    ];
+    let max_new = 24;
+    let mut proposed = 0;
+    for prompt in &prompts {
+        let plain = decode(&target, None, prompt, max_new, 0, &mut SpecStats::default());
+        for k in [1, 3, 5] {
+            let mut ngram = NgramProposer::new(1, 3).unwrap();
+            let mut s = SpecStats::default();
+            let got = decode(&target, Some(&mut ngram), prompt, max_new, k, &mut s);
+            assert_eq!(got, plain, "ngram k={k} prompt {prompt:?}");
+            let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
+            let mut s = SpecStats::default();
+            let got = decode(&target, Some(&mut d), prompt, max_new, k, &mut s);
+            assert_eq!(got, plain, "llama draft k={k} prompt {prompt:?}");
+            proposed += s.draft_tokens;
+        }
+    }
+    assert!(proposed > 0, "the draft never proposed");
+}
+
+fn request(i: usize) -> GenRequest {
+    let len = 3 + (i * 7) % 30;
+    GenRequest {
+        prompt: (0..len)
+            .map(|j| ((i * 31 + j * (1 + i % 3)) % 60) as u32)
+            .collect(),
+        max_new_tokens: 4 + (i * 5) % 16,
+        sampling: SamplingParams::default(),
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        method: None,
+        num_speculative_tokens: None,
+    }
+}
+
+fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<u32> {
+    let mut out = Vec::new();
+    loop {
+        match rx.blocking_recv().expect("stream ended without Finished") {
+            Event::Tokens { ids, .. } => out.extend(ids),
+            Event::Finished { .. } => return out,
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+}
+
+#[test]
+fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
+    let engine = |proposer, seqs, tokens| {
+        let cfg = EngineConfig {
+            kv: KvSize::Blocks(96),
+            block_size: BS,
+            scheduler: SchedulerConfig {
+                max_num_seqs: seqs,
+                max_num_batched_tokens: tokens,
+            },
+            policy: DraftPolicy::Fixed { k: 3 },
+        };
+        spawn(kimi(), proposer, None, cfg).unwrap().0
+    };
+    let n = 12;
+    let h = engine(ProposerKind::None, 1, 64);
+    let alone: Vec<Vec<u32>> = (0..n)
+        .map(|i| collect(h.submit(request(i)).unwrap()))
+        .collect();
+    for proposer in [
+        ProposerKind::None,
+        ProposerKind::Ngram { min_n: 1, max_n: 3 },
+        ProposerKind::Draft(llama_draft("engine-draft.gguf")),
+    ] {
+        // A small token budget chunks prompts and mixes them with decodes.
+        let h = engine(proposer, 12, 40);
+        let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
+        let together: Vec<Vec<u32>> = rxs.into_iter().map(collect).collect();
+        assert_eq!(together, alone);
+    }
+}
