@@ -9,7 +9,7 @@ use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{spawn, EngineConfig, Event, GenRequest, KvSize, ProposerKind};
 use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
-use specgate_verify::model::{load_gguf, load_safetensors};
+use specgate_verify::model::{load_gguf, load_safetensors_tp};
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
 use std::path::Path;
@@ -18,8 +18,16 @@ use std::sync::Arc;
 const BS: usize = 16;
 
 fn kimi() -> Model {
-    load_safetensors(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-kimi"))
-        .unwrap()
+    kimi_tp(1)
+}
+
+/// The fixture sharded over `world` tensor-parallel ranks in one Model.
+fn kimi_tp(world: usize) -> Model {
+    load_safetensors_tp(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-kimi"),
+        world,
+    )
+    .unwrap()
 }
 
 /// A tiny llama with the Kimi fixture's vocabulary (384), as GGUF.
@@ -132,7 +140,7 @@ fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<u32> {
 
 #[test]
 fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
-    let engine = |proposer, seqs, tokens| {
+    let engine = |target, proposer, seqs, tokens| {
         let cfg = EngineConfig {
             kv: KvSize::Blocks(96),
             block_size: BS,
@@ -142,10 +150,10 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
             },
             policy: DraftPolicy::Fixed { k: 3 },
         };
-        spawn(kimi(), proposer, None, cfg).unwrap().0
+        spawn(target, proposer, None, cfg).unwrap().0
     };
     let n = 12;
-    let h = engine(ProposerKind::None, 1, 64);
+    let h = engine(kimi(), ProposerKind::None, 1, 64);
     let alone: Vec<Vec<u32>> = (0..n)
         .map(|i| collect(h.submit(request(i)).unwrap()))
         .collect();
@@ -155,9 +163,21 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
         ProposerKind::Draft(llama_draft("engine-draft.gguf")),
     ] {
         // A small token budget chunks prompts and mixes them with decodes.
-        let h = engine(proposer, 12, 40);
+        let h = engine(kimi(), proposer, 12, 40);
         let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
         let together: Vec<Vec<u32>> = rxs.into_iter().map(collect).collect();
         assert_eq!(together, alone);
     }
+    // The target sharded over 2 ranks (heads split, experts distributed,
+    // each rank its own latent cache), batched, with the draft: the same
+    // tokens (its logits differ from world 1's by float rounding only).
+    let h = engine(
+        kimi_tp(2),
+        ProposerKind::Draft(llama_draft("engine-draft-tp.gguf")),
+        12,
+        40,
+    );
+    let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
+    let together: Vec<Vec<u32>> = rxs.into_iter().map(collect).collect();
+    assert_eq!(together, alone);
 }

@@ -11,9 +11,9 @@
 //! Latent attention models (DeepSeek-V3 family) cache one row per token
 //! instead: the compressed KV latent (after its norm) followed by the RoPE'd
 //! shared key, `kv_lora_rank + qk_rope_head_dim` floats, stored as a single
-//! "head" in `k` (no `v`) of a single shard; heads are expanded from it
-//! inside attention. Under tensor parallelism every rank of such a model
-//! keeps its own full copy (each rank's model gets its own pool).
+//! "head" in `k` (no `v`); heads are expanded from it inside attention.
+//! Under tensor parallelism every rank keeps its own full copy (its shard):
+//! the latent is shared by all heads, so it cannot be split by heads.
 
 use crate::error::{Result, VerifyError};
 use crate::model::{Model, ModelConfig};
@@ -28,7 +28,7 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 /// every shard.
 ///
 /// Invariant: every shard has `num_blocks` blocks of `block_size` slots; a
-/// latent pool has exactly one shard.
+/// latent pool's shards are full copies of the latent cache, one per rank.
 pub struct KvPool {
     block_size: usize,
     num_blocks: usize,
@@ -84,14 +84,20 @@ impl KvPool {
             ));
         }
         let shards = match &cfg.mla {
-            Some(m) => vec![KvShard::zeroed(
-                cfg.num_layers,
-                num_blocks,
-                block_size,
-                1,
-                m.kv_lora_rank + m.qk_rope_head_dim,
-                true,
-            )],
+            // Every rank of a latent model keeps the whole latent cache.
+            Some(m) => kv_heads
+                .iter()
+                .map(|_| {
+                    KvShard::zeroed(
+                        cfg.num_layers,
+                        num_blocks,
+                        block_size,
+                        1,
+                        m.kv_lora_rank + m.qk_rope_head_dim,
+                        true,
+                    )
+                })
+                .collect(),
             None => kv_heads
                 .iter()
                 .map(|&heads| {
@@ -147,17 +153,17 @@ impl KvPool {
 
     /// Whether this pool was built for `cfg`'s layers and head size with
     /// `kv_heads[r]` KV heads in shard `r`.
-    /// A latent model's pool fits when it is one latent shard of the
-    /// latent row's width.
+    /// A latent model's pool fits when it has one latent shard of the
+    /// latent row's width per rank.
     pub(crate) fn fits(&self, cfg: &ModelConfig, kv_heads: &[usize]) -> bool {
         match &cfg.mla {
             Some(m) => {
-                let [s] = self.shards.as_slice() else {
-                    return false;
-                };
-                s.latent
-                    && s.k.len() == cfg.num_layers
-                    && s.head_dim == m.kv_lora_rank + m.qk_rope_head_dim
+                self.shards.len() == kv_heads.len()
+                    && self.shards.iter().all(|s| {
+                        s.latent
+                            && s.k.len() == cfg.num_layers
+                            && s.head_dim == m.kv_lora_rank + m.qk_rope_head_dim
+                    })
             }
             None => {
                 self.shards.len() == kv_heads.len()
@@ -174,42 +180,6 @@ impl KvPool {
     /// The per-rank shards, in rank order.
     pub(crate) fn shards_mut(&mut self) -> &mut [KvShard] {
         &mut self.shards
-    }
-
-    /// The one shard of a latent pool.
-    fn latent_shard(&self) -> &KvShard {
-        debug_assert!(self.shards.len() == 1 && self.shards[0].latent);
-        &self.shards[0]
-    }
-
-    /// Stores one token's latent row (latent then RoPE key) of a latent pool
-    /// at `position` of the sequence with `block_table`.
-    pub(crate) fn write_latent(
-        &mut self,
-        layer: usize,
-        block_table: &[u32],
-        position: usize,
-        row: &[f32],
-    ) {
-        let s = &mut self.shards[0];
-        debug_assert!(s.latent && row.len() == s.head_dim);
-        let off = s.offset(
-            block_table[position / s.block_size] as usize,
-            0,
-            position % s.block_size,
-        );
-        s.k[layer][off..off + s.head_dim].copy_from_slice(row);
-    }
-
-    /// The latent row cached at `position` of a sequence (latent pool).
-    pub(crate) fn latent_row(&self, layer: usize, block_table: &[u32], position: usize) -> &[f32] {
-        let s = self.latent_shard();
-        let off = s.offset(
-            block_table[position / s.block_size] as usize,
-            0,
-            position % s.block_size,
-        );
-        &s.k[layer][off..off + s.head_dim]
     }
 
     /// Checks that `block_table` can address positions `0..len`.
@@ -236,6 +206,35 @@ impl KvPool {
 }
 
 impl KvShard {
+    /// Stores one token's latent row (latent then RoPE key) of a latent
+    /// shard at `position` of the sequence with `block_table`.
+    pub(crate) fn write_latent(
+        &mut self,
+        layer: usize,
+        block_table: &[u32],
+        position: usize,
+        row: &[f32],
+    ) {
+        debug_assert!(self.latent && row.len() == self.head_dim);
+        let off = self.offset(
+            block_table[position / self.block_size] as usize,
+            0,
+            position % self.block_size,
+        );
+        self.k[layer][off..off + self.head_dim].copy_from_slice(row);
+    }
+
+    /// The latent row cached at `position` of a sequence (latent shard).
+    pub(crate) fn latent_row(&self, layer: usize, block_table: &[u32], position: usize) -> &[f32] {
+        debug_assert!(self.latent);
+        let off = self.offset(
+            block_table[position / self.block_size] as usize,
+            0,
+            position % self.block_size,
+        );
+        &self.k[layer][off..off + self.head_dim]
+    }
+
     fn zeroed(
         layers: usize,
         num_blocks: usize,
@@ -409,11 +408,12 @@ mod tests {
         assert_eq!(pool.bytes_per_token(), 2 * (6 + 2) * 4);
         assert!(pool.fits(&c, &[1]) && !pool.fits(&cfg(), &[2]));
         let table = [2u32, 0];
+        let shard = &mut pool.shards_mut()[0];
         for t in 0..4 {
-            pool.write_latent(1, &table, t, &[t as f32; 8]);
+            shard.write_latent(1, &table, t, &[t as f32; 8]);
         }
         for t in 0..4 {
-            assert_eq!(pool.latent_row(1, &table, t), &[t as f32; 8]);
+            assert_eq!(shard.latent_row(1, &table, t), &[t as f32; 8]);
         }
     }
 

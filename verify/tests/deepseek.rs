@@ -5,7 +5,9 @@
 //! expanded latent attention, incremental decoding through the latent
 //! cache, the cache's size, and tensor parallelism at world sizes 2 and 4.
 
-use specgate_verify::model::{load_safetensors, load_safetensors_shard, MlaPrefill};
+use specgate_verify::model::{
+    load_safetensors, load_safetensors_shard, load_safetensors_tp, MlaPrefill,
+};
 use specgate_verify::{KvPool, LogitsWanted, Model, ThreadComm};
 use std::path::{Path, PathBuf};
 
@@ -67,7 +69,7 @@ fn argmax(v: &[f32]) -> u32 {
 /// (1 = token by token: every row after the first reads the latent cache).
 fn logits_chunked(model: &Model, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> {
     let blocks = prompt.len().div_ceil(BS) + 1;
-    let mut pool = KvPool::new(model.config(), blocks, BS).unwrap();
+    let mut pool = KvPool::for_model(model, blocks, BS).unwrap();
     // Reversed block ids: nothing may depend on contiguous blocks.
     let table: Vec<u32> = (0..blocks as u32).rev().collect();
     let mut out = Vec::new();
@@ -83,7 +85,7 @@ fn logits_chunked(model: &Model, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> 
 /// Greedy decoding: the prompt's logits, then `n` tokens one at a time.
 fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
     let blocks = (prompt.len() + n).div_ceil(BS);
-    let mut pool = KvPool::new(model.config(), blocks, BS).unwrap();
+    let mut pool = KvPool::for_model(model, blocks, BS).unwrap();
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut logits = model
         .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::All)
@@ -200,6 +202,24 @@ fn tensor_parallel_kimi_equals_world_one() {
             assert_eq!(tokens, &single.1, "world {world} rank {rank}: greedy");
         }
     }
+    // The same ranks run by one Model (threads per forward, as the engine
+    // runs a `tensor_parallel_size` target), each rank with its own copy of
+    // the latent cache.
+    for world in [2, 4] {
+        let model = load_safetensors_tp(&fixture(name), world).unwrap();
+        assert_eq!(model.world_size(), world);
+        let (logits, tokens) = greedy(&model, &prompt, n);
+        let d = max_diff(&logits, &single.0);
+        eprintln!("in-process world {world}: max |diff| {d:e}");
+        assert!(d < SELF_TOL, "in-process world {world}: {d}");
+        assert_eq!(tokens, single.1, "in-process world {world}: greedy");
+        let pool = KvPool::for_model(&model, 1, BS).unwrap();
+        assert_eq!(
+            pool.bytes_per_token(),
+            world * model.config().kv_bytes_per_token()
+        );
+    }
+    assert!(load_safetensors_tp(&fixture(name), 3).is_err());
     // Shapes that do not split fail at load with the world sizes that work.
     let comm = ThreadComm::group(3).unwrap().swap_remove(0);
     let err = match load_safetensors_shard(&fixture(name), Box::new(comm)) {

@@ -13,16 +13,14 @@
 //! the logits. At world size 1 the collectives are skipped, not run as
 //! identities, so that path does no extra copies.
 //!
-//! Threads: a sharded forward runs its ranks on scoped threads spawned per
-//! call (`std::thread::scope`), rank 0 on the caller's. Scoped threads may
-//! borrow the batch, the pool shards and the weights without `'static`
-//! bounds, channels or unsafe code; spawning costs tens of microseconds per
-//! rank against milliseconds per forward, which persistent workers would
-//! save at that price.
+//! Threads: a sharded forward runs its ranks through `ranks.rs` (scoped
+//! threads per call, rank 0 on the caller's).
 
+use super::ranks::{run_ranks, Rank};
 use super::{Body, LogitsWanted, Model, RopeStyle, SeqInput, Shard};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{KvPool, KvShard};
+use crate::tp::Communicator;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -159,7 +157,7 @@ impl Model {
     pub fn forward(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
         match &self.body {
             Body::Llama(shards) => self.forward_llama(shards, pool, seqs),
-            Body::Deepseek(w) => super::deepseek::forward(self, w, pool, seqs),
+            Body::Deepseek(ranks) => super::deepseek::forward(self, ranks, pool, seqs),
         }
     }
 
@@ -188,35 +186,14 @@ impl Model {
             vocab_size: cfg.vocab_size,
             vocab: &vocab,
         };
-        let kv = pool.shards_mut();
-        if shards.len() == 1 {
-            let logits = rank0(shards[0].forward(&step, &mut kv[0]))?;
-            return self.spread_restricted_head(logits);
-        }
-        let _one_step = self.step.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((kv0, kv_rest)) = kv.split_first_mut() else {
-            return Err(VerifyError::BadBatch("KV pool has no shards".into()));
-        };
-        let step = &step;
-        std::thread::scope(|scope| {
-            let others: Vec<_> = shards[1..]
-                .iter()
-                .zip(kv_rest)
-                .map(|(shard, kv)| scope.spawn(move || shard.run(step, kv)))
-                .collect();
-            let first = shards[0].run(step, kv0);
-            let mut result = rank0(first);
-            for h in others {
-                // `run` catches panics, so join only fails if that did.
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(VerifyError::RankFailed("rank panicked".into())));
-                if let (Err(e), Ok(_)) = (r, &result) {
-                    result = Err(e);
-                }
-            }
-            result
-        })
+        // Two sharded forwards at once would interleave their collectives
+        // on the one rank group.
+        let _one_step =
+            (shards.len() > 1).then(|| self.step.lock().unwrap_or_else(|e| e.into_inner()));
+        let logits = rank0(run_ranks(shards, pool.shards_mut(), |shard, kv| {
+            shard.forward(&step, kv)
+        }))?;
+        self.spread_restricted_head(logits)
     }
 
     /// With a restricted head ([`Model::restrict_head`], world size 1 only)
@@ -289,23 +266,13 @@ fn rank0(r: Result<Option<Tensor>>) -> Result<Tensor> {
     r?.ok_or_else(|| VerifyError::RankFailed("rank 0 returned no logits".into()))
 }
 
-impl Shard {
-    /// [`Shard::forward`] that never leaves the other ranks waiting: on an
-    /// error or a panic it aborts the rank group before returning.
-    fn run(&self, step: &Step, kv: &mut KvShard) -> Result<Option<Tensor>> {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.forward(step, kv)))
-            .unwrap_or_else(|_| {
-                Err(VerifyError::RankFailed(format!(
-                    "rank {} panicked",
-                    self.comm.rank()
-                )))
-            });
-        if r.is_err() {
-            self.comm.abort();
-        }
-        r
+impl Rank for Shard {
+    fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
     }
+}
 
+impl Shard {
     /// Sums the ranks' partial outputs of a row-parallel layer.
     fn all_reduce(&self, t: Tensor) -> Result<Tensor> {
         if self.comm.world_size() == 1 {

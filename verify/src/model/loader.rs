@@ -7,7 +7,7 @@
 use super::shard::{rank_parts, FullLayer, Matrix, ShardPlan, SplitLimits};
 use super::{Arch, Embedding, Model, ModelConfig, RopeStyle};
 use crate::error::{Result, VerifyError};
-use crate::tp::{Communicator, LocalComm};
+use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{DType, Device, Tensor};
 use std::fs::File;
@@ -308,7 +308,7 @@ pub fn load_safetensors_shard(dir: &Path, comm: Box<dyn Communicator>) -> Result
             cfg.arch
         )));
     }
-    super::deepseek::load(&st_path, cfg, comm)
+    super::deepseek::load(&st_path, cfg, vec![comm])
 }
 
 /// Loads a model from a directory holding `config.json` and
@@ -321,23 +321,27 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
 }
 
 /// [`load_safetensors`] sharded over `world` tensor-parallel ranks run by
-/// the returned model (llama family). A DeepSeek-family model is sharded
-/// one `Model` per rank with [`load_safetensors_shard`] instead.
+/// the returned model (as threads, one forward call runs them all).
 ///
-/// Errors: as [`load_safetensors`], plus `world` 0, a split that is
-/// impossible ([`VerifyError::ImpossibleSplit`]), or `world` > 1 for the
-/// DeepSeek family.
+/// Errors: as [`load_safetensors`], plus `world` 0 or a split that is
+/// impossible ([`VerifyError::ImpossibleSplit`], or for the DeepSeek family
+/// an error naming the tensor and the world sizes that work).
 pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
     let (json, cfg, st_path) = read_hf_dir(dir)?;
     if cfg.arch == Arch::DeepseekV3 {
-        if world != 1 {
-            return Err(VerifyError::BadConfig(format!(
-                "{}: a DeepSeek-family model is sharded one Model per rank \
-                 (load_safetensors_shard), not by load_safetensors_tp",
-                dir.display()
-            )));
-        }
-        return super::deepseek::load(&st_path, cfg, Box::new(LocalComm));
+        let comms: Vec<Box<dyn Communicator>> = match world {
+            0 => {
+                return Err(VerifyError::BadConfig(
+                    "tensor-parallel world size 0".into(),
+                ))
+            }
+            1 => vec![Box::new(LocalComm)],
+            n => ThreadComm::group(n)?
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn Communicator>)
+                .collect(),
+        };
+        return super::deepseek::load(&st_path, cfg, comms);
     }
     let tied = json
         .get("tie_word_embeddings")

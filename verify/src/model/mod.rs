@@ -12,6 +12,7 @@
 mod deepseek;
 mod llama;
 mod loader;
+mod ranks;
 mod shard;
 
 use crate::error::{Result, VerifyError};
@@ -439,10 +440,10 @@ pub(crate) struct Shard {
 pub(crate) enum Body {
     /// One shard per tensor-parallel rank, in rank order; never empty.
     Llama(Vec<Shard>),
-    /// One rank's weights (the whole model at world size 1); a sharded
-    /// DeepSeek-family model is one `Model` per rank, driven by its caller
-    /// (see [`load_safetensors_shard`]).
-    Deepseek(Box<deepseek::Weights>),
+    /// One weights shard per tensor-parallel rank, in rank order; never
+    /// empty. (A rank loaded alone by [`load_safetensors_shard`] holds one
+    /// shard of a group its caller drives.)
+    Deepseek(Vec<Box<deepseek::Weights>>),
 }
 
 /// A loaded model: config plus weights, as one shard per tensor-parallel
@@ -587,8 +588,8 @@ impl Model {
     /// Errors: the model has no latent attention.
     pub fn set_mla_prefill(&mut self, mode: MlaPrefill) -> Result<()> {
         match &mut self.body {
-            Body::Deepseek(w) => {
-                w.set_prefill(mode);
+            Body::Deepseek(ranks) => {
+                ranks.iter_mut().for_each(|w| w.set_prefill(mode));
                 Ok(())
             }
             Body::Llama(_) => Err(VerifyError::BadConfig(
@@ -603,17 +604,18 @@ impl Model {
     pub fn world_size(&self) -> usize {
         match &self.body {
             Body::Llama(shards) => shards.len(),
-            Body::Deepseek(_) => 1,
+            Body::Deepseek(ranks) => ranks.len(),
         }
     }
 
     /// KV heads each rank holds, in rank order (they sum to
     /// `config().num_kv_heads`); the shape of a matching [`crate::KvPool`].
-    /// A latent-attention model caches one latent "head" per token.
+    /// A latent-attention model caches one latent "head" per token on
+    /// every rank.
     pub fn kv_heads_per_rank(&self) -> Vec<usize> {
         match &self.body {
             Body::Llama(shards) => shards.iter().map(|s| s.num_kv_heads).collect(),
-            Body::Deepseek(_) => vec![1],
+            Body::Deepseek(ranks) => vec![1; ranks.len()],
         }
     }
 }

@@ -296,8 +296,32 @@ impl Tensors {
     }
 }
 
+/// Loads a model whose ranks are `comms` (one `Communicator` per rank
+/// this model runs, in rank order: the whole group of a model sharded in
+/// one process, or a single rank of a group its caller drives).
+pub(crate) fn load(
+    st_path: &Path,
+    cfg: ModelConfig,
+    comms: Vec<Box<dyn Communicator>>,
+) -> Result<Model> {
+    let ranks = comms
+        .into_iter()
+        .map(|c| load_rank(st_path, &cfg, c).map(Box::new))
+        .collect::<Result<Vec<_>>>()?;
+    let weight_bytes = decode_weight_bytes(&cfg);
+    Ok(Model {
+        cfg,
+        body: Body::Deepseek(ranks),
+        weight_bytes,
+        // No restricted head for this family (`Model::restrict_head`).
+        head_tokens: None,
+        lm_bytes: 0,
+        step: std::sync::Mutex::new(()),
+    })
+}
+
 /// Loads `comm`'s rank's shard (see the module docs) from `st_path`.
-pub(crate) fn load(st_path: &Path, cfg: ModelConfig, comm: Box<dyn Communicator>) -> Result<Model> {
+fn load_rank(st_path: &Path, cfg: &ModelConfig, comm: Box<dyn Communicator>) -> Result<Weights> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let mla = cfg.mla.clone().expect("validated DeepSeek config has mla");
     let mut t = Tensors {
@@ -409,26 +433,16 @@ pub(crate) fn load(st_path: &Path, cfg: ModelConfig, comm: Box<dyn Communicator>
     }
     let vocab = cfg.vocab_size;
     let vrange = rank * vocab / world..(rank + 1) * vocab / world;
-    let weights = Weights {
+    Ok(Weights {
         embed: t.take("model.embed_tokens.weight", &[vocab, h])?,
         layers,
         norm: t.take("model.norm.weight", &[h])?,
         lm_head: t.rows("lm_head", vocab, h, vrange)?,
-        rope: Rope::new(&cfg, rope),
-        softmax_scale: softmax_scale(&cfg),
+        rope: Rope::new(cfg, rope),
+        softmax_scale: softmax_scale(cfg),
         local_heads,
         prefill: MlaPrefill::default(),
         comm,
-    };
-    let weight_bytes = decode_weight_bytes(&cfg);
-    Ok(Model {
-        cfg,
-        body: Body::Deepseek(Box::new(weights)),
-        weight_bytes,
-        // No restricted head for this family (`Model::restrict_head`).
-        head_tokens: None,
-        lm_bytes: 0,
-        step: std::sync::Mutex::new(()),
     })
 }
 

@@ -33,9 +33,11 @@
 //! of rows in every batch, stay batch-invariant too. Greedy speculative
 //! decoding's "identical output" guarantee rests on that.
 
+use super::llama::Rows;
+use super::ranks::{run_ranks, Rank};
 use super::{Model, ModelConfig, MoeConfig, RopeStyle, SeqInput};
 use crate::error::Result;
-use crate::kv_pool::{axpy, dot, KvPool};
+use crate::kv_pool::{axpy, dot, KvPool, KvShard};
 use crate::tp::Communicator;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
@@ -357,7 +359,7 @@ struct Dims {
 fn attend_absorbed(
     d: Dims,
     kv_b: &Dense,
-    pool: &KvPool,
+    pool: &KvShard,
     layer: usize,
     table: &[u32],
     ctx: usize,
@@ -441,16 +443,39 @@ fn attend_expanded(d: Dims, kv_b: &Dense, lat: &[f32], q: &[f32], out: &mut [f32
         });
 }
 
-/// The family's forward: see [`Model::forward`] for the contract. On a
-/// tensor-parallel rank, every rank must call it with the same batch.
+/// The family's forward over `ranks` (one per tensor-parallel rank this
+/// model runs, each with its full copy of the latent cache in its pool
+/// shard): see [`Model::forward`] for the contract. A rank loaded alone by
+/// [`super::load_safetensors_shard`] is one rank of a group its caller
+/// drives; every rank of such a group must be called with the same batch.
 pub(crate) fn forward(
     model: &Model,
-    w: &Weights,
+    ranks: &[Box<Weights>],
     pool: &mut KvPool,
     seqs: &[SeqInput],
 ) -> Result<Tensor> {
-    let cfg = &model.cfg;
     let rows = model.flatten(pool, seqs)?;
+    // Two sharded forwards at once would interleave their collectives.
+    let _one_step = (ranks.len() > 1).then(|| model.step.lock().unwrap_or_else(|e| e.into_inner()));
+    run_ranks(ranks, pool.shards_mut(), |w, kv| {
+        forward_rank(&model.cfg, w, kv, &rows, seqs)
+    })
+}
+
+impl Rank for Box<Weights> {
+    fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
+    }
+}
+
+/// One rank's part of [`forward`]; every rank returns the full logits.
+fn forward_rank(
+    cfg: &ModelConfig,
+    w: &Weights,
+    pool: &mut KvShard,
+    rows: &Rows,
+    seqs: &[SeqInput],
+) -> Result<Tensor> {
     let mla = cfg.mla.as_ref().expect("validated");
     let n = rows.tokens.len();
     let hidden = cfg.hidden_size;
