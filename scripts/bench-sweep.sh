@@ -103,9 +103,13 @@ section="$OUT/section.md"
   echo "Run of $started on $cpu, $(nproc) cores visible, $(free -g | awk '/^Mem:/ {print $2}') GiB RAM, no GPU."
   [ -z "$missing" ] || echo "Not measured in this run (cut short for time):$missing."
   echo "Load average (1/5/15 min) before / after: $load_before / ${load_after:-unknown}."
-  echo "The machine was shared with other jobs (builds of other work) while this ran,"
-  echo "so absolute figures are disturbed; the settings ran one after another in one"
-  echo "script run."
+  # Only a busy machine gets the warning: a 1-minute load above the core
+  # count before the run means other work competed with it.
+  if awk -v l="${load_before%% *}" -v c="$(nproc)" 'BEGIN { exit !(l > c) }'; then
+    echo "The machine was busy with other work when this started, so absolute"
+    echo "figures are disturbed."
+  fi
+  echo "The settings ran one after another in one script run."
   echo
   echo "TTFT: time to the first streamed token. ITL: gap between streamed text"
   echo "events (with speculation one event may carry several tokens). TPOT: per"
