@@ -74,15 +74,13 @@ fn run(model: &Model, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
         .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::All)
         .unwrap();
     let mut tokens = Vec::new();
-    let mut pos = prompt.len();
-    for _ in 0..gen {
+    for pos in prompt.len()..total {
         let next = argmax(rows.last().unwrap());
         tokens.push(next);
         let step = model
             .forward_one(&mut pool, &[next], pos, &table, LogitsWanted::Last)
             .unwrap();
         rows.extend(step);
-        pos += 1;
     }
     (rows, tokens)
 }

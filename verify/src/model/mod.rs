@@ -443,7 +443,7 @@ pub(crate) enum Body {
     /// One weights shard per tensor-parallel rank, in rank order; never
     /// empty. (A rank loaded alone by [`load_safetensors_shard`] holds one
     /// shard of a group its caller drives.)
-    Deepseek(Vec<Box<deepseek::Weights>>),
+    Deepseek(Vec<deepseek::Weights>),
 }
 
 /// A loaded model: config plus weights, as one shard per tensor-parallel

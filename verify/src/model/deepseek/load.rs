@@ -306,7 +306,7 @@ pub(crate) fn load(
 ) -> Result<Model> {
     let ranks = comms
         .into_iter()
-        .map(|c| load_rank(st_path, &cfg, c).map(Box::new))
+        .map(|c| load_rank(st_path, &cfg, c))
         .collect::<Result<Vec<_>>>()?;
     let weight_bytes = decode_weight_bytes(&cfg);
     Ok(Model {

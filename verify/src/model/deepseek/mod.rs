@@ -450,7 +450,7 @@ fn attend_expanded(d: Dims, kv_b: &Dense, lat: &[f32], q: &[f32], out: &mut [f32
 /// drives; every rank of such a group must be called with the same batch.
 pub(crate) fn forward(
     model: &Model,
-    ranks: &[Box<Weights>],
+    ranks: &[Weights],
     pool: &mut KvPool,
     seqs: &[SeqInput],
 ) -> Result<Tensor> {
@@ -462,7 +462,7 @@ pub(crate) fn forward(
     })
 }
 
-impl Rank for Box<Weights> {
+impl Rank for Weights {
     fn comm(&self) -> &dyn Communicator {
         self.comm.as_ref()
     }
