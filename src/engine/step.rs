@@ -46,14 +46,13 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let invalid = |e: String| EngineError::Invalid(e);
         let draft_bytes = match &proposer {
-            ProposerKind::Draft(m) => m.config().kv_bytes_per_token(),
+            ProposerKind::Draft(m) => m.kv_bytes_per_token(),
             _ => 0,
         };
         let num_blocks = match cfg.kv {
             KvSize::Blocks(n) => n,
             KvSize::MemoryBytes(bytes) => {
-                let per_block =
-                    cfg.block_size * (target.config().kv_bytes_per_token() + draft_bytes);
+                let per_block = cfg.block_size * (target.kv_bytes_per_token() + draft_bytes);
                 bytes / per_block.max(1)
             }
         };

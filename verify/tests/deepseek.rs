@@ -214,8 +214,9 @@ fn tensor_parallel_kimi_equals_world_one() {
         assert!(d < SELF_TOL, "in-process world {world}: {d}");
         assert_eq!(tokens, single.1, "in-process world {world}: greedy");
         let pool = KvPool::for_model(&model, 1, BS).unwrap();
+        assert_eq!(pool.bytes_per_token(), model.kv_bytes_per_token());
         assert_eq!(
-            pool.bytes_per_token(),
+            model.kv_bytes_per_token(),
             world * model.config().kv_bytes_per_token()
         );
     }

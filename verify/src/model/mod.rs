@@ -608,6 +608,17 @@ impl Model {
         }
     }
 
+    /// Bytes of KV cache one token occupies in a pool from
+    /// [`crate::KvPool::for_model`], all ranks together: the model's
+    /// [`ModelConfig::kv_bytes_per_token`], once per rank for a latent
+    /// cache (every rank keeps its own copy; KV heads split instead).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        match &self.body {
+            Body::Llama(_) => self.cfg.kv_bytes_per_token(),
+            Body::Deepseek(ranks) => ranks.len() * self.cfg.kv_bytes_per_token(),
+        }
+    }
+
     /// KV heads each rank holds, in rank order (they sum to
     /// `config().num_kv_heads`); the shape of a matching [`crate::KvPool`].
     /// A latent-attention model caches one latent "head" per token on
