@@ -24,10 +24,10 @@ OUT=${OUT:-target/bench-sweep}
 DOCS=docs/bench
 mkdir -p "$OUT" "$DOCS"
 
-# The same target selection as `cargo test --release --workspace`, so the
-# features of shared dependencies unify alike and this reuses that build
-# (building only the two binaries would rebuild candle with other features).
-[ -n "${REPORT_ONLY:-}" ] || cargo build --release --workspace --all-targets
+# The same selection as `cargo test --release --workspace`, so the features
+# of shared dependencies unify alike and this reuses that build (building
+# only the two binaries would rebuild candle with other features).
+[ -n "${REPORT_ONLY:-}" ] || cargo test --release --workspace --no-run
 
 # default.toml up to its [speculative] section, then each setting's own.
 base=$(sed '/^\[speculative\]/,$d' configs/default.toml)

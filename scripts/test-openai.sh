@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 VENV=target/openai-venv
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check 'openai>=1.40,<3'
-cargo build --release --bin specgate
+# The same selection as `cargo test --release --workspace`, so this reuses
+# that build: building the binary alone unifies the dependencies' features
+# differently and would compile candle a second time.
+cargo test --release --workspace --no-run
 log=$(mktemp)
 target/release/specgate serve --config configs/default.toml --port 0 2>"$log" &
 pid=$!
