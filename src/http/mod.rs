@@ -122,16 +122,41 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let graceful = accept_until(&listener, state.clone(), route, shutdown).await;
+    state.draining.store(true, Ordering::SeqCst);
+    drop(listener);
+    let _ = tokio::time::timeout(state.settings.drain_timeout, graceful.shutdown()).await;
+}
+
+/// Accepts HTTP/1 connections on `listener`, each served by `handle` with
+/// `state`, until `shutdown` resolves. Returns the watcher of the
+/// connections still open, for the caller's drain. Shared by the engine's
+/// server and the router.
+pub(crate) async fn accept_until<S, H, Fut, B>(
+    listener: &TcpListener,
+    state: Arc<S>,
+    handle: H,
+    shutdown: impl Future<Output = ()>,
+) -> hyper_util::server::graceful::GracefulShutdown
+where
+    S: Send + Sync + 'static,
+    H: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                // Streams are many small writes (one SSE event per token).
+                let _ = stream.set_nodelay(true);
                 let state = state.clone();
                 let svc = hyper::service::service_fn(move |req| {
                     let state = state.clone();
-                    async move { Ok::<_, Infallible>(route(state, req).await) }
+                    async move { Ok::<_, Infallible>(handle(state, req).await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
@@ -143,9 +168,7 @@ pub async fn serve(
             _ = &mut shutdown => break,
         }
     }
-    state.draining.store(true, Ordering::SeqCst);
-    drop(listener);
-    let _ = tokio::time::timeout(state.settings.drain_timeout, graceful.shutdown()).await;
+    graceful
 }
 
 fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {

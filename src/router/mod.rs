@@ -30,7 +30,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use metrics_exporter_prometheus::PrometheusHandle;
 use proxy::{forward, local_error, RouterBody};
 use replicas::Pool;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -140,28 +139,7 @@ async fn serve(
     state: Arc<RouterState>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                let svc = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(route(state, req).await) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
-            _ = &mut shutdown => break,
-        }
-    }
+    let graceful = crate::http::accept_until(&listener, state, route, shutdown).await;
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
 }
