@@ -16,7 +16,7 @@
 //! Threads: a sharded forward runs its ranks through `ranks.rs` (scoped
 //! threads per call, rank 0 on the caller's).
 
-use super::ranks::{run_ranks, Rank};
+use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::{Body, LogitsWanted, Model, RopeStyle, SeqInput, Shard};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{KvPool, KvShard};
@@ -361,16 +361,7 @@ impl Shard {
             return Ok(None);
         }
         let vocab = step.vocab_size;
-        let mut logits = vec![0f32; m * vocab];
-        let mut off = 0;
-        for range in step.vocab {
-            let w = range.len();
-            for row in 0..m {
-                logits[row * vocab + range.start..row * vocab + range.end]
-                    .copy_from_slice(&gathered[off + row * w..off + (row + 1) * w]);
-            }
-            off += m * w;
-        }
+        let logits = assemble_vocab(&gathered, m, step.vocab, vocab);
         Ok(Some(Tensor::from_vec(logits, (m, vocab), &Device::Cpu)?))
     }
 }

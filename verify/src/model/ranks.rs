@@ -10,6 +10,7 @@
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::KvShard;
 use crate::tp::Communicator;
+use std::ops::Range;
 
 /// One rank's weights, with its end of the rank group.
 pub(crate) trait Rank: Sync {
@@ -73,4 +74,26 @@ where
         }
         result
     })
+}
+
+/// Reassembles an all-gather of vocabulary-parallel logits: rank r sent its
+/// `[rows, ranges[r].len()]` block, the blocks concatenated in rank order;
+/// returns `[rows, vocab]` row-major.
+pub(crate) fn assemble_vocab(
+    gathered: &[f32],
+    rows: usize,
+    ranges: &[Range<usize>],
+    vocab: usize,
+) -> Vec<f32> {
+    let mut logits = vec![0f32; rows * vocab];
+    let mut off = 0;
+    for range in ranges {
+        let w = range.len();
+        for row in 0..rows {
+            logits[row * vocab + range.start..row * vocab + range.end]
+                .copy_from_slice(&gathered[off + row * w..off + (row + 1) * w]);
+        }
+        off += rows * w;
+    }
+    logits
 }

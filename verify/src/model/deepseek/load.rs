@@ -432,7 +432,7 @@ fn load_rank(st_path: &Path, cfg: &ModelConfig, comm: Box<dyn Communicator>) -> 
         });
     }
     let vocab = cfg.vocab_size;
-    let vrange = rank * vocab / world..(rank + 1) * vocab / world;
+    let vrange = super::vocab_rows(rank, world, vocab);
     Ok(Weights {
         embed: t.take("model.embed_tokens.weight", &[vocab, h])?,
         layers,

@@ -34,7 +34,7 @@
 //! decoding's "identical output" guarantee rests on that.
 
 use super::llama::Rows;
-use super::ranks::{run_ranks, Rank};
+use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::{Model, ModelConfig, MoeConfig, RopeStyle, SeqInput};
 use crate::error::Result;
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
@@ -443,6 +443,11 @@ fn attend_expanded(d: Dims, kv_b: &Dense, lat: &[f32], q: &[f32], out: &mut [f32
         });
 }
 
+/// The output-head rows (vocabulary ids) rank `rank` of `world` holds.
+fn vocab_rows(rank: usize, world: usize, vocab: usize) -> std::ops::Range<usize> {
+    rank * vocab / world..(rank + 1) * vocab / world
+}
+
 /// The family's forward over `ranks` (one per tensor-parallel rank this
 /// model runs, each with its full copy of the latent cache in its pool
 /// shard): see [`Model::forward`] for the contract. A rank loaded alone by
@@ -584,18 +589,8 @@ fn forward_rank(
         // all_gather concatenates whole shards: regroup them row by row.
         let all = w.comm.all_gather(&local)?;
         let (v, world) = (cfg.vocab_size, w.comm.world_size());
-        let mut out = vec![0f32; m * v];
-        let mut off = 0;
-        for rk in 0..world {
-            let (v0, v1) = (rk * v / world, (rk + 1) * v / world);
-            let width = v1 - v0;
-            for r in 0..m {
-                out[r * v + v0..r * v + v1]
-                    .copy_from_slice(&all[off + r * width..off + (r + 1) * width]);
-            }
-            off += m * width;
-        }
-        out
+        let ranges: Vec<_> = (0..world).map(|r| vocab_rows(r, world, v)).collect();
+        assemble_vocab(&all, m, &ranges, v)
     };
     Ok(Tensor::from_vec(logits, (m, cfg.vocab_size), &Device::Cpu)?)
 }
