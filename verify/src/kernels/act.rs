@@ -1,12 +1,19 @@
 //! Activations quantized to 8 bits, once per matmul call, each row alone
-//! (so a row's quantization never depends on the other rows of a batch).
+//! (so a row's quantization never depends on the other rows of a batch),
+//! with the per-block sums the weight format's offsets and mins need.
 //!
-//! Two block sizes, matching the weight formats they pair with:
-//! - Q8_K style (256 values per block) for Q4_K/Q6_K, with the sums of
-//!   each 16 quantized values (the weights' offsets and mins need them);
-//! - Q8_0 style (32 values per block) for Q8_0/Q5_0/Q4_1, with each
-//!   block's scale times its quantized sum, and the scale spread over 8
-//!   lanes for the SIMD kernels.
+//! Block sizes match the weight format: 256 values (Q8_K style) for Q4_K
+//! and Q6_K, 32 (Q8_0 style) for Q8_0, Q5_0 and Q4_1. Which sums are kept
+//! depends on the format, so the kernels read them ready to use:
+//! - Q4_K: `fsum`, minus the sum of each 32 codes (8 per block), for the
+//!   sub-block mins;
+//! - Q6_K: `off`, -32 times the sum of each 16 codes (16 per block), the
+//!   starting value of a sub-block's integer dot (codes are stored +32);
+//! - Q8_0 / Q5_0: `off`, -128 / -16 times the block's code sum (the
+//!   offset the kernels' unsigned weight codes carry);
+//! - Q4_1: `fsum`, the block's scale times its code sum, for the min.
+
+use super::Format;
 
 /// Quantized activations, `rows` rows of `k` values.
 pub struct Acts {
@@ -14,16 +21,14 @@ pub struct Acts {
     pub block: usize,
     /// Blocks per row.
     pub nb: usize,
-    /// `rows * k` quantized values, in [-127, 127].
+    /// `rows * k` codes in [-127, 127].
     pub q: Vec<i8>,
     /// Scale of each block (`rows * nb`): value = d * q.
     pub d: Vec<f32>,
-    /// Q8_K: the sum of each 16 quantized values (`rows * nb * 16`).
-    pub bsums: Vec<i16>,
-    /// Q8_0: d times the block's quantized sum (`rows * nb`).
-    pub dsum: Vec<f32>,
-    /// Q8_0: d repeated 8 times per block (`rows * nb * 8`).
-    pub d8: Vec<f32>,
+    /// Integer offsets per block or sub-block (see the module doc).
+    pub off: Vec<i32>,
+    /// Float sums per block or sub-block (see the module doc).
+    pub fsum: Vec<f32>,
 }
 
 /// Quantizes one block: returns d with `x ~= d * q`, q in [-127, 127].
@@ -42,59 +47,56 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     d
 }
 
+fn code_sum(q: &[i8]) -> i32 {
+    q.iter().map(|&v| v as i32).sum()
+}
+
 impl Acts {
-    /// Q8_K-style quantization of `rows x k` (k a multiple of 256).
-    pub fn q8k(x: &[f32], rows: usize, k: usize) -> Acts {
-        let nb = k / 256;
+    /// Quantizes `rows x k` for weights of `format` (k a multiple of the
+    /// format's block length).
+    pub fn new(format: Format, x: &[f32], rows: usize, k: usize) -> Acts {
+        let block = if format.k_quant() { 256 } else { 32 };
+        let nb = k / block;
         let mut q = vec![0i8; rows * k];
         let mut d = vec![0f32; rows * nb];
-        let mut bsums = vec![0i16; rows * nb * 16];
-        for (b, ((xb, qb), db)) in x
-            .chunks_exact(256)
-            .zip(q.chunks_exact_mut(256))
-            .zip(d.iter_mut())
+        let (per_off, per_fsum) = match format {
+            Format::Q4K => (0, 8),
+            Format::Q6K => (16, 0),
+            Format::Q8_0 | Format::Q5_0 => (1, 0),
+            Format::Q4_1 => (0, 1),
+        };
+        let mut off = vec![0i32; rows * nb * per_off];
+        let mut fsum = vec![0f32; rows * nb * per_fsum];
+        for (b, (xb, qb)) in x[..rows * k]
+            .chunks_exact(block)
+            .zip(q.chunks_exact_mut(block))
             .enumerate()
         {
-            *db = quantize_block(xb, qb);
-            for (s, q16) in bsums[b * 16..(b + 1) * 16]
-                .iter_mut()
-                .zip(qb.chunks_exact(16))
-            {
-                *s = q16.iter().map(|&v| v as i16).sum();
+            let db = quantize_block(xb, qb);
+            d[b] = db;
+            match format {
+                Format::Q4K => {
+                    for (s, q32) in fsum[b * 8..].iter_mut().zip(qb.chunks_exact(32)) {
+                        *s = -(code_sum(q32) as f32);
+                    }
+                }
+                Format::Q6K => {
+                    for (o, q16) in off[b * 16..].iter_mut().zip(qb.chunks_exact(16)) {
+                        *o = -32 * code_sum(q16);
+                    }
+                }
+                Format::Q8_0 => off[b] = -128 * code_sum(qb),
+                Format::Q5_0 => off[b] = -16 * code_sum(qb),
+                Format::Q4_1 => fsum[b] = db * code_sum(qb) as f32,
             }
         }
         Acts {
-            block: 256,
+            block,
             nb,
             q,
             d,
-            bsums,
-            dsum: Vec::new(),
-            d8: Vec::new(),
-        }
-    }
-
-    /// Q8_0-style quantization of `rows x k` (k a multiple of 32).
-    pub fn q8_0(x: &[f32], rows: usize, k: usize) -> Acts {
-        let nb = k / 32;
-        let mut q = vec![0i8; rows * k];
-        let mut d = vec![0f32; rows * nb];
-        let mut dsum = vec![0f32; rows * nb];
-        let mut d8 = vec![0f32; rows * nb * 8];
-        for (b, (xb, qb)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
-            let db = quantize_block(xb, qb);
-            d[b] = db;
-            dsum[b] = db * qb.iter().map(|&v| v as i32).sum::<i32>() as f32;
-            d8[b * 8..(b + 1) * 8].fill(db);
-        }
-        Acts {
-            block: 32,
-            nb,
-            q,
-            d,
-            bsums: Vec::new(),
-            dsum,
-            d8,
+            off,
+            fsum,
         }
     }
 

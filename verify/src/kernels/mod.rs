@@ -1,18 +1,20 @@
 //! Quantized matrix products for the GGUF formats our models use (Q4_K,
-//! Q6_K, Q8_0, Q5_0, Q4_1), for 1 to a few dozen activation rows.
+//! Q6_K, Q8_0, Q5_0, Q4_1), for 1 to a few hundred activation rows.
 //!
-//! Owns: the weight view ([`QWeight`], the GGUF block bytes read in place
-//! from candle's `QTensor`), the once-per-call quantization of activations
-//! to 8 bits ([`act`]), the choice of instruction set made once per process
-//! at run time ([`Isa`]), and the split of output columns over rayon's
-//! global pool (no per-call thread spawning).
+//! Owns: the weight store ([`QWeight`], GGUF blocks repacked at load into
+//! [`layout`]'s tiles of 16 interleaved output columns, same size), the
+//! once-per-call quantization of activations to 8 bits ([`act`]), the
+//! choice of instruction set made once per process at run time ([`Isa`]),
+//! and the split of tiles over rayon's global pool (no per-call thread
+//! spawning).
 //!
-//! Why our own: candle's k-quant kernels re-unpack every weight block for
-//! every activation row and its Q8_0/Q5_0/Q4_1 path is per row, so extra
-//! rows cost nearly as much as the first. Here the loop over weight blocks
-//! is outermost and the rows innermost: each weight block is loaded and
-//! unpacked once, then dotted with up to [`MAX_ROWS`] rows while it sits in
-//! registers.
+//! Why our own: with weights in GGUF order every output column ends in a
+//! horizontal sum and unpacks its block scales again, and every extra
+//! activation row repeats that work. With tiles, one `vpdpbusd` advances 16
+//! columns with 4 broadcast activation codes, scales are built once per
+//! tile block for all rows, and a group of up to [`GROUP`] rows shares each
+//! weight load, so extra rows (speculative verification, batching,
+//! prefill) cost only their multiply-adds.
 //!
 //! Invariant (batch invariance): row r of the output depends only on row r
 //! of the input, bit for bit, whatever the number of rows. Each activation
@@ -22,6 +24,7 @@
 //! decoding (1 row) does.
 
 pub mod act;
+mod layout;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod scalar;
@@ -31,9 +34,12 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// Rows dotted with one weight block while it is in registers; more rows
-/// are processed in groups of this many (same per-row arithmetic).
-pub const MAX_ROWS: usize = 16;
+pub use layout::TILE;
+
+/// Activation rows dotted with one tile block while it is in registers;
+/// more rows are processed in groups of this many (same per-row
+/// arithmetic, so results do not depend on the grouping).
+pub const GROUP: usize = 8;
 
 /// A weight format these kernels implement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +62,17 @@ impl Format {
             GgmlDType::Q4_1 => Format::Q4_1,
             _ => return None,
         })
+    }
+
+    /// The GGUF dtype of this format.
+    pub fn dtype(self) -> GgmlDType {
+        match self {
+            Format::Q4K => GgmlDType::Q4K,
+            Format::Q6K => GgmlDType::Q6K,
+            Format::Q8_0 => GgmlDType::Q8_0,
+            Format::Q5_0 => GgmlDType::Q5_0,
+            Format::Q4_1 => GgmlDType::Q4_1,
+        }
     }
 
     /// Weights per block.
@@ -159,18 +176,19 @@ pub fn backend() -> Backend {
     }
 }
 
-/// A quantized weight matrix of `n` output rows by `k` inputs, read in
-/// place from a CPU `QTensor`'s GGUF block bytes.
+/// A quantized weight matrix of `n` output rows by `k` inputs, repacked
+/// from GGUF blocks into [`layout`]'s tiles (same bytes, interleaved by 16
+/// output rows). The GGUF tensor is not kept.
 pub struct QWeight {
-    q: Arc<QTensor>,
+    tiles: Vec<u8>,
     format: Format,
     n: usize,
     k: usize,
 }
 
 impl QWeight {
-    /// Wraps a 2-D CPU `QTensor` of `(n, k)`; `None` when the format is not
-    /// one of ours or the tensor is not a plain CPU matrix.
+    /// Repacks a 2-D CPU `QTensor` of `(n, k)`; `None` when the format is
+    /// not one of ours or the tensor is not a plain CPU matrix.
     pub fn new(q: Arc<QTensor>) -> Option<QWeight> {
         let format = Format::of(q.dtype())?;
         let &[n, k] = q.shape().dims() else {
@@ -179,8 +197,17 @@ impl QWeight {
         if !k.is_multiple_of(format.block_len()) || !q.device().is_cpu() {
             return None;
         }
-        let w = QWeight { q, format, n, k };
-        (w.bytes().len() == n * k / format.block_len() * format.block_bytes()).then_some(w)
+        let data = q.data().ok()?;
+        let nb = k / format.block_len();
+        if data.len() != n * nb * format.block_bytes() {
+            return None;
+        }
+        Some(QWeight {
+            tiles: layout::repack(format, &data, n, nb),
+            format,
+            n,
+            k,
+        })
     }
 
     /// Output features.
@@ -193,21 +220,32 @@ impl QWeight {
         self.k
     }
 
-    /// The tensor the bytes are read from.
-    pub fn qtensor(&self) -> &Arc<QTensor> {
-        &self.q
-    }
-
     pub fn format(&self) -> Format {
         self.format
     }
 
-    fn bytes(&self) -> &[u8] {
-        match self.q.data() {
-            Ok(std::borrow::Cow::Borrowed(b)) => b,
-            // CPU storage always lends its bytes; `new` checked the device.
-            _ => &[],
+    /// Bytes the weights occupy: their GGUF size rounded up to whole tiles
+    /// (Q4_K: 148 bytes per block instead of 144, see [`layout`]).
+    pub fn bytes(&self) -> usize {
+        self.tiles.len()
+    }
+
+    fn blocks_per_row(&self) -> usize {
+        self.k / self.format.block_len()
+    }
+
+    /// The GGUF bytes of output rows `rows`, in that order (the tiles read
+    /// back bit for bit). Errors name a row outside the matrix.
+    pub fn gguf_rows(&self, rows: &[u32]) -> Result<Vec<u8>, String> {
+        let nb = self.blocks_per_row();
+        let mut out = Vec::with_capacity(rows.len() * nb * self.format.block_bytes());
+        for &r in rows {
+            if r as usize >= self.n {
+                return Err(format!("row {r} outside a matrix of {} rows", self.n));
+            }
+            layout::column_gguf(self.format, &self.tiles, nb, r as usize, &mut out);
         }
+        Ok(out)
     }
 
     /// `out[r * n + c] = sum_i w[c][i] * x[r * k + i]` for `rows` rows, with
@@ -227,29 +265,28 @@ impl QWeight {
         if rows == 0 || n == 0 {
             return;
         }
-        let acts = if self.format.k_quant() {
-            act::Acts::q8k(&x[..rows * k], rows, k)
-        } else {
-            act::Acts::q8_0(&x[..rows * k], rows, k)
-        };
-        let row_bytes = k / self.format.block_len() * self.format.block_bytes();
-        let w = self.bytes();
+        let acts = act::Acts::new(self.format, &x[..rows * k], rows, k);
+        let tile_bytes = self.blocks_per_row() * layout::tile_block_bytes(self.format);
+        let ntiles = n.div_ceil(TILE);
         let threads = rayon::current_num_threads().max(1);
         // Several chunks per thread so a slow core does not hold up the call.
-        let chunk = n.div_ceil(threads * 4).max(8);
+        let chunk = ntiles.div_ceil(threads * 4).max(1);
         let out_ptr = SendPtr(out.as_mut_ptr());
-        (0..n.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-            let cols = ci * chunk..((ci + 1) * chunk).min(n);
-            let mut res = [0f32; MAX_ROWS];
-            for c in cols {
-                let wrow = &w[c * row_bytes..(c + 1) * row_bytes];
-                for r0 in (0..rows).step_by(MAX_ROWS) {
-                    let rr = (rows - r0).min(MAX_ROWS);
-                    dot_rows(isa, self.format, wrow, &acts, r0, rr, &mut res);
+        (0..ntiles.div_ceil(chunk)).into_par_iter().for_each(|ci| {
+            let mut res = [[0f32; TILE]; GROUP];
+            for t in ci * chunk..((ci + 1) * chunk).min(ntiles) {
+                let tile = &self.tiles[t * tile_bytes..(t + 1) * tile_bytes];
+                let cols = TILE.min(n - t * TILE);
+                for r0 in (0..rows).step_by(GROUP) {
+                    let rr = (rows - r0).min(GROUP);
+                    tile_rows(isa, self.format, tile, &acts, r0, rr, cols, &mut res);
                     for (i, v) in res[..rr].iter().enumerate() {
-                        // SAFETY: each task writes only its own columns `c`
-                        // of rows below `rows`; `out` holds `rows * n`.
-                        unsafe { *out_ptr.get().add((r0 + i) * n + c) = *v };
+                        // SAFETY: each task writes only its own tiles'
+                        // columns of rows below `rows`; `out` holds `rows * n`.
+                        unsafe {
+                            let dst = out_ptr.get().add((r0 + i) * n + t * TILE);
+                            std::ptr::copy_nonoverlapping(v.as_ptr(), dst, cols);
+                        }
                     }
                 }
             }
@@ -268,29 +305,25 @@ impl SendPtr {
     }
 }
 
-/// One weight row (all its blocks) dotted with activation rows
+/// One tile's first `cols` columns dotted with activation rows
 /// `r0..r0 + rows` into `out[..rows]`.
-fn dot_rows(
+#[allow(clippy::too_many_arguments)]
+fn tile_rows(
     isa: Isa,
     format: Format,
-    w: &[u8],
+    tile: &[u8],
     a: &act::Acts,
     r0: usize,
     rows: usize,
-    out: &mut [f32; MAX_ROWS],
+    cols: usize,
+    out: &mut [[f32; TILE]; GROUP],
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512Vnni` is only chosen when detected.
-        Isa::Avx512Vnni => unsafe { avx512::dot_rows(format, w, a, r0, rows, out) },
-        _ => scalar::dot_rows(format, w, a, r0, rows, out),
+        Isa::Avx512Vnni => unsafe { avx512::tile_rows(format, tile, a, r0, rows, out) },
+        _ => scalar::tile_rows(format, tile, a, r0, rows, cols, out),
     }
-}
-
-/// Reads a little-endian f16 at `p` as f32.
-#[inline(always)]
-fn f16_at(b: &[u8], p: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[p], b[p + 1]])).to_f32()
 }
 
 /// Q4_K's 6-bit (scale, min) pairs of its 8 sub-blocks, from 12 bytes.

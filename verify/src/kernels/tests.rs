@@ -1,6 +1,7 @@
 //! Kernels against a straightforward reference (candle's dequantized
-//! weights times f32 activations), for every format, 1..=17 rows, every
-//! instruction set this CPU has; and batch invariance, bit for bit.
+//! weights times f32 activations), for every format, 1..=17 rows (two whole
+//! row groups and one more), every instruction set this CPU has; batch
+//! invariance, bit for bit; and the tiled layout's round trip to GGUF.
 
 use super::*;
 use candle_core::{Device, Tensor};
@@ -17,6 +18,17 @@ fn isas() -> Vec<Isa> {
 
 /// A random `n x k` matrix quantized to `dtype`, and its dequantized values.
 fn weight(dtype: GgmlDType, n: usize, k: usize, rng: &mut StdRng) -> (QWeight, Vec<f32>) {
+    let (qw, deq, _) = weight_and_gguf(dtype, n, k, rng);
+    (qw, deq)
+}
+
+/// [`weight`] plus the GGUF bytes it was repacked from.
+fn weight_and_gguf(
+    dtype: GgmlDType,
+    n: usize,
+    k: usize,
+    rng: &mut StdRng,
+) -> (QWeight, Vec<f32>, Vec<u8>) {
     // Rows of different magnitudes, some with an offset, so scales and mins vary.
     let vals: Vec<f32> = (0..n * k)
         .map(|i| {
@@ -33,7 +45,8 @@ fn weight(dtype: GgmlDType, n: usize, k: usize, rng: &mut StdRng) -> (QWeight, V
         .unwrap()
         .to_vec1()
         .unwrap();
-    (QWeight::new(Arc::new(q)).expect("supported"), deq)
+    let bytes = q.data().unwrap().to_vec();
+    (QWeight::new(Arc::new(q)).expect("supported"), deq, bytes)
 }
 
 fn activations(rows: usize, k: usize, rng: &mut StdRng) -> Vec<f32> {
@@ -57,13 +70,9 @@ fn check_format(dtype: GgmlDType, k: usize) {
     let n = 13;
     let (qw, deq) = weight(dtype, n, k, &mut rng);
     assert_eq!((qw.n(), qw.k()), (n, k));
-    for rows in 1..=MAX_ROWS + 1 {
+    for rows in 1..=2 * GROUP + 1 {
         let x = activations(rows, k, &mut rng);
-        let acts = if qw.format().k_quant() {
-            act::Acts::q8k(&x, rows, k)
-        } else {
-            act::Acts::q8_0(&x, rows, k)
-        };
+        let acts = act::Acts::new(qw.format(), &x, rows, k);
         // Same activation rounding as the kernels: only float order differs.
         let tight = reference(&deq, &acts.dequantize(), n, k, rows);
         let exact = reference(&deq, &x, n, k, rows);
@@ -154,4 +163,34 @@ fn zero_rows_and_zero_activations() {
     let mut out = vec![1f32; 5];
     qw.matmul(&[0.0; 256], 1, &mut out);
     assert!(out.iter().all(|&v| v == 0.0), "{out:?}");
+}
+
+#[test]
+fn tiles_read_back_as_the_gguf_bytes() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for (dtype, k) in [
+        (GgmlDType::Q4K, 512),
+        (GgmlDType::Q6K, 512),
+        (GgmlDType::Q8_0, 96),
+        (GgmlDType::Q5_0, 96),
+        (GgmlDType::Q4_1, 96),
+    ] {
+        // 37 rows: two whole tiles and a partial one.
+        let (qw, _, gguf) = weight_and_gguf(dtype, 37, k, &mut rng);
+        let all: Vec<u32> = (0..37).collect();
+        assert!(qw.gguf_rows(&all).unwrap() == gguf, "{dtype:?}");
+        let row_bytes = gguf.len() / 37;
+        let picked = qw.gguf_rows(&[36, 0, 17]).unwrap();
+        let want: Vec<u8> = [36, 0, 17]
+            .iter()
+            .flat_map(|&r| gguf[r * row_bytes..(r + 1) * row_bytes].to_vec())
+            .collect();
+        assert!(picked == want, "{dtype:?}");
+        assert!(qw.gguf_rows(&[37]).is_err());
+        let tiled_row = match dtype {
+            GgmlDType::Q4K => row_bytes / 144 * 148,
+            _ => row_bytes,
+        };
+        assert_eq!(qw.bytes(), 37usize.div_ceil(TILE) * TILE * tiled_row);
+    }
 }

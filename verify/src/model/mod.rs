@@ -324,13 +324,14 @@ impl Linear {
     /// weights are copied unchanged, so with our kernels (every output
     /// column computed alone) its outputs equal the full layer's bit for bit.
     pub(crate) fn select_rows(&self, rows: &[u32]) -> Result<Linear> {
-        let q = match &self.weight {
-            LinearWeight::Native(w) => QMatMul::QTensor(w.qtensor().clone()),
-            LinearWeight::Candle(q) => q.clone(),
-        };
         let idx = Tensor::new(rows, &candle_core::Device::Cpu)?;
-        let weight = match q {
-            QMatMul::QTensor(t) => {
+        let outside = |e: String| VerifyError::BadConfig(format!("output head: {e}"));
+        let weight = match &self.weight {
+            LinearWeight::Native(w) => {
+                let bytes = w.gguf_rows(rows).map_err(outside)?;
+                quantized_matrix(w.format().dtype(), &bytes, rows.len(), w.k())?
+            }
+            LinearWeight::Candle(QMatMul::QTensor(t)) => {
                 let &[n, k] = t.shape().dims() else {
                     return Err(VerifyError::BadConfig("output head is not a matrix".into()));
                 };
@@ -340,22 +341,16 @@ impl Linear {
                 for &r in rows {
                     let r = r as usize;
                     if r >= n {
-                        return Err(VerifyError::BadConfig(format!(
-                            "token {r} outside the vocabulary of {n}"
-                        )));
+                        return Err(outside(format!("row {r} outside a matrix of {n} rows")));
                     }
                     bytes.extend_from_slice(&data[r * row_bytes..(r + 1) * row_bytes]);
                 }
-                let sub = candle_core::quantized::ggml_file::qtensor_from_ggml(
-                    t.dtype(),
-                    &bytes,
-                    vec![rows.len(), k],
-                    &candle_core::Device::Cpu,
-                )?;
-                QMatMul::from_arc(Arc::new(sub))?
+                quantized_matrix(t.dtype(), &bytes, rows.len(), k)?
             }
-            QMatMul::Tensor(t) => QMatMul::Tensor(t.index_select(&idx, 0)?),
-            QMatMul::TensorF16(t) => QMatMul::TensorF16(t.index_select(&idx, 0)?),
+            LinearWeight::Candle(QMatMul::Tensor(t)) => QMatMul::Tensor(t.index_select(&idx, 0)?),
+            LinearWeight::Candle(QMatMul::TensorF16(t)) => {
+                QMatMul::TensorF16(t.index_select(&idx, 0)?)
+            }
         };
         let bias = match &self.bias {
             Some(b) => Some(b.index_select(&idx, 0)?),
@@ -363,6 +358,17 @@ impl Linear {
         };
         Ok(Linear::new(weight, bias))
     }
+}
+
+/// A CPU quantized `(n, k)` matrix from its GGUF block bytes.
+fn quantized_matrix(dtype: GgmlDType, bytes: &[u8], n: usize, k: usize) -> Result<QMatMul> {
+    let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+        dtype,
+        bytes,
+        vec![n, k],
+        &candle_core::Device::Cpu,
+    )?;
+    Ok(QMatMul::from_arc(Arc::new(q))?)
 }
 
 /// `x (rows x k) @ w^T` through our kernels, reading `x` in place.
