@@ -3,15 +3,16 @@
 //! with the per-block sums the weight format's offsets and mins need.
 //!
 //! Block sizes match the weight format: 256 values (Q8_K style) for Q4_K
-//! and Q6_K, 32 (Q8_0 style) for Q8_0, Q5_0 and Q4_1. Which sums are kept
-//! depends on the format, so the kernels read them ready to use:
-//! - Q4_K: `fsum`, minus the sum of each 32 codes (8 per block), for the
-//!   sub-block mins;
-//! - Q6_K: `off`, -32 times the sum of each 16 codes (16 per block), the
-//!   starting value of a sub-block's integer dot (codes are stored +32);
-//! - Q8_0 / Q5_0: `off`, -128 / -16 times the block's code sum (the
-//!   offset the kernels' unsigned weight codes carry);
-//! - Q4_1: `fsum`, the block's scale times its code sum, for the min.
+//! and Q6_K, 32 (Q8_0 style) for Q8_0, Q5_0 and Q4_1. The sums every
+//! format of a block size needs are kept, so one quantization serves all
+//! weights that read the same input (q, k and v; gate and up):
+//! - 256: `fsum`, minus the sum of each 32 codes (8 per block), for Q4_K's
+//!   sub-block mins; `off`, -32 times the sum of each 16 codes (16 per
+//!   block), the starting value of a Q6_K sub-block's integer dot (its
+//!   codes are stored +32);
+//! - 32: `off`, the block's code sum (Q8_0 and Q5_0 kernels start from
+//!   -128 / -16 times it, the offset of their unsigned weight codes);
+//!   `fsum`, the block's scale times its code sum, for Q4_1's min.
 
 use super::Format;
 
@@ -25,7 +26,7 @@ pub struct Acts {
     pub q: Vec<i8>,
     /// Scale of each block (`rows * nb`): value = d * q.
     pub d: Vec<f32>,
-    /// Integer offsets per block or sub-block (see the module doc).
+    /// Integer sums per block or sub-block (see the module doc).
     pub off: Vec<i32>,
     /// Float sums per block or sub-block (see the module doc).
     pub fsum: Vec<f32>,
@@ -52,19 +53,14 @@ fn code_sum(q: &[i8]) -> i32 {
 }
 
 impl Acts {
-    /// Quantizes `rows x k` for weights of `format` (k a multiple of the
-    /// format's block length).
+    /// Quantizes `rows x k` for weights of `format`, or of any format with
+    /// the same block length (k a multiple of it).
     pub fn new(format: Format, x: &[f32], rows: usize, k: usize) -> Acts {
         let block = if format.k_quant() { 256 } else { 32 };
         let nb = k / block;
         let mut q = vec![0i8; rows * k];
         let mut d = vec![0f32; rows * nb];
-        let (per_off, per_fsum) = match format {
-            Format::Q4K => (0, 8),
-            Format::Q6K => (16, 0),
-            Format::Q8_0 | Format::Q5_0 => (1, 0),
-            Format::Q4_1 => (0, 1),
-        };
+        let (per_off, per_fsum) = if block == 256 { (16, 8) } else { (1, 1) };
         let mut off = vec![0i32; rows * nb * per_off];
         let mut fsum = vec![0f32; rows * nb * per_fsum];
         for (b, (xb, qb)) in x[..rows * k]
@@ -74,20 +70,16 @@ impl Acts {
         {
             let db = quantize_block(xb, qb);
             d[b] = db;
-            match format {
-                Format::Q4K => {
-                    for (s, q32) in fsum[b * 8..].iter_mut().zip(qb.chunks_exact(32)) {
-                        *s = -(code_sum(q32) as f32);
-                    }
+            if block == 256 {
+                for (s, q32) in fsum[b * 8..].iter_mut().zip(qb.chunks_exact(32)) {
+                    *s = -(code_sum(q32) as f32);
                 }
-                Format::Q6K => {
-                    for (o, q16) in off[b * 16..].iter_mut().zip(qb.chunks_exact(16)) {
-                        *o = -32 * code_sum(q16);
-                    }
+                for (o, q16) in off[b * 16..].iter_mut().zip(qb.chunks_exact(16)) {
+                    *o = -32 * code_sum(q16);
                 }
-                Format::Q8_0 => off[b] = -128 * code_sum(qb),
-                Format::Q5_0 => off[b] = -16 * code_sum(qb),
-                Format::Q4_1 => fsum[b] = db * code_sum(qb) as f32,
+            } else {
+                off[b] = code_sum(qb);
+                fsum[b] = db * off[b] as f32;
             }
         }
         Acts {

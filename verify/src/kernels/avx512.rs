@@ -8,9 +8,9 @@
 //!
 //! Weight codes enter `vpdpbusd` unsigned: Q4_K/Q6_K/Q5_0/Q4_1 codes are
 //! already, Q8_0's signed bytes are offset by 128 (`xor 0x80`). The
-//! offsets are corrected by starting each integer sum at the activations'
-//! precomputed `off` ([`super::act`]); Q4_K's and Q4_1's mins go through
-//! `fsum`.
+//! offsets are corrected by starting each integer sum at the offset times
+//! the activations' code sums (`off`, [`super::act`]); Q4_K's and Q4_1's
+//! mins go through `fsum`.
 //!
 //! Batch invariance: each (row, column) accumulator runs the same
 //! instructions in the same order whatever the group size `R`.
@@ -272,8 +272,9 @@ unsafe fn q32<const R: usize>(
         for r in 0..R {
             let x = a.q.as_ptr().add(ab[r] * 32);
             let mut isum = match format {
-                Format::Q4_1 => _mm512_setzero_si512(),
-                _ => _mm512_set1_epi32(*a.off.get_unchecked(ab[r])),
+                Format::Q8_0 => _mm512_set1_epi32(-128 * *a.off.get_unchecked(ab[r])),
+                Format::Q5_0 => _mm512_set1_epi32(-16 * *a.off.get_unchecked(ab[r])),
+                _ => _mm512_setzero_si512(),
             };
             for (i, wi) in w.iter().enumerate() {
                 // Q8_0's groups are 4 consecutive inputs; the nibble

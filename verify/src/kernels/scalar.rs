@@ -60,7 +60,7 @@ pub(super) fn tile_rows(
                         let dot: i32 = (0..32).map(|v| blk.q[v] as i8 as i32 * x[v] as i32).sum();
                         d * dot as f32 * dx
                     }
-                    Format::Q5_0 => d * (dot(0, 32) + a.off[ab]) as f32 * dx,
+                    Format::Q5_0 => d * (dot(0, 32) - 16 * a.off[ab]) as f32 * dx,
                     Format::Q4_1 => d * dot(0, 32) as f32 * dx + m * a.fsum[ab],
                 };
                 o[col] += v;
