@@ -24,9 +24,9 @@
 //! decoding (1 row) does.
 
 pub mod act;
-mod layout;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod layout;
 mod scalar;
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -96,7 +96,7 @@ impl Format {
 
     /// K-quants pair with Q8_K activations (256 per block), the rest with
     /// Q8_0 activations (32 per block).
-    fn k_quant(self) -> bool {
+    pub fn k_quant(self) -> bool {
         matches!(self, Format::Q4K | Format::Q6K)
     }
 }
@@ -260,38 +260,105 @@ impl QWeight {
     /// the paths; `isa` must be supported by this CPU, which
     /// [`Isa::detect`] guarantees for its answer and below).
     pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32]) {
-        let (n, k) = (self.n, self.k);
-        assert!(x.len() >= rows * k && out.len() >= rows * n);
-        if rows == 0 || n == 0 {
-            return;
-        }
-        let acts = act::Acts::new(self.format, &x[..rows * k], rows, k);
-        let tile_bytes = self.blocks_per_row() * layout::tile_block_bytes(self.format);
-        let ntiles = n.div_ceil(TILE);
-        let threads = rayon::current_num_threads().max(1);
-        // Several chunks per thread so a slow core does not hold up the call.
-        let chunk = ntiles.div_ceil(threads * 4).max(1);
-        let out_ptr = SendPtr(out.as_mut_ptr());
-        (0..ntiles.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-            let mut res = [[0f32; TILE]; GROUP];
-            for t in ci * chunk..((ci + 1) * chunk).min(ntiles) {
-                let tile = &self.tiles[t * tile_bytes..(t + 1) * tile_bytes];
+        matmul_many_with(isa, x, rows, &mut [Product { w: self, out }])
+    }
+}
+
+/// One product of [`matmul_many`]: a weight and where its `rows x n`
+/// outputs go (row-major).
+pub struct Product<'a> {
+    pub w: &'a QWeight,
+    pub out: &'a mut [f32],
+}
+
+/// Several weights applied to the same input `x` (`rows x k`), as one
+/// parallel pass: the input is quantized once per block length, and the
+/// tiles of all weights are split over the threads together, so the pool
+/// wakes once instead of once per weight. Each output equals
+/// [`QWeight::matmul`]'s bit for bit. Uses [`Isa::current`].
+///
+/// Panics if the weights' input sizes differ, or `x` or an output is too
+/// short.
+pub fn matmul_many(x: &[f32], rows: usize, products: &mut [Product]) {
+    matmul_many_with(Isa::current(), x, rows, products)
+}
+
+/// [`matmul_many`] with an explicit instruction set (see
+/// [`QWeight::matmul_with`]).
+pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Product]) {
+    let Some(k) = products.first().map(|p| p.w.k) else {
+        return;
+    };
+    assert!(x.len() >= rows * k);
+    for p in products.iter() {
+        assert!(p.w.k == k && p.out.len() >= rows * p.w.n);
+    }
+    if rows == 0 {
+        return;
+    }
+    let x = &x[..rows * k];
+    let quantize = |long: bool| {
+        products
+            .iter()
+            .find(|p| p.w.format.k_quant() == long)
+            .map(|p| act::Acts::new(p.w.format, x, rows, k))
+    };
+    let (acts256, acts32) = (quantize(true), quantize(false));
+    // Every weight's tiles, numbered one after another.
+    struct Job<'a> {
+        w: &'a QWeight,
+        acts: &'a act::Acts,
+        out: SendPtr,
+        first_tile: usize,
+    }
+    let mut jobs = Vec::with_capacity(products.len());
+    let mut ntiles = 0;
+    for p in products.iter_mut() {
+        let acts = if p.w.format.k_quant() {
+            &acts256
+        } else {
+            &acts32
+        };
+        jobs.push(Job {
+            w: p.w,
+            acts: acts
+                .as_ref()
+                .expect("quantized above for this block length"),
+            out: SendPtr(p.out.as_mut_ptr()),
+            first_tile: ntiles,
+        });
+        ntiles += p.w.n.div_ceil(TILE);
+    }
+    let threads = rayon::current_num_threads().max(1);
+    // Several chunks per thread so a slow core does not hold up the call.
+    let chunk = ntiles.div_ceil(threads * 4).max(1);
+    (0..ntiles.div_ceil(chunk)).into_par_iter().for_each(|ci| {
+        let mut res = [[0f32; TILE]; GROUP];
+        let tiles = ci * chunk..((ci + 1) * chunk).min(ntiles);
+        for job in jobs.iter() {
+            let (w, n) = (job.w, job.w.n);
+            let own = job.first_tile..job.first_tile + n.div_ceil(TILE);
+            let tile_bytes = w.blocks_per_row() * layout::tile_block_bytes(w.format);
+            for t in tiles.start.max(own.start)..tiles.end.min(own.end) {
+                let t = t - job.first_tile;
+                let tile = &w.tiles[t * tile_bytes..(t + 1) * tile_bytes];
                 let cols = TILE.min(n - t * TILE);
                 for r0 in (0..rows).step_by(GROUP) {
                     let rr = (rows - r0).min(GROUP);
-                    tile_rows(isa, self.format, tile, &acts, r0, rr, cols, &mut res);
+                    tile_rows(isa, w.format, tile, job.acts, r0, rr, cols, &mut res);
                     for (i, v) in res[..rr].iter().enumerate() {
                         // SAFETY: each task writes only its own tiles'
-                        // columns of rows below `rows`; `out` holds `rows * n`.
+                        // columns of rows below `rows`; the output holds
+                        // `rows * n` (asserted above).
                         unsafe {
-                            let dst = out_ptr.get().add((r0 + i) * n + t * TILE);
+                            let dst = job.out.get().add((r0 + i) * n + t * TILE);
                             std::ptr::copy_nonoverlapping(v.as_ptr(), dst, cols);
                         }
                     }
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 /// A raw pointer that rayon tasks may share; they write disjoint elements.

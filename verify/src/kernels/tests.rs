@@ -120,11 +120,13 @@ fn check_format(dtype: GgmlDType, k: usize) {
 #[test]
 fn q4k_matches_reference_and_is_batch_invariant() {
     check_format(GgmlDType::Q4K, 512);
+    check_format(GgmlDType::Q4K, 768); // an odd block count, as TP shards have
 }
 
 #[test]
 fn q6k_matches_reference_and_is_batch_invariant() {
     check_format(GgmlDType::Q6K, 512);
+    check_format(GgmlDType::Q6K, 768);
 }
 
 #[test]
@@ -192,5 +194,44 @@ fn tiles_read_back_as_the_gguf_bytes() {
             _ => row_bytes,
         };
         assert_eq!(qw.bytes(), 37usize.div_ceil(TILE) * TILE * tiled_row);
+    }
+}
+
+#[test]
+fn fused_products_equal_separate_ones_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let k = 512;
+    let ws: Vec<QWeight> = [
+        (GgmlDType::Q4K, 37),
+        (GgmlDType::Q6K, 16),
+        (GgmlDType::Q8_0, 5),
+        (GgmlDType::Q5_0, 21),
+    ]
+    .into_iter()
+    .map(|(dt, n)| weight(dt, n, k, &mut rng).0)
+    .collect();
+    for rows in [1, 3, 9] {
+        let x = activations(rows, k, &mut rng);
+        for isa in isas() {
+            let mut fused: Vec<Vec<f32>> =
+                ws.iter().map(|w| vec![f32::NAN; rows * w.n()]).collect();
+            let mut products: Vec<Product> = ws
+                .iter()
+                .zip(fused.iter_mut())
+                .map(|(w, out)| Product { w, out })
+                .collect();
+            matmul_many_with(isa, &x, rows, &mut products);
+            for (w, got) in ws.iter().zip(&fused) {
+                let mut alone = vec![0f32; rows * w.n()];
+                w.matmul_with(isa, &x, rows, &mut alone);
+                assert!(
+                    got.iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{:?} {isa:?} rows {rows}",
+                    w.format()
+                );
+            }
+        }
     }
 }

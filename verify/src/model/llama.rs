@@ -17,7 +17,7 @@
 //! threads per call, rank 0 on the caller's).
 
 use super::ranks::{assemble_vocab, run_ranks, Rank};
-use super::{Body, LogitsWanted, Model, RopeStyle, SeqInput, Shard};
+use super::{forward_many, ops, Body, LogitsWanted, Model, RopeStyle, SeqInput, Shard};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{KvPool, KvShard};
 use crate::tp::Communicator;
@@ -273,17 +273,6 @@ impl Rank for Shard {
 }
 
 impl Shard {
-    /// Sums the ranks' partial outputs of a row-parallel layer.
-    fn all_reduce(&self, t: Tensor) -> Result<Tensor> {
-        if self.comm.world_size() == 1 {
-            return Ok(t);
-        }
-        let shape = t.dims2()?;
-        let mut v = t.flatten_all()?.to_vec1::<f32>()?;
-        self.comm.all_reduce_sum(&mut v)?;
-        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
-    }
-
     /// This rank's part of one forward. Returns the logits on rank 0 and
     /// `None` on the others.
     fn forward(&self, step: &Step, kv: &mut KvShard) -> Result<Option<Tensor>> {
@@ -296,13 +285,26 @@ impl Shard {
         let tables = step.tables;
 
         let ids = Tensor::new(rows.tokens.as_slice(), &Device::Cpu)?;
-        let mut x = self.embed.forward(&ids)?;
+        let mut x = self.embed.forward(&ids)?.flatten_all()?.to_vec1::<f32>()?;
+        let hidden = x.len() / n.max(1);
+        // Buffers reused by every layer: the step allocates nothing per layer.
+        let ff = match self.layers.first() {
+            Some(l) => l.gate.out_features()?,
+            None => 0,
+        };
+        let mut h = vec![0f32; n * hidden];
+        let mut part = vec![0f32; n * hidden];
+        let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
+        let (mut g, mut u) = (vec![0f32; n * ff], vec![0f32; n * ff]);
         let mut attn = vec![0f32; n * qd];
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let mut q = layer.q.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
-            let mut k = layer.k.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
-            let v = layer.v.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
+            ops::rms_norm_into(&x, &layer.attn_norm, eps, &mut h);
+            forward_many(
+                &[&layer.q, &layer.k, &layer.v],
+                &h,
+                n,
+                &mut [&mut q, &mut k, &mut v],
+            )?;
             step.rope.apply(&mut q, nh);
             step.rope.apply(&mut k, nkv);
             for r in 0..n {
@@ -329,13 +331,17 @@ impl Shard {
                         scores,
                     )
                 });
-            let a = Tensor::from_slice(&attn, (n, qd), &Device::Cpu)?;
-            x = (x + self.all_reduce(layer.o.forward(&a)?)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
-            let u = layer.up.forward(&h)?;
-            x = (x + self.all_reduce(layer.down.forward(&(g * u)?)?)?)?;
+            layer.o.forward_into(&attn, n, &mut part)?;
+            self.comm.all_reduce_sum(&mut part)?;
+            ops::add_in_place(&mut x, &part);
+            ops::rms_norm_into(&x, &layer.ffn_norm, eps, &mut h);
+            forward_many(&[&layer.gate, &layer.up], &h, n, &mut [&mut g, &mut u])?;
+            ops::silu_mul(&mut g, &u);
+            layer.down.forward_into(&g, n, &mut part)?;
+            self.comm.all_reduce_sum(&mut part)?;
+            ops::add_in_place(&mut x, &part);
         }
+        let x = Tensor::from_vec(x, (n, hidden), &Device::Cpu)?;
         let m = rows.logit_rows.len();
         if m == 0 {
             return Ok((self.comm.rank() == 0)

@@ -12,6 +12,7 @@
 mod deepseek;
 mod llama;
 mod loader;
+mod ops;
 mod ranks;
 mod shard;
 
@@ -263,6 +264,8 @@ pub fn read_token_list(path: &std::path::Path) -> Result<Vec<u32>> {
 pub(crate) struct Linear {
     weight: LinearWeight,
     bias: Option<Tensor>,
+    /// The bias as plain values, for [`forward_many`].
+    bias_f32: Option<Vec<f32>>,
 }
 
 enum LinearWeight {
@@ -276,7 +279,9 @@ enum LinearWeight {
 impl Linear {
     /// Picks our kernels when the backend is native and the format is one
     /// of theirs, candle otherwise.
-    pub(crate) fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+    ///
+    /// Errors: a bias that cannot be read as f32 values.
+    pub(crate) fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
         let weight = match &weight {
             QMatMul::QTensor(q) if kernels::backend() == kernels::Backend::Native => {
                 match QWeight::new(q.clone()) {
@@ -286,7 +291,19 @@ impl Linear {
             }
             _ => LinearWeight::Candle(weight),
         };
-        Self { weight, bias }
+        let bias_f32 = bias
+            .as_ref()
+            .map(|b| {
+                b.to_dtype(candle_core::DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()
+            })
+            .transpose()?;
+        Ok(Self {
+            weight,
+            bias,
+            bias_f32,
+        })
     }
 
     /// Batch-invariant: row r of the result depends only on row r of `x`,
@@ -298,7 +315,16 @@ impl Linear {
     /// differently from the multi-row one, so a single Q6_K row is padded
     /// to two there.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match &self.weight {
+        let y = self.forward_unbiased(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+
+    /// [`Linear::forward`] without the bias.
+    fn forward_unbiased(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match &self.weight {
             LinearWeight::Native(w) => native_forward(w, x)?,
             LinearWeight::Candle(q) => {
                 let single_q6k = matches!(q, QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q6K)
@@ -310,12 +336,91 @@ impl Linear {
                     q.forward(x)?
                 }
             }
-        };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
         })
     }
+}
+
+impl Linear {
+    /// Output features.
+    pub(crate) fn out_features(&self) -> Result<usize> {
+        Ok(match &self.weight {
+            LinearWeight::Native(w) => w.n(),
+            LinearWeight::Candle(QMatMul::QTensor(t)) => t.shape().dims()[0],
+            LinearWeight::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t.dims2()?.0,
+        })
+    }
+
+    fn add_bias(&self, out: &mut [f32]) {
+        if let Some(b) = &self.bias_f32 {
+            for row in out.chunks_exact_mut(b.len()) {
+                ops::add_in_place(row, b);
+            }
+        }
+    }
+
+    /// `out (rows x n) = x (rows x k) @ W^T + b` on plain slices; the same
+    /// numbers as [`Linear::forward`].
+    ///
+    /// Errors: `x` or `out` of the wrong length for `rows`.
+    pub(crate) fn forward_into(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
+        forward_many(&[self], x, rows, &mut [out])
+    }
+}
+
+/// Several layers applied to the same input `x` (`rows x k`) into `outs`
+/// (one `rows x n` slice per layer). When every layer runs on our kernels
+/// they go through one [`kernels::matmul_many`] pass (one quantization of
+/// `x`, one wake-up of the thread pool); otherwise one by one. Results are
+/// the same either way, bit for bit.
+///
+/// Errors: `x` or an output of the wrong length for `rows`.
+pub(crate) fn forward_many(
+    layers: &[&Linear],
+    x: &[f32],
+    rows: usize,
+    outs: &mut [&mut [f32]],
+) -> Result<()> {
+    let bad = |what: String| VerifyError::BadBatch(what);
+    if rows == 0 && x.is_empty() && outs.iter().all(|o| o.is_empty()) {
+        return Ok(());
+    }
+    if rows == 0 || !x.len().is_multiple_of(rows) {
+        return Err(bad(format!("{} inputs for {rows} rows", x.len())));
+    }
+    for (l, o) in layers.iter().zip(outs.iter()) {
+        if o.len() != rows * l.out_features()? {
+            return Err(bad(format!("an output of {} for {rows} rows", o.len())));
+        }
+    }
+    let k = x.len() / rows;
+    let native: Option<Vec<&QWeight>> = layers
+        .iter()
+        .map(|l| match &l.weight {
+            LinearWeight::Native(w) if w.k() == k => Some(w),
+            _ => None,
+        })
+        .collect();
+    match native {
+        Some(ws) => {
+            let mut products: Vec<kernels::Product> = ws
+                .into_iter()
+                .zip(outs.iter_mut())
+                .map(|(w, out)| kernels::Product { w, out })
+                .collect();
+            kernels::matmul_many(x, rows, &mut products);
+        }
+        None => {
+            let xt = Tensor::from_slice(x, (rows, k), &candle_core::Device::Cpu)?;
+            for (l, o) in layers.iter().zip(outs.iter_mut()) {
+                let y = l.forward_unbiased(&xt)?.flatten_all()?.to_vec1::<f32>()?;
+                o.copy_from_slice(&y);
+            }
+        }
+    }
+    for (l, o) in layers.iter().zip(outs.iter_mut()) {
+        l.add_bias(o);
+    }
+    Ok(())
 }
 
 impl Linear {
@@ -356,7 +461,7 @@ impl Linear {
             Some(b) => Some(b.index_select(&idx, 0)?),
             None => None,
         };
-        Ok(Linear::new(weight, bias))
+        Linear::new(weight, bias)
     }
 }
 
@@ -414,12 +519,12 @@ impl Embedding {
 
 /// One transformer block's weights.
 pub(crate) struct Layer {
-    pub(crate) attn_norm: Tensor,
+    pub(crate) attn_norm: Vec<f32>,
     pub(crate) q: Linear,
     pub(crate) k: Linear,
     pub(crate) v: Linear,
     pub(crate) o: Linear,
-    pub(crate) ffn_norm: Tensor,
+    pub(crate) ffn_norm: Vec<f32>,
     pub(crate) gate: Linear,
     pub(crate) up: Linear,
     pub(crate) down: Linear,

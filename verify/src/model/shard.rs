@@ -302,7 +302,7 @@ impl FullLayer {
     pub(crate) fn split(self, plan: &ShardPlan, head_dim: usize) -> Result<Vec<Layer>> {
         let col = |(w, b): &WithBias, r: Range<usize>| -> Result<Linear> {
             let bias = b.as_ref().map(|b| slice_bias(b, r.clone())).transpose()?;
-            Ok(Linear::new(w.rows(r)?.into_qmatmul()?, bias))
+            Linear::new(w.rows(r)?.into_qmatmul()?, bias)
         };
         let hd = |r: &Range<usize>| r.start * head_dim..r.end * head_dim;
         let mut out = Vec::with_capacity(plan.world());
@@ -311,20 +311,20 @@ impl FullLayer {
             let o_name = format!("{}.attn_output.weight", self.prefix);
             let down_name = format!("{}.ffn_down.weight", self.prefix);
             out.push(Layer {
-                attn_norm: self.attn_norm.clone(),
+                attn_norm: self.attn_norm.flatten_all()?.to_vec1()?,
                 q: col(&self.q, heads.clone())?,
                 k: col(&self.k, kv.clone())?,
                 v: col(&self.v, kv)?,
                 // Row-parallel: the all-reduce sums the ranks' partial
                 // outputs (llama-family o/down carry no bias to add once).
-                o: Linear::new(self.o.cols(heads, &o_name)?.into_qmatmul()?, None),
-                ffn_norm: self.ffn_norm.clone(),
-                gate: Linear::new(self.gate.rows(ff.clone())?.into_qmatmul()?, None),
-                up: Linear::new(self.up.rows(ff.clone())?.into_qmatmul()?, None),
+                o: Linear::new(self.o.cols(heads, &o_name)?.into_qmatmul()?, None)?,
+                ffn_norm: self.ffn_norm.flatten_all()?.to_vec1()?,
+                gate: Linear::new(self.gate.rows(ff.clone())?.into_qmatmul()?, None)?,
+                up: Linear::new(self.up.rows(ff.clone())?.into_qmatmul()?, None)?,
                 down: Linear::new(
                     self.down.cols(ff.clone(), &down_name)?.into_qmatmul()?,
                     None,
-                ),
+                )?,
             });
         }
         Ok(out)
@@ -349,7 +349,7 @@ pub(crate) fn rank_parts(
                 embed: embed.clone(),
                 layers,
                 norm: norm.clone(),
-                lm_head: Linear::new(head.rows(plan.vocab[r].clone())?.into_qmatmul()?, None),
+                lm_head: Linear::new(head.rows(plan.vocab[r].clone())?.into_qmatmul()?, None)?,
                 vocab: plan.vocab[r].clone(),
                 num_kv_heads: plan.kv_heads[r].len(),
             })

@@ -34,6 +34,7 @@
 //! decoding's "identical output" guarantee rests on that.
 
 use super::llama::Rows;
+use super::ops::{rms_norm, silu};
 use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::{Model, ModelConfig, MoeConfig, RopeStyle, SeqInput};
 use crate::error::Result;
@@ -85,22 +86,6 @@ impl Dense {
     fn row(&self, o: usize) -> &[f32] {
         &self.w[o * self.inp..(o + 1) * self.inp]
     }
-}
-
-fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let mut y = x.to_vec();
-    for row in y.chunks_exact_mut(w.len()) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for (v, g) in row.iter_mut().zip(w) {
-            *v = g * (*v * inv);
-        }
-    }
-    y
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 struct Mlp {
