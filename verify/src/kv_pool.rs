@@ -279,58 +279,52 @@ impl KvShard {
         }
     }
 
-    /// Attention of one query row over positions `0..ctx_len` of a sequence.
-    ///
-    /// `q` holds `num_heads * head_dim` floats (RoPE applied), `out` receives
-    /// the same shape. Query head `h` reads KV head `h / (num_heads /
-    /// num_kv_heads)`. `scores` is scratch of at least `ctx_len` floats.
+    /// One query head's attention over KV head `kvh` at positions
+    /// `0..ctx_len` of a sequence, read in place from its blocks. Heads are
+    /// independent, so callers run them in parallel with identical results.
+    /// `qh` (RoPE applied) and `out` hold `head_dim` floats; `scores` is
+    /// scratch that grows to `ctx_len` floats.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attend(
+    pub(crate) fn attend_head(
         &self,
         layer: usize,
         block_table: &[u32],
         ctx_len: usize,
-        q: &[f32],
-        num_heads: usize,
+        qh: &[f32],
+        kvh: usize,
         scale: f32,
         out: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
         let hd = self.head_dim;
-        let group = num_heads / self.num_kv_heads;
         let (kc, vc) = (&self.k[layer], &self.v[layer]);
         scores.clear();
         scores.resize(ctx_len, 0.0);
-        for h in 0..num_heads {
-            let kvh = h / group;
-            let qh = &q[h * hd..(h + 1) * hd];
-            let mut max = f32::NEG_INFINITY;
-            for (t, s) in scores.iter_mut().enumerate() {
-                let off = self.offset(
-                    block_table[t / self.block_size] as usize,
-                    kvh,
-                    t % self.block_size,
-                );
-                let d = dot(qh, &kc[off..off + hd]) * scale;
-                *s = d;
-                max = max.max(d);
-            }
-            let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
-            let oh = &mut out[h * hd..(h + 1) * hd];
-            oh.fill(0.0);
-            for (t, &s) in scores.iter().enumerate() {
-                let off = self.offset(
-                    block_table[t / self.block_size] as usize,
-                    kvh,
-                    t % self.block_size,
-                );
-                axpy(s * inv, &vc[off..off + hd], oh);
-            }
+        let mut max = f32::NEG_INFINITY;
+        for (t, s) in scores.iter_mut().enumerate() {
+            let off = self.offset(
+                block_table[t / self.block_size] as usize,
+                kvh,
+                t % self.block_size,
+            );
+            let d = dot(qh, &kc[off..off + hd]) * scale;
+            *s = d;
+            max = max.max(d);
+        }
+        let mut sum = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        out.fill(0.0);
+        for (t, &s) in scores.iter().enumerate() {
+            let off = self.offset(
+                block_table[t / self.block_size] as usize,
+                kvh,
+                t % self.block_size,
+            );
+            axpy(s * inv, &vc[off..off + hd], out);
         }
     }
 }
@@ -434,10 +428,13 @@ mod tests {
             pool.shards[0].write(1, &table, t, k, v);
         }
         let q: Vec<f32> = (0..16).map(|i| (i as f32 * 0.7).sin()).collect();
-        let mut out = vec![0.0; 16];
+        let mut out = [0.0; 16];
         let mut scratch = Vec::new();
         pool.check_table(&table, ctx).unwrap();
-        pool.shards[0].attend(1, &table, ctx, &q, 4, 0.5, &mut out, &mut scratch);
+        for (h, oh) in out.chunks_exact_mut(4).enumerate() {
+            let qh = &q[h * 4..(h + 1) * 4];
+            pool.shards[0].attend_head(1, &table, ctx, qh, h / 2, 0.5, oh, &mut scratch);
+        }
         for h in 0..4 {
             let kvh = h / 2;
             let s: Vec<f32> = (0..ctx)

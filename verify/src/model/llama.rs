@@ -316,16 +316,20 @@ impl Shard {
                     &v[r * kvd..(r + 1) * kvd],
                 );
             }
+            // One task per (row, query head): a single decoded row still
+            // spreads its heads over the cores.
             let kv_ref = &*kv;
-            attn.par_chunks_mut(qd)
+            let group = nh / nkv;
+            attn.par_chunks_mut(hd)
                 .enumerate()
-                .for_each_init(Vec::new, |scores, (r, out)| {
-                    kv_ref.attend(
+                .for_each_init(Vec::new, |scores, (i, out)| {
+                    let (r, h) = (i / nh, i % nh);
+                    kv_ref.attend_head(
                         li,
                         tables[rows.seq[r]],
                         rows.positions[r] + 1,
-                        &q[r * qd..(r + 1) * qd],
-                        nh,
+                        &q[r * qd + h * hd..r * qd + (h + 1) * hd],
+                        h / group,
                         scale,
                         out,
                         scores,
