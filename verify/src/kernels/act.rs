@@ -48,6 +48,16 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     d
 }
 
+/// One block's input and the places its codes, scale and sums go.
+type BlockOut<'a> = (
+    (&'a [f32], &'a mut [i8]),
+    (&'a mut f32, (&'a mut [i32], &'a mut [f32])),
+);
+
+/// Inputs from which quantization is worth splitting over the thread pool
+/// (below, waking the pool costs more than the work).
+const PARALLEL_VALUES: usize = 1 << 16;
+
 fn code_sum(q: &[i8]) -> i32 {
     q.iter().map(|&v| v as i32).sum()
 }
@@ -63,24 +73,44 @@ impl Acts {
         let (per_off, per_fsum) = if block == 256 { (16, 8) } else { (1, 1) };
         let mut off = vec![0i32; rows * nb * per_off];
         let mut fsum = vec![0f32; rows * nb * per_fsum];
-        for (b, (xb, qb)) in x[..rows * k]
-            .chunks_exact(block)
-            .zip(q.chunks_exact_mut(block))
-            .enumerate()
-        {
-            let db = quantize_block(xb, qb);
-            d[b] = db;
+        // Blocks are independent: many rows (prefill) quantize in parallel,
+        // with the same result as in sequence.
+        let quantize = |((xb, qb), (db, (ob, fb))): BlockOut| {
+            *db = quantize_block(xb, qb);
             if block == 256 {
-                for (s, q32) in fsum[b * 8..].iter_mut().zip(qb.chunks_exact(32)) {
+                for (s, q32) in fb.iter_mut().zip(qb.chunks_exact(32)) {
                     *s = -(code_sum(q32) as f32);
                 }
-                for (o, q16) in off[b * 16..].iter_mut().zip(qb.chunks_exact(16)) {
+                for (o, q16) in ob.iter_mut().zip(qb.chunks_exact(16)) {
                     *o = -32 * code_sum(q16);
                 }
             } else {
-                off[b] = code_sum(qb);
-                fsum[b] = db * off[b] as f32;
+                ob[0] = code_sum(qb);
+                fb[0] = *db * ob[0] as f32;
             }
+        };
+        let x = &x[..rows * k];
+        if rows * k >= PARALLEL_VALUES {
+            use rayon::prelude::*;
+            x.par_chunks_exact(block)
+                .zip(q.par_chunks_exact_mut(block))
+                .zip(
+                    d.par_iter_mut().zip(
+                        off.par_chunks_exact_mut(per_off)
+                            .zip(fsum.par_chunks_exact_mut(per_fsum)),
+                    ),
+                )
+                .for_each(quantize);
+        } else {
+            x.chunks_exact(block)
+                .zip(q.chunks_exact_mut(block))
+                .zip(
+                    d.iter_mut().zip(
+                        off.chunks_exact_mut(per_off)
+                            .zip(fsum.chunks_exact_mut(per_fsum)),
+                    ),
+                )
+                .for_each(quantize);
         }
         Acts {
             block,

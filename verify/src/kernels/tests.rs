@@ -235,3 +235,21 @@ fn fused_products_equal_separate_ones_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn many_rows_quantize_in_parallel_as_each_row_alone() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let (rows, k) = (40, 2048);
+    let x = activations(rows, k, &mut rng);
+    for format in [Format::Q4K, Format::Q8_0] {
+        let all = act::Acts::new(format, &x, rows, k);
+        for r in [0, 17, rows - 1] {
+            let one = act::Acts::new(format, &x[r * k..(r + 1) * k], 1, k);
+            let span = |len: usize| r * len..(r + 1) * len;
+            assert_eq!(all.q[span(k)], one.q[..]);
+            assert_eq!(all.d[span(all.nb)], one.d[..]);
+            assert_eq!(all.off[span(one.off.len())], one.off[..]);
+            assert_eq!(all.fsum[span(one.fsum.len())], one.fsum[..]);
+        }
+    }
+}
