@@ -85,6 +85,45 @@ fn run(model: &Model, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
     (rows, tokens)
 }
 
+/// Logits of `prompt` followed by `tokens` fed one at a time (teacher
+/// forcing): two models compare position by position even where their
+/// greedy choices would part at a near-tie.
+fn run_forced(model: &Model, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
+    let total = prompt.len() + tokens.len();
+    let blocks = total.div_ceil(16) + 1;
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let mut pool = KvPool::for_model(model, blocks, 16).unwrap();
+    let mut rows = model
+        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::All)
+        .unwrap();
+    for (i, &t) in tokens.iter().enumerate() {
+        let step = model
+            .forward_one(
+                &mut pool,
+                &[t],
+                prompt.len() + i,
+                &table,
+                LogitsWanted::Last,
+            )
+            .unwrap();
+        rows.extend(step);
+    }
+    rows
+}
+
+/// Gap between a row's two largest logits.
+fn top2_margin(row: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in row {
+        if v > a {
+            (a, b) = (v, a);
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
 /// Largest difference of two runs' logits relative to each row's largest |logit|.
 fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -267,11 +306,22 @@ fn real_qwen_coder_1_5b_tp2_matches_world_1() {
     let (want, want_tokens) = run(&load_gguf_tp(&p, 1).unwrap(), &QWEN_PROMPT, gen);
     let m2 = load_gguf_tp(&p, 2).unwrap();
     assert_eq!(m2.kv_heads_per_rank(), vec![1, 1]);
-    let (got, tokens) = run(&m2, &QWEN_PROMPT, gen);
+    // Both on world 1's greedy tokens: 8-bit activations round partial sums
+    // differently per rank, so free-running greedy paths may part at a
+    // near-tie, after which logits are not comparable.
+    let got = run_forced(&m2, &QWEN_PROMPT, &want_tokens);
     let d = max_rel_diff(&want, &got);
     eprintln!("qwen2.5-coder-1.5b world 2 vs 1: max relative logit diff {d:.2e}");
     assert!(d <= 5e-2, "logits differ by {d}");
-    assert_eq!(tokens, want_tokens, "greedy tokens differ");
+    // World 2 picks world 1's greedy token at every step, except where
+    // world 1's top two are closer than the two runs' difference there.
+    let steps = &want[QWEN_PROMPT.len() - 1..want.len() - 1];
+    for (i, (w, g)) in steps.iter().zip(&got[QWEN_PROMPT.len() - 1..]).enumerate() {
+        let diff = w.iter().zip(g).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        if top2_margin(w) > 2.0 * diff {
+            assert_eq!(argmax(g), want_tokens[i], "greedy step {i} differs");
+        }
+    }
     assert!(matches!(
         load_gguf_tp(&p, 4),
         Err(VerifyError::ImpossibleSplit { .. })
