@@ -42,9 +42,7 @@ pub(super) fn tile_rows(
                         let isum: i32 = (0..8)
                             .map(|j| blk.sc[j] as i32 * dot(32 * j, 32 * j + 32))
                             .sum();
-                        let msum: f32 = (0..8)
-                            .map(|j| blk.mn[j] as f32 * a.fsum[ab * 8 + j])
-                            .sum();
+                        let msum: f32 = (0..8).map(|j| blk.mn[j] as f32 * a.fsum[ab * 8 + j]).sum();
                         (d * isum as f32 + m * msum) * dx
                     }
                     Format::Q6K => {
