@@ -146,10 +146,10 @@ unsafe fn hsum16(v: __m256i) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store<const R: usize>(acc: &[[__m256; 2]; R], out: &mut [[f32; TILE]; GROUP]) {
-    for r in 0..R {
-        for (h, v) in acc[r].iter().enumerate() {
-            _mm256_storeu_ps(out[r].as_mut_ptr().add(HALF * h), *v);
+unsafe fn store<const R: usize>(acc: &[[__m256; R]; 2], out: &mut [[f32; TILE]; GROUP]) {
+    for (h, half) in acc.iter().enumerate() {
+        for (v, o) in half.iter().zip(out.iter_mut()) {
+            _mm256_storeu_ps(o.as_mut_ptr().add(HALF * h), *v);
         }
     }
 }
@@ -167,12 +167,12 @@ fn prefetch_block(p: *const u8, tb: usize) {
 unsafe fn q4k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32; TILE]; GROUP]) {
     let nb = a.nb;
     let tb = tile_block_bytes(Format::Q4K);
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut acc = [[_mm256_setzero_ps(); R]; 2];
     for b in 0..nb {
         let p = tile.as_ptr().add(b * tb);
         prefetch_block(p, tb);
         let ab: [usize; R] = std::array::from_fn(|r| (r0 + r) * nb + b);
-        for h in 0..2 {
+        for (h, acc) in acc.iter_mut().enumerate() {
             let (vd, vm) = (f16x8(p.add(16 * h)), f16x8(p.add(32 + 16 * h)));
             let mut isum = [_mm256_setzero_si256(); R];
             let mut mins = [_mm256_setzero_ps(); R];
@@ -200,7 +200,7 @@ unsafe fn q4k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
             for r in 0..R {
                 let blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), vd, mins[r]);
                 let dx = _mm256_set1_ps(*a.d.get_unchecked(ab[r]));
-                acc[r][h] = _mm256_fmadd_ps(blk, dx, acc[r][h]);
+                acc[r] = _mm256_fmadd_ps(blk, dx, acc[r]);
             }
         }
     }
@@ -212,12 +212,12 @@ unsafe fn q6k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
     let nb = a.nb;
     let tb = tile_block_bytes(Format::Q6K);
     let m30 = _mm256_set1_epi8(0x30);
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut acc = [[_mm256_setzero_ps(); R]; 2];
     for b in 0..nb {
         let p = tile.as_ptr().add(b * tb);
         prefetch_block(p, tb);
         let ab: [usize; R] = std::array::from_fn(|r| (r0 + r) * nb + b);
-        for h in 0..2 {
+        for (h, acc) in acc.iter_mut().enumerate() {
             let vd = f16x8(p.add(16 * h));
             let mut blk = [_mm256_setzero_ps(); R];
             for s in 0..16 {
@@ -243,7 +243,7 @@ unsafe fn q6k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
             }
             for r in 0..R {
                 let dx = _mm256_set1_ps(*a.d.get_unchecked(ab[r]));
-                acc[r][h] = _mm256_fmadd_ps(blk[r], dx, acc[r][h]);
+                acc[r] = _mm256_fmadd_ps(blk[r], dx, acc[r]);
             }
         }
     }
@@ -263,12 +263,12 @@ unsafe fn q32<const R: usize>(
 ) {
     let nb = a.nb;
     let tb = tile_block_bytes(format);
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut acc = [[_mm256_setzero_ps(); R]; 2];
     for b in 0..nb {
         let p = tile.as_ptr().add(b * tb);
         prefetch_block(p, tb);
         let ab: [usize; R] = std::array::from_fn(|r| (r0 + r) * nb + b);
-        for h in 0..2 {
+        for (h, acc) in acc.iter_mut().enumerate() {
             let vd = f16x8(p.add(16 * h));
             // Q8_0: signed codes; the rest: unsigned. Q8_0's groups are 4
             // consecutive inputs; the nibble formats' pairs are inputs
@@ -340,12 +340,11 @@ unsafe fn q32<const R: usize>(
                     }
                 };
                 let dx = _mm256_set1_ps(*a.d.get_unchecked(ab[r]));
-                acc[r][h] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(vd, dx), acc[r][h]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(vd, dx), acc[r]);
                 if format == Format::Q4_1 {
                     let vm = f16x8(p.add(32 + 16 * h));
                     let s = _mm256_set1_ps(*a.fsum.get_unchecked(ab[r]));
-                    acc[r][h] = _mm256_fmadd_ps(vm, s, acc[r][h]);
+                    acc[r] = _mm256_fmadd_ps(vm, s, acc[r]);
                 }
             }
         }

@@ -197,23 +197,14 @@ fn tiles_read_back_as_the_gguf_bytes() {
     }
 }
 
-/// Tolerance for two float orders of the same integer sums: `out[r][c]`
-/// within `rel` of the sum of |w| |x| over the column.
-fn assert_close(
-    what: &str,
-    a: &[f32],
-    b: &[f32],
-    deq: &[f32],
-    x: &[f32],
-    n: usize,
-    k: usize,
-    rel: f32,
-) {
+/// Two float orders of the same integer sums: `a[r][c]` and `b[r][c]`
+/// within 1e-5 of the sum of |w| |x| over the column.
+fn assert_close(what: &str, a: &[f32], b: &[f32], deq: &[f32], x: &[f32], n: usize, k: usize) {
     for (i, (va, vb)) in a.iter().zip(b).enumerate() {
         let (r, c) = (i / n, i % n);
         let mag: f32 = (0..k).map(|j| (deq[c * k + j] * x[r * k + j]).abs()).sum();
         assert!(
-            (va - vb).abs() <= rel * mag + 1e-5,
+            (va - vb).abs() <= 1e-5 * mag + 1e-5,
             "{what} ({r},{c}): {va} vs {vb}"
         );
     }
@@ -243,7 +234,7 @@ fn simd_paths_agree_with_each_other_and_scalar() {
             .collect();
         for w in outs.windows(2) {
             let what = format!("{dtype:?} {:?} vs {:?}", w[0].0, w[1].0);
-            assert_close(&what, &w[0].1, &w[1].1, &deq, &xq, n, k, 1e-5);
+            assert_close(&what, &w[0].1, &w[1].1, &deq, &xq, n, k);
         }
     }
 }
@@ -324,7 +315,7 @@ fn extreme_codes_do_not_saturate() {
                 let mut out = vec![0f32; rows * n];
                 qw.matmul_with(isa, &x, rows, &mut out);
                 let what = format!("{format:?} high {high} {isa:?}");
-                assert_close(&what, &out, &want, &deq, &x, n, k, 1e-5);
+                assert_close(&what, &out, &want, &deq, &x, n, k);
             }
         }
     }
