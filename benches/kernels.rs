@@ -1,8 +1,9 @@
 //! Quantized matmul kernels side by side: candle's `QMatMul` against ours
 //! (`specgate_verify::kernels::QWeight`: `specgate` with the detected
-//! instruction set, `specgate-avx2` with AVX2 when the CPU has it, so an
-//! AVX-512 machine measures both paths in one run), on random weights of the shapes
-//! the Qwen2.5-Coder models use, for 1, 2, 4, 8 and 16 activation rows.
+//! instruction set, and `specgate-avx2` with AVX2 when that is not the
+//! detected one, so an AVX-512 machine measures both paths in one run), on
+//! random weights of the shapes the Qwen2.5-Coder models use, for 1, 2, 4,
+//! 8 and 16 activation rows.
 //! Throughput is weight bytes per second (each matrix is read once per
 //! call), comparable to the machine's memory bandwidth (BENCHMARKS.md).
 //!
