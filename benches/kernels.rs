@@ -1,6 +1,9 @@
 //! Quantized matmul kernels side by side: candle's `QMatMul` against ours
-//! (`specgate_verify::kernels::QWeight`), on random weights of the shapes
-//! the Qwen2.5-Coder models use, for 1, 2, 4, 8 and 16 activation rows.
+//! (`specgate_verify::kernels::QWeight`: `specgate` with the detected
+//! instruction set, and `specgate-avx2` with AVX2 when that is not the
+//! detected one, so an AVX-512 machine measures both paths in one run), on
+//! random weights of the shapes the Qwen2.5-Coder models use, for 1, 2, 4,
+//! 8 and 16 activation rows.
 //! Throughput is weight bytes per second (each matrix is read once per
 //! call), comparable to the machine's memory bandwidth (BENCHMARKS.md).
 //!
@@ -9,7 +12,7 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use specgate_verify::kernels::QWeight;
+use specgate_verify::kernels::{Isa, QWeight};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +61,11 @@ fn kernels(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new("specgate", rows), &rows, |b, _| {
                 b.iter(|| ours.matmul(&x, rows, &mut out))
             });
+            if Isa::Avx2.available() && Isa::current() != Isa::Avx2 {
+                g.bench_with_input(BenchmarkId::new("specgate-avx2", rows), &rows, |b, _| {
+                    b.iter(|| ours.matmul_with(Isa::Avx2, &x, rows, &mut out))
+                });
+            }
         }
         g.finish();
     }

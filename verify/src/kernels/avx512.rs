@@ -20,7 +20,7 @@
 
 use super::act::Acts;
 use super::layout::{tile_block_bytes, TILE};
-use super::{Format, GROUP};
+use super::{prefetch, Format, GROUP};
 use std::arch::x86_64::*;
 
 /// Dots one tile (its `a.nb` tile blocks) with activation rows
@@ -101,20 +101,6 @@ unsafe fn nibbles(p: *const u8) -> (__m512i, __m512i) {
         _mm512_and_si512(v, m4),
         _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4),
     )
-}
-
-/// Bytes ahead of the tile block in use that the kernels prefetch (tiles a
-/// task walks are contiguous). Without it the hardware prefetcher keeps
-/// too few lines in flight once several rows make each block take longer,
-/// and extra rows cost memory time instead of hiding under it.
-const AHEAD: usize = 4096;
-
-/// Starts loading the cache line `AHEAD + off` bytes past `p` (any
-/// address: a prefetch never faults, and the pointer is never read).
-#[inline(always)]
-fn prefetch(p: *const u8, off: usize) {
-    // SAFETY: a prefetch has no architectural effect and cannot fault.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + off).cast()) }
 }
 
 #[inline]

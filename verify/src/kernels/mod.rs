@@ -25,6 +25,8 @@
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod layout;
 mod scalar;
@@ -106,34 +108,53 @@ impl Format {
 pub enum Isa {
     /// Plain Rust, any CPU.
     Scalar,
+    /// AVX2 + FMA + F16C (Haswell, Zen 1 and later).
+    Avx2,
     /// AVX-512 F/BW/VL with VNNI (Zen 4, Ice Lake and later).
     Avx512Vnni,
 }
 
 impl Isa {
-    /// The best instruction set this CPU supports (run-time detection, so a
-    /// portable build still uses AVX-512 VNNI where present).
-    pub fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx512Vnni;
+    /// Whether this CPU supports `self` (run-time detection, so a portable
+    /// build still uses AVX2 or AVX-512 VNNI where present).
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
         }
-        Isa::Scalar
+    }
+
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        [Isa::Avx512Vnni, Isa::Avx2]
+            .into_iter()
+            .find(|isa| isa.available())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// The instruction set used by [`QWeight::matmul`]: the detected one,
-    /// unless `SPECGATE_KERNEL_ISA=scalar` asks for the portable path.
+    /// unless `SPECGATE_KERNEL_ISA` asks for `scalar` (the portable path)
+    /// or `avx2` (when available; otherwise the detected one).
     pub fn current() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(|| match std::env::var("SPECGATE_KERNEL_ISA").as_deref() {
             Ok("scalar") => Isa::Scalar,
+            Ok("avx2") if Isa::Avx2.available() => Isa::Avx2,
             _ => Isa::detect(),
         })
     }
@@ -256,9 +277,10 @@ impl QWeight {
         self.matmul_with(Isa::current(), x, rows, out)
     }
 
-    /// [`QWeight::matmul`] with an explicit instruction set (tests compare
-    /// the paths; `isa` must be supported by this CPU, which
-    /// [`Isa::detect`] guarantees for its answer and below).
+    /// [`QWeight::matmul`] with an explicit instruction set (tests and
+    /// benchmarks compare the paths).
+    ///
+    /// Panics if this CPU lacks `isa` ([`Isa::available`]).
     pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32]) {
         matmul_many_with(isa, x, rows, &mut [Product { w: self, out }])
     }
@@ -289,6 +311,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
     let Some(k) = products.first().map(|p| p.w.k) else {
         return;
     };
+    assert!(isa.available(), "{isa:?} is not available on this CPU");
     assert!(x.len() >= rows * k);
     for p in products.iter() {
         assert!(p.w.k == k && p.out.len() >= rows * p.w.n);
@@ -387,10 +410,30 @@ fn tile_rows(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512Vnni` is only chosen when detected.
+        // SAFETY: `matmul_with` checked `Isa::available`.
         Isa::Avx512Vnni => unsafe { avx512::tile_rows(format, tile, a, r0, rows, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::tile_rows(format, tile, a, r0, rows, out) },
         _ => scalar::tile_rows(format, tile, a, r0, rows, cols, out),
     }
+}
+
+/// Bytes ahead of the tile block in use that the SIMD kernels prefetch
+/// (tiles a task walks are contiguous). Without it the hardware prefetcher
+/// keeps too few lines in flight once several rows make each block take
+/// longer, and extra rows cost memory time instead of hiding under it.
+#[cfg(target_arch = "x86_64")]
+const AHEAD: usize = 4096;
+
+/// Starts loading the cache line `AHEAD + off` bytes past `p` (any
+/// address: a prefetch never faults, and the pointer is never read).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch(p: *const u8, off: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    // SAFETY: a prefetch has no architectural effect and cannot fault.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + off).cast()) }
 }
 
 /// Q4_K's 6-bit (scale, min) pairs of its 8 sub-blocks, from 12 bytes.

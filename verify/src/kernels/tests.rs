@@ -1,19 +1,21 @@
 //! Kernels against a straightforward reference (candle's dequantized
 //! weights times f32 activations), for every format, 1..=17 rows (two whole
 //! row groups and one more), every instruction set this CPU has; batch
-//! invariance, bit for bit; and the tiled layout's round trip to GGUF.
+//! invariance, bit for bit; the SIMD paths against each other, and at the
+//! extreme codes their 16-bit intermediates are sized for; and the tiled
+//! layout's round trip to GGUF.
 
 use super::*;
 use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Every instruction set this CPU supports.
 fn isas() -> Vec<Isa> {
-    let mut v = vec![Isa::Scalar];
-    if Isa::detect() != Isa::Scalar {
-        v.push(Isa::detect());
-    }
-    v
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|isa| isa.available())
+        .collect()
 }
 
 /// A random `n x k` matrix quantized to `dtype`, and its dequantized values.
@@ -194,6 +196,130 @@ fn tiles_read_back_as_the_gguf_bytes() {
             _ => row_bytes,
         };
         assert_eq!(qw.bytes(), 37usize.div_ceil(TILE) * TILE * tiled_row);
+    }
+}
+
+/// Two float orders of the same integer sums: `a[r][c]` and `b[r][c]`
+/// within 1e-5 of the sum of |w| |x| over the column.
+fn assert_close(what: &str, a: &[f32], b: &[f32], deq: &[f32], x: &[f32], n: usize, k: usize) {
+    for (i, (va, vb)) in a.iter().zip(b).enumerate() {
+        let (r, c) = (i / n, i % n);
+        let mag: f32 = (0..k).map(|j| (deq[c * k + j] * x[r * k + j]).abs()).sum();
+        assert!(
+            (va - vb).abs() <= 1e-5 * mag + 1e-5,
+            "{what} ({r},{c}): {va} vs {vb}"
+        );
+    }
+}
+
+#[test]
+fn simd_paths_agree_with_each_other_and_scalar() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for (dtype, k) in [
+        (GgmlDType::Q4K, 1536),
+        (GgmlDType::Q6K, 1536),
+        (GgmlDType::Q8_0, 896),
+        (GgmlDType::Q5_0, 896),
+        (GgmlDType::Q4_1, 576),
+    ] {
+        let (n, rows) = (37, 5);
+        let (qw, deq) = weight(dtype, n, k, &mut rng);
+        let x = activations(rows, k, &mut rng);
+        let xq = act::Acts::new(qw.format(), &x, rows, k).dequantize();
+        let outs: Vec<(Isa, Vec<f32>)> = isas()
+            .into_iter()
+            .map(|isa| {
+                let mut out = vec![0f32; rows * n];
+                qw.matmul_with(isa, &x, rows, &mut out);
+                (isa, out)
+            })
+            .collect();
+        for w in outs.windows(2) {
+            let what = format!("{dtype:?} {:?} vs {:?}", w[0].0, w[1].0);
+            assert_close(&what, &w[0].1, &w[1].1, &deq, &xq, n, k);
+        }
+    }
+}
+
+/// GGUF bytes of an `n x k` matrix whose codes and scales all sit at their
+/// format's extremes (`high`: largest codes; else smallest, the most
+/// negative for Q6_K, Q8_0 and Q5_0; Q6_K's scales follow), so integer sums reach the bounds the SIMD
+/// paths' 16-bit intermediates are sized for.
+fn extreme_gguf(format: Format, n: usize, k: usize, high: bool) -> Vec<u8> {
+    let bb = format.block_bytes();
+    let mut blk = vec![0xFFu8; bb];
+    let d = half::f16::from_f32(1.0 / 64.0).to_bits().to_le_bytes();
+    match format {
+        // d, dmin, scales and mins 63, codes 15 or 0.
+        Format::Q4K => {
+            blk[0..2].copy_from_slice(&d);
+            blk[2..4].copy_from_slice(&d);
+            blk[16..].fill(if high { 0xFF } else { 0 });
+        }
+        // Codes 63 or 0 (-32 after the offset), scales 127 or -128.
+        Format::Q6K => {
+            blk[..192].fill(if high { 0xFF } else { 0 });
+            blk[192..208].fill(if high { 0x7F } else { 0x80 });
+            blk[208..210].copy_from_slice(&d);
+        }
+        Format::Q8_0 => {
+            blk[0..2].copy_from_slice(&d);
+            blk[2..].fill(if high { 0x7F } else { 0x80 });
+        }
+        // Codes 31 or 0 (-16 after the offset).
+        Format::Q5_0 => {
+            blk[0..2].copy_from_slice(&d);
+            blk[2..].fill(if high { 0xFF } else { 0 });
+        }
+        // Codes 15 or 0.
+        Format::Q4_1 => {
+            blk[0..2].copy_from_slice(&d);
+            blk[2..4].copy_from_slice(&d);
+            blk[4..].fill(if high { 0xFF } else { 0 });
+        }
+    }
+    blk.repeat(n * k / format.block_len())
+}
+
+#[test]
+fn extreme_codes_do_not_saturate() {
+    for format in [
+        Format::Q4K,
+        Format::Q6K,
+        Format::Q8_0,
+        Format::Q5_0,
+        Format::Q4_1,
+    ] {
+        let (n, k, rows) = (16, 512, 2);
+        for high in [true, false] {
+            let bytes = extreme_gguf(format, n, k, high);
+            let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                format.dtype(),
+                &bytes,
+                vec![n, k],
+                &Device::Cpu,
+            )
+            .unwrap();
+            let deq: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let qw = QWeight::new(Arc::new(q)).unwrap();
+            // Every activation code at +127 in row 0, -127 in row 1.
+            let x: Vec<f32> = (0..rows * k)
+                .map(|i| if i < k { 1.0 } else { -1.0 })
+                .collect();
+            let want = reference(&deq, &x, n, k, rows);
+            for isa in isas() {
+                let mut out = vec![0f32; rows * n];
+                qw.matmul_with(isa, &x, rows, &mut out);
+                let what = format!("{format:?} high {high} {isa:?}");
+                assert_close(&what, &out, &want, &deq, &x, n, k);
+            }
+        }
     }
 }
 
