@@ -331,12 +331,15 @@ impl KvShard {
 
 #[inline]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorize the loop.
-    let mut acc = [0f32; 8];
-    let (ac, ar) = a.split_at(a.len() / 8 * 8);
+    // 32 independent accumulators: the compiler keeps them in several
+    // vector registers, so the loop is bound by loads, not by the latency
+    // of one chain of fused multiply-adds.
+    const W: usize = 32;
+    let mut acc = [0f32; W];
+    let (ac, ar) = a.split_at(a.len() / W * W);
     let (bc, br) = b.split_at(ac.len());
-    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
-        for i in 0..8 {
+    for (x, y) in ac.chunks_exact(W).zip(bc.chunks_exact(W)) {
+        for i in 0..W {
             acc[i] += x[i] * y[i];
         }
     }

@@ -39,7 +39,11 @@ where
         )));
     }
     if ranks.len() == 1 {
-        return step(&ranks[0], &mut kv[0]);
+        // On a pool worker, the step's parallel loops run with this thread
+        // taking part; called from outside the pool, each of them (some 140
+        // per step) would park the caller and wake it again.
+        let (w, kv0) = (&ranks[0], &mut kv[0]);
+        return rayon::scope(|_| step(w, kv0));
     }
     let guarded = |w: &W, kv: &mut KvShard| -> Result<T> {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(w, kv)))
