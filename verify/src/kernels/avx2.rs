@@ -59,26 +59,12 @@ pub(super) unsafe fn tile_rows(
 ) {
     debug_assert!(tile.len() >= a.nb * tile_block_bytes(format));
     debug_assert!(a.d.len() >= (r0 + rows) * a.nb && rows <= GROUP);
-    macro_rules! by_rows {
-        ($f:ident) => {
-            match rows {
-                1 => $f::<1>(tile, a, r0, out),
-                2 => $f::<2>(tile, a, r0, out),
-                3 => $f::<3>(tile, a, r0, out),
-                4 => $f::<4>(tile, a, r0, out),
-                5 => $f::<5>(tile, a, r0, out),
-                6 => $f::<6>(tile, a, r0, out),
-                7 => $f::<7>(tile, a, r0, out),
-                _ => $f::<8>(tile, a, r0, out),
-            }
-        };
-    }
     match format {
-        Format::Q4K => by_rows!(q4k),
-        Format::Q6K => by_rows!(q6k),
-        Format::Q8_0 => by_rows!(q8_0),
-        Format::Q5_0 => by_rows!(q5_0),
-        Format::Q4_1 => by_rows!(q4_1),
+        Format::Q4K => by_rows!(q4k, rows, tile, a, r0, out),
+        Format::Q6K => by_rows!(q6k, rows, tile, a, r0, out),
+        Format::Q8_0 => by_rows!(q8_0, rows, tile, a, r0, out),
+        Format::Q5_0 => by_rows!(q5_0, rows, tile, a, r0, out),
+        Format::Q4_1 => by_rows!(q4_1, rows, tile, a, r0, out),
     }
 }
 

@@ -23,6 +23,26 @@
 //! Speculative verification (k+1 rows) then scores tokens exactly as plain
 //! decoding (1 row) does.
 
+/// `by_rows!(f, rows, args..)` calls the SIMD kernel `f::<R>(args..)` with
+/// the row group size `R` (1..=[`GROUP`]) as a constant, so the kernel's
+/// per-row accumulators are arrays of known length the compiler keeps in
+/// registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ($f:ident, $rows:expr, $($arg:expr),*) => {
+        match $rows {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            5 => $f::<5>($($arg),*),
+            6 => $f::<6>($($arg),*),
+            7 => $f::<7>($($arg),*),
+            _ => $f::<8>($($arg),*),
+        }
+    };
+}
+
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -42,6 +62,7 @@ pub use layout::TILE;
 /// more rows are processed in groups of this many (same per-row
 /// arithmetic, so results do not depend on the grouping).
 pub const GROUP: usize = 8;
+const _: () = assert!(GROUP == 8, "by_rows! dispatches groups of 1..=8 rows");
 
 /// A weight format these kernels implement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,10 +39,16 @@ where
         )));
     }
     if ranks.len() == 1 {
+        let (w, kv0) = (&ranks[0], &mut kv[0]);
+        if w.comm().world_size() > 1 {
+            // One rank of a group its caller drives: it blocks in
+            // collectives, so it must not hold one of the pool's workers
+            // that the group's other ranks need.
+            return step(w, kv0);
+        }
         // On a pool worker, the step's parallel loops run with this thread
         // taking part; called from outside the pool, each of them (some 140
         // per step) would park the caller and wake it again.
-        let (w, kv0) = (&ranks[0], &mut kv[0]);
         return rayon::scope(|_| step(w, kv0));
     }
     let guarded = |w: &W, kv: &mut KvShard| -> Result<T> {
