@@ -14,7 +14,11 @@
 //! identities, so that path does no extra copies.
 //!
 //! Threads: a sharded forward runs its ranks through `ranks.rs` (scoped
-//! threads per call, rank 0 on the caller's).
+//! threads per call, rank 0 on the caller's); an unsharded one runs on a
+//! rayon worker. Within a rank, q/k/v and gate/up are one kernel pass each
+//! (`forward_many`), attention is one task per (row, query head), and the
+//! norms, activation and residual adds (`ops.rs`) work on buffers reused by
+//! every layer.
 
 use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::{forward_many, ops, Body, LogitsWanted, Model, RopeStyle, SeqInput, Shard};
@@ -323,13 +327,14 @@ impl Shard {
             attn.par_chunks_mut(hd)
                 .enumerate()
                 .for_each_init(Vec::new, |scores, (i, out)| {
-                    let (r, h) = (i / nh, i % nh);
+                    let (r, head) = (i / nh, i % nh);
+                    let at = r * qd + head * hd;
                     kv_ref.attend_head(
                         li,
                         tables[rows.seq[r]],
                         rows.positions[r] + 1,
-                        &q[r * qd + h * hd..r * qd + (h + 1) * hd],
-                        h / group,
+                        &q[at..at + hd],
+                        head / group,
                         scale,
                         out,
                         scores,

@@ -373,7 +373,8 @@ impl Linear {
 /// `x`, one wake-up of the thread pool); otherwise one by one. Results are
 /// the same either way, bit for bit.
 ///
-/// Errors: `x` or an output of the wrong length for `rows`.
+/// Errors: as many outputs as layers not given, or `x` or an output of the
+/// wrong length for `rows`.
 pub(crate) fn forward_many(
     layers: &[&Linear],
     x: &[f32],
@@ -381,6 +382,13 @@ pub(crate) fn forward_many(
     outs: &mut [&mut [f32]],
 ) -> Result<()> {
     let bad = |what: String| VerifyError::BadBatch(what);
+    if layers.len() != outs.len() {
+        return Err(bad(format!(
+            "{} layers for {} outputs",
+            layers.len(),
+            outs.len()
+        )));
+    }
     if rows == 0 && x.is_empty() && outs.iter().all(|o| o.is_empty()) {
         return Ok(());
     }
