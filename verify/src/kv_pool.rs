@@ -279,52 +279,61 @@ impl KvShard {
         }
     }
 
-    /// One query head's attention over KV head `kvh` at positions
-    /// `0..ctx_len` of a sequence, read in place from its blocks. Heads are
-    /// independent, so callers run them in parallel with identical results.
-    /// `qh` (RoPE applied) and `out` hold `head_dim` floats; `scores` is
-    /// scratch that grows to `ctx_len` floats.
+    /// Attention of the query heads that share KV head `kvh` (grouped-query
+    /// attention) over positions `0..ctx_len` of a sequence, read in place
+    /// from its blocks; each K and V row is loaded once for the whole group.
+    /// `q` and `out` hold `heads * head_dim` floats (RoPE applied), `scores`
+    /// is scratch that grows to `heads * ctx_len` floats. Each head's result
+    /// is computed in the same order whatever the group, so callers may
+    /// split work by (row, KV head) with identical results.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attend_head(
+    pub(crate) fn attend_group(
         &self,
         layer: usize,
         block_table: &[u32],
         ctx_len: usize,
-        qh: &[f32],
+        q: &[f32],
         kvh: usize,
         scale: f32,
         out: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
         let hd = self.head_dim;
+        let heads = q.len() / hd;
         let (kc, vc) = (&self.k[layer], &self.v[layer]);
+        let at = |t: usize| {
+            self.offset(
+                block_table[t / self.block_size] as usize,
+                kvh,
+                t % self.block_size,
+            )
+        };
         scores.clear();
-        scores.resize(ctx_len, 0.0);
-        let mut max = f32::NEG_INFINITY;
-        for (t, s) in scores.iter_mut().enumerate() {
-            let off = self.offset(
-                block_table[t / self.block_size] as usize,
-                kvh,
-                t % self.block_size,
-            );
-            let d = dot(qh, &kc[off..off + hd]) * scale;
-            *s = d;
-            max = max.max(d);
+        scores.resize(heads * ctx_len, 0.0);
+        for t in 0..ctx_len {
+            let k = &kc[at(t)..at(t) + hd];
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                scores[h * ctx_len + t] = dot(qh, k) * scale;
+            }
         }
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
+        for s in scores.chunks_exact_mut(ctx_len.max(1)).take(heads) {
+            let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0.0;
+            for v in s.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            let inv = 1.0 / sum;
+            for v in s.iter_mut() {
+                *v *= inv;
+            }
         }
-        let inv = 1.0 / sum;
         out.fill(0.0);
-        for (t, &s) in scores.iter().enumerate() {
-            let off = self.offset(
-                block_table[t / self.block_size] as usize,
-                kvh,
-                t % self.block_size,
-            );
-            axpy(s * inv, &vc[off..off + hd], out);
+        for t in 0..ctx_len {
+            let v = &vc[at(t)..at(t) + hd];
+            for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+                axpy(scores[h * ctx_len + t], v, oh);
+            }
         }
     }
 }
@@ -343,7 +352,15 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += x[i] * y[i];
         }
     }
-    let mut s: f32 = acc.iter().sum();
+    // A tree sum: a sequential one would be a chain of 32 dependent adds.
+    let mut w = W / 2;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+        w /= 2;
+    }
+    let mut s = acc[0];
     for (x, y) in ar.iter().zip(br) {
         s += x * y;
     }
@@ -434,9 +451,10 @@ mod tests {
         let mut out = [0.0; 16];
         let mut scratch = Vec::new();
         pool.check_table(&table, ctx).unwrap();
-        for (h, oh) in out.chunks_exact_mut(4).enumerate() {
-            let qh = &q[h * 4..(h + 1) * 4];
-            pool.shards[0].attend_head(1, &table, ctx, qh, h / 2, 0.5, oh, &mut scratch);
+        // Query heads 0-1 read KV head 0, heads 2-3 KV head 1.
+        for (g, og) in out.chunks_exact_mut(8).enumerate() {
+            let qg = &q[g * 8..(g + 1) * 8];
+            pool.shards[0].attend_group(1, &table, ctx, qg, g, 0.5, og, &mut scratch);
         }
         for h in 0..4 {
             let kvh = h / 2;

@@ -16,7 +16,7 @@
 //! Threads: a sharded forward runs its ranks through `ranks.rs` (scoped
 //! threads per call, rank 0 on the caller's); an unsharded one runs on a
 //! rayon worker. Within a rank, q/k/v and gate/up are one kernel pass each
-//! (`forward_many`), attention is one task per (row, query head), and the
+//! (`forward_many`), attention is one task per (row, KV head), and the
 //! norms, activation and residual adds (`ops.rs`) work on buffers reused by
 //! every layer.
 
@@ -320,26 +320,28 @@ impl Shard {
                     &v[r * kvd..(r + 1) * kvd],
                 );
             }
-            // One task per (row, query head): a single decoded row still
-            // spreads its heads over the cores.
+            // One task per (row, KV head): the query heads sharing a KV head
+            // read each K/V row once, and a single decoded row still spreads
+            // over the cores.
             let kv_ref = &*kv;
             let group = nh / nkv;
-            attn.par_chunks_mut(hd)
-                .enumerate()
-                .for_each_init(Vec::new, |scores, (i, out)| {
-                    let (r, head) = (i / nh, i % nh);
-                    let at = r * qd + head * hd;
-                    kv_ref.attend_head(
+            attn.par_chunks_mut(group * hd).enumerate().for_each_init(
+                Vec::new,
+                |scores, (i, out)| {
+                    let (r, g) = (i / nkv, i % nkv);
+                    let at = r * qd + g * group * hd;
+                    kv_ref.attend_group(
                         li,
                         tables[rows.seq[r]],
                         rows.positions[r] + 1,
-                        &q[at..at + hd],
-                        head / group,
+                        &q[at..at + group * hd],
+                        g,
                         scale,
                         out,
                         scores,
                     )
-                });
+                },
+            );
             layer.o.forward_into(&attn, n, &mut part)?;
             self.comm.all_reduce_sum(&mut part)?;
             ops::add_in_place(&mut x, &part);
