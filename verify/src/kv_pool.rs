@@ -311,7 +311,8 @@ impl KvShard {
         scores.clear();
         scores.resize(heads * ctx_len, 0.0);
         for t in 0..ctx_len {
-            let k = &kc[at(t)..at(t) + hd];
+            let o = at(t);
+            let k = &kc[o..o + hd];
             for (h, qh) in q.chunks_exact(hd).enumerate() {
                 scores[h * ctx_len + t] = dot(qh, k) * scale;
             }
@@ -330,7 +331,8 @@ impl KvShard {
         }
         out.fill(0.0);
         for t in 0..ctx_len {
-            let v = &vc[at(t)..at(t) + hd];
+            let o = at(t);
+            let v = &vc[o..o + hd];
             for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
                 axpy(scores[h * ctx_len + t], v, oh);
             }

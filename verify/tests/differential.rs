@@ -10,6 +10,9 @@ use specgate_verify::model::load_gguf;
 use specgate_verify::sample::argmax;
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{Arch, KvPool, LogitsWanted, Model};
+mod common;
+
+use common::real_model;
 use std::path::{Path, PathBuf};
 
 /// candle-transformers' reference model for one GGUF file.
@@ -358,22 +361,6 @@ fn unknown_architecture_and_missing_tensor_are_named() {
 }
 
 // ---- real weights, when scripts/fetch-models.sh has run ----
-
-fn real_model(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var("SPECGATE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models"));
-    let p = dir.join(name);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipping: {} not present (run scripts/fetch-models.sh)",
-            p.display()
-        );
-        None
-    }
-}
 
 /// Real models load several GiB each (more when dequantized): one at a time.
 static REAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -19,6 +19,9 @@ use specgate_verify::model::{load_gguf_tp, load_model_tp, load_safetensors_tp};
 use specgate_verify::sample::argmax;
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{KvPool, LogitsWanted, Model, VerifyError};
+mod common;
+
+use common::real_model;
 use std::path::{Path, PathBuf};
 
 fn tmp_dir() -> PathBuf {
@@ -62,9 +65,14 @@ fn qwen2_spec() -> TinySpec {
     }
 }
 
-/// Logits of a whole-prompt prefill (every row) and of `gen` greedy decode
-/// steps, and the greedy tokens.
-fn run(model: &Model, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+/// Logits of a whole-prompt prefill (every row) and of `gen` decode steps,
+/// and the tokens fed: step i feeds `pick(i, last row of logits)`.
+fn decode(
+    model: &Model,
+    prompt: &[u32],
+    gen: usize,
+    mut pick: impl FnMut(usize, &[f32]) -> u32,
+) -> (Vec<Vec<f32>>, Vec<u32>) {
     let total = prompt.len() + gen;
     let blocks = total.div_ceil(16) + 1;
     // Reversed block ids: the shards must share one block numbering.
@@ -74,8 +82,8 @@ fn run(model: &Model, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
         .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::All)
         .unwrap();
     let mut tokens = Vec::new();
-    for pos in prompt.len()..total {
-        let next = argmax(rows.last().unwrap());
+    for (i, pos) in (prompt.len()..total).enumerate() {
+        let next = pick(i, rows.last().unwrap());
         tokens.push(next);
         let step = model
             .forward_one(&mut pool, &[next], pos, &table, LogitsWanted::Last)
@@ -85,30 +93,16 @@ fn run(model: &Model, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
     (rows, tokens)
 }
 
+/// [`decode`] greedily: the logits and the greedy tokens.
+fn run(model: &Model, prompt: &[u32], gen: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    decode(model, prompt, gen, |_, row| argmax(row))
+}
+
 /// Logits of `prompt` followed by `tokens` fed one at a time (teacher
 /// forcing): two models compare position by position even where their
 /// greedy choices would part at a near-tie.
 fn run_forced(model: &Model, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
-    let total = prompt.len() + tokens.len();
-    let blocks = total.div_ceil(16) + 1;
-    let table: Vec<u32> = (0..blocks as u32).rev().collect();
-    let mut pool = KvPool::for_model(model, blocks, 16).unwrap();
-    let mut rows = model
-        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::All)
-        .unwrap();
-    for (i, &t) in tokens.iter().enumerate() {
-        let step = model
-            .forward_one(
-                &mut pool,
-                &[t],
-                prompt.len() + i,
-                &table,
-                LogitsWanted::Last,
-            )
-            .unwrap();
-        rows.extend(step);
-    }
-    rows
+    decode(model, prompt, tokens.len(), |i, _| tokens[i]).0
 }
 
 /// Gap between a row's two largest logits.
@@ -270,22 +264,6 @@ fn impossible_splits_name_the_tensor_and_the_sizes_that_work() {
 }
 
 // ---- the real Qwen2.5-Coder-1.5B, when scripts/fetch-models.sh has run ----
-
-fn real_model(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var("SPECGATE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models"));
-    let p = dir.join(name);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipping: {} not present (run scripts/fetch-models.sh)",
-            p.display()
-        );
-        None
-    }
-}
 
 /// "def fibonacci(n):\n    return n if n < 2 else fibonacci(n-1) + fibonacci(n-2)\n"
 const QWEN_PROMPT: [u32; 24] = [

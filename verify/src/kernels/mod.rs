@@ -154,6 +154,9 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
                     && is_x86_feature_detected!("fma")
+                    // The AVX-512 kernels are also compiled with these.
+                    && is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("f16c")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,

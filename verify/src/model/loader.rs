@@ -361,19 +361,7 @@ pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
     };
     let plan = ShardPlan::new(&cfg, &limits, world)?;
     let mut tensors = candle_core::safetensors::load(&st_path, &Device::Cpu)?;
-    let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
-        let t = tensors
-            .remove(name)
-            .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
-        if t.dims() != shape {
-            return Err(VerifyError::BadTensorShape {
-                name: name.to_string(),
-                got: t.dims().to_vec(),
-                expected: shape.to_vec(),
-            });
-        }
-        Ok(t.to_dtype(DType::F32)?)
-    };
+    let mut take = |name: &str, shape: &[usize]| take_f32(&mut tensors, name, shape);
     let (h, hd) = (cfg.hidden_size, cfg.head_dim);
     let (qd, kvd, ff) = (
         cfg.num_heads * hd,
@@ -443,4 +431,25 @@ pub fn load_model_tp(path: &Path, world: usize) -> Result<Model> {
     } else {
         load_gguf_tp(path, world)
     }
+}
+
+/// Removes safetensors tensor `name` from `map` as f32, checking its shape.
+///
+/// Errors: [`VerifyError::MissingTensor`], [`VerifyError::BadTensorShape`].
+pub(crate) fn take_f32(
+    map: &mut std::collections::HashMap<String, Tensor>,
+    name: &str,
+    shape: &[usize],
+) -> Result<Tensor> {
+    let t = map
+        .remove(name)
+        .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
+    if t.dims() != shape {
+        return Err(VerifyError::BadTensorShape {
+            name: name.to_string(),
+            got: t.dims().to_vec(),
+            expected: shape.to_vec(),
+        });
+    }
+    Ok(t.to_dtype(DType::F32)?)
 }

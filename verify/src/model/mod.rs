@@ -263,9 +263,7 @@ pub fn read_token_list(path: &std::path::Path) -> Result<Vec<u32>> {
 /// A linear layer: quantized (GGUF) or dense, with an optional bias.
 pub(crate) struct Linear {
     weight: LinearWeight,
-    bias: Option<Tensor>,
-    /// The bias as plain values, for [`forward_many`].
-    bias_f32: Option<Vec<f32>>,
+    bias: Option<Vec<f32>>,
 }
 
 enum LinearWeight {
@@ -291,19 +289,14 @@ impl Linear {
             }
             _ => LinearWeight::Candle(weight),
         };
-        let bias_f32 = bias
-            .as_ref()
+        let bias = bias
             .map(|b| {
                 b.to_dtype(candle_core::DType::F32)?
                     .flatten_all()?
                     .to_vec1::<f32>()
             })
             .transpose()?;
-        Ok(Self {
-            weight,
-            bias,
-            bias_f32,
-        })
+        Ok(Self { weight, bias })
     }
 
     /// Batch-invariant: row r of the result depends only on row r of `x`,
@@ -314,30 +307,32 @@ impl Linear {
     /// are row-independent except its single-row Q6_K kernel, which rounds
     /// differently from the multi-row one, so a single Q6_K row is padded
     /// to two there.
+    ///
+    /// [`forward_into`](Linear::forward_into) on a `(rows, k)` tensor.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.forward_unbiased(x)?;
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        let (rows, _) = x.dims2()?;
+        let xs = x
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let n = self.out_features()?;
+        let mut out = vec![0f32; rows * n];
+        self.forward_into(&xs, rows, &mut out)?;
+        Ok(Tensor::from_vec(out, (rows, n), x.device())?)
     }
+}
 
-    /// [`Linear::forward`] without the bias.
-    fn forward_unbiased(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(match &self.weight {
-            LinearWeight::Native(w) => native_forward(w, x)?,
-            LinearWeight::Candle(q) => {
-                let single_q6k = matches!(q, QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q6K)
-                    && x.dim(0)? == 1;
-                if single_q6k {
-                    let padded = Tensor::cat(&[x, x], 0)?;
-                    q.forward(&padded)?.narrow(0, 0, 1)?
-                } else {
-                    q.forward(x)?
-                }
-            }
-        })
-    }
+/// candle's matmul of `x (rows x k)`, without bias; a single Q6_K row is
+/// padded to two (see [`Linear::forward`]).
+fn candle_forward(q: &QMatMul, x: &Tensor) -> Result<Tensor> {
+    let single_q6k =
+        matches!(q, QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q6K) && x.dim(0)? == 1;
+    Ok(if single_q6k {
+        let padded = Tensor::cat(&[x, x], 0)?;
+        q.forward(&padded)?.narrow(0, 0, 1)?
+    } else {
+        q.forward(x)?
+    })
 }
 
 impl Linear {
@@ -351,7 +346,7 @@ impl Linear {
     }
 
     fn add_bias(&self, out: &mut [f32]) {
-        if let Some(b) = &self.bias_f32 {
+        if let Some(b) = &self.bias {
             for row in out.chunks_exact_mut(b.len()) {
                 ops::add_in_place(row, b);
             }
@@ -420,8 +415,16 @@ pub(crate) fn forward_many(
         None => {
             let xt = Tensor::from_slice(x, (rows, k), &candle_core::Device::Cpu)?;
             for (l, o) in layers.iter().zip(outs.iter_mut()) {
-                let y = l.forward_unbiased(&xt)?.flatten_all()?.to_vec1::<f32>()?;
-                o.copy_from_slice(&y);
+                let y = match &l.weight {
+                    LinearWeight::Native(w) => {
+                        return Err(bad(format!(
+                            "linear layer of {} inputs fed rows of {k}",
+                            w.k()
+                        )))
+                    }
+                    LinearWeight::Candle(q) => candle_forward(q, &xt)?,
+                };
+                o.copy_from_slice(&y.flatten_all()?.to_vec1::<f32>()?);
             }
         }
     }
@@ -465,11 +468,11 @@ impl Linear {
                 QMatMul::TensorF16(t.index_select(&idx, 0)?)
             }
         };
-        let bias = match &self.bias {
-            Some(b) => Some(b.index_select(&idx, 0)?),
-            None => None,
-        };
-        Linear::new(weight, bias)
+        let mut head = Linear::new(weight, None)?;
+        // Every row is inside the matrix (the weights' selection checked),
+        // and a bias has one value per row.
+        head.bias = (self.bias.as_ref()).map(|b| rows.iter().map(|&r| b[r as usize]).collect());
+        Ok(head)
     }
 }
 
@@ -482,30 +485,6 @@ fn quantized_matrix(dtype: GgmlDType, bytes: &[u8], n: usize, k: usize) -> Resul
         &candle_core::Device::Cpu,
     )?;
     Ok(QMatMul::from_arc(Arc::new(q))?)
-}
-
-/// `x (rows x k) @ w^T` through our kernels, reading `x` in place.
-fn native_forward(w: &QWeight, x: &Tensor) -> Result<Tensor> {
-    let (rows, k) = x.dims2()?;
-    if k != w.k() {
-        return Err(VerifyError::BadBatch(format!(
-            "linear layer of {} inputs fed rows of {k}",
-            w.k()
-        )));
-    }
-    let x = x.to_dtype(candle_core::DType::F32)?.contiguous()?;
-    let mut out = vec![0f32; rows * w.n()];
-    {
-        let (storage, layout) = x.storage_and_layout();
-        let candle_core::Storage::Cpu(cpu) = &*storage else {
-            return Err(
-                candle_core::Error::Msg("quantized linear needs CPU tensors".into()).into(),
-            );
-        };
-        let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * k];
-        w.matmul(data, rows, &mut out);
-    }
-    Ok(Tensor::from_vec(out, (rows, w.n()), x.device())?)
 }
 
 /// Token embedding table, kept quantized when the file stores it so.

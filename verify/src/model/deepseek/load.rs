@@ -7,10 +7,10 @@ use super::{
     yarn_mscale, Attention, Dense, DsLayer, Ffn, MlaPrefill, Mlp, Moe, Query, Rope, Weights,
 };
 use crate::error::{Result, VerifyError};
-use crate::model::loader::json_usize;
+use crate::model::loader::{json_usize, take_f32};
 use crate::model::{Arch, Body, MlaConfig, Model, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
 use crate::tp::Communicator;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -237,18 +237,9 @@ struct Tensors {
 
 impl Tensors {
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let t = self
-            .map
-            .remove(name)
-            .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
-        if t.dims() != shape {
-            return Err(VerifyError::BadTensorShape {
-                name: name.to_string(),
-                got: t.dims().to_vec(),
-                expected: shape.to_vec(),
-            });
-        }
-        Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        Ok(take_f32(&mut self.map, name, shape)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
     }
 
     /// Rows `r` of the `[out, inp]` matrix `name`.
