@@ -139,12 +139,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         let running = specgate::server::start(cfg, args.config.clone()).await?;
         eprintln!("specgate listening on http://{}", running.addr);
-        specgate::server::termination().await;
-        eprintln!("shutting down: draining in-flight requests");
-        let _ = running.shutdown.send(());
-        let _ = running.done.await;
-        running.engine.shutdown();
-        Ok(())
+        specgate::server::serve_until_exit(running, specgate::server::termination()).await
     })
 }
 

@@ -6,7 +6,7 @@
 use crate::config::Config;
 use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
-use crate::http::{serve, AppState, Backend, HttpSettings};
+use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
 use specgate_verify::model::{load_model, load_model_tp, read_token_list};
@@ -55,7 +55,17 @@ pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running>
         request_timeout: Duration::from_secs(s.request_timeout_secs),
         drain_timeout: Duration::from_secs(s.drain_timeout_secs),
         keep_alive: Duration::from_secs(s.keep_alive_secs),
+        body_read_timeout: Duration::from_secs(s.body_read_timeout_secs),
+        stream_write_timeout: Duration::from_secs(s.stream_write_timeout_secs),
+        conn: ConnLimits {
+            header_read: Duration::from_secs(s.header_read_timeout_secs),
+            write_stall: Duration::from_secs(s.stream_write_timeout_secs),
+            max_connections: s.max_connections,
+        },
     };
+    // SIGHUP's default action ends the process: take it over before the
+    // (long) model load, so a reload signal sent early is only deferred.
+    let hangups = hangup_signals();
     let listener = TcpListener::bind((s.host.as_str(), s.port))
         .await
         .with_context(|| format!("binding {}:{}", s.host, s.port))?;
@@ -78,8 +88,20 @@ pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running>
         engine: engine.clone(),
         tokenizer,
     });
-    if let Some(path) = config_path {
-        tokio::spawn(watch_config(cfg.clone(), path, engine.clone()));
+    match config_path {
+        Some(path) => {
+            tokio::spawn(watch_config(cfg.clone(), path, engine.clone(), hangups));
+        }
+        None => {
+            // Nothing to reload; SIGHUP stays harmless.
+            tokio::spawn(async move {
+                let mut hangups = hangups;
+                loop {
+                    next_hangup(&mut hangups).await;
+                    eprintln!("SIGHUP: no config file to reload (started without --config)");
+                }
+            });
+        }
     }
     Ok(Running {
         addr,
@@ -137,28 +159,42 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
     Ok((engine, tokenizer))
 }
 
+/// SIGHUP, where the platform has it (`None` elsewhere or if the handler
+/// cannot be installed).
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+fn hangup_signals() -> Hangups {
+    #[cfg(unix)]
+    {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// The next SIGHUP (never, without a handler).
+async fn next_hangup(h: &mut Hangups) {
+    #[cfg(unix)]
+    if let Some(h) = h.as_mut() {
+        h.recv().await;
+        return;
+    }
+    let _ = h;
+    std::future::pending::<()>().await
+}
+
 /// Re-applies `[speculative]` on SIGHUP and when the file's modification
 /// time changes (checked every 2 s). An invalid edit is refused and logged;
 /// the settings in force stay.
-async fn watch_config(mut cfg: Config, path: PathBuf, engine: EngineHandle) {
+async fn watch_config(mut cfg: Config, path: PathBuf, engine: EngineHandle, mut hup: Hangups) {
     let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let mut seen = mtime(&path);
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
-        #[cfg(unix)]
-        let hup_fut = async {
-            match hup.as_mut() {
-                Some(h) => {
-                    h.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let hup_fut = std::future::pending::<()>();
         tokio::select! {
-            _ = hup_fut => {}
+            _ = next_hangup(&mut hup) => {}
             _ = tokio::time::sleep(Duration::from_secs(2)) => {
                 let now = mtime(&path);
                 if now == seen {
@@ -184,6 +220,30 @@ async fn watch_config(mut cfg: Config, path: PathBuf, engine: EngineHandle) {
             ),
         }
     }
+}
+
+/// Serves until SIGTERM/Ctrl-C (then drains: `Ok`) or until the engine
+/// thread dies (then drains what it can and returns an error, so the
+/// process exits non-zero and a supervisor restarts it).
+///
+/// Errors: the engine died.
+pub async fn serve_until_exit(running: Running, stop: impl std::future::Future<Output = ()>) -> Result<()> {
+    let died = tokio::select! {
+        _ = stop => false,
+        _ = running.engine.died() => true,
+    };
+    if died {
+        eprintln!("the engine died: shutting down so the process can be restarted");
+    } else {
+        eprintln!("shutting down: draining in-flight requests");
+    }
+    let _ = running.shutdown.send(());
+    let _ = running.done.await;
+    running.engine.shutdown();
+    if died {
+        anyhow::bail!("the engine thread died (see the panic above)");
+    }
+    Ok(())
 }
 
 /// Waits for SIGTERM or Ctrl-C.

@@ -7,8 +7,8 @@
 use candle_core::quantized::GgmlDType;
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, EngineStats, Event, FinishReason, GenRequest, KvSize,
-    ProposerKind,
+    spawn, EngineConfig, EngineHandle, EngineStats, Event, Fault, FinishReason, GenRequest,
+    KvSize, ProposerKind,
 };
 use specgate_draft::DraftPolicy;
 use specgate_verify::model::{load_gguf, load_gguf_tp};
@@ -283,6 +283,146 @@ fn bad_requests_are_refused_with_reasons() {
     let mut r = request(1);
     r.max_new_tokens = 200;
     assert!(h.submit(r).unwrap_err().to_string().contains("KV cache"));
+}
+
+/// A client number near 2^64 must not wrap the context check (a wrapped
+/// sum passes it and the sequence never ends).
+#[test]
+fn huge_max_new_tokens_is_refused_not_wrapped() {
+    let h = engine(Spec::Off, 8, 4, 64);
+    for n in [usize::MAX, usize::MAX - 2, usize::MAX / 2 + 1] {
+        let mut r = request(1);
+        r.max_new_tokens = n;
+        let e = h.submit(r).unwrap_err().to_string();
+        assert!(e.contains("context length"), "{n}: {e}");
+    }
+}
+
+/// Outputs of `n` requests submitted together after `fault`; `None` for a
+/// request that ended with an error event.
+fn together_with_fault(h: &EngineHandle, fault: Fault, n: usize) -> Vec<Option<Vec<u32>>> {
+    h.inject_fault(fault).unwrap();
+    let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
+    rxs.into_iter()
+        .map(|mut rx| {
+            let mut out = Vec::new();
+            loop {
+                match rx.blocking_recv().expect("stream ended without a finish") {
+                    Event::Tokens { ids, .. } => out.extend(ids),
+                    Event::Finished { .. } => return Some(out),
+                    Event::Error(e) => {
+                        assert!(e.contains("internal error"), "{e}");
+                        assert!(!e.contains("injected"), "internal detail leaked: {e}");
+                        return None;
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// A forward that fails (an error, or a panic as a kernel bug would
+/// cause) for one sequence ends that sequence only: every other request of
+/// the batch emits what it emits alone, and the pool comes back whole.
+#[test]
+fn a_faulty_sequence_fails_alone_and_the_batch_goes_on() {
+    let want = alone(6);
+    for (fault, spec) in [
+        (Fault::ForwardError(3), Spec::Ngram),
+        (Fault::ForwardPanic(5), Spec::Draft),
+    ] {
+        let h = engine(spec, 64, 8, 64);
+        let got = together_with_fault(&h, fault, 6);
+        let bad = match fault {
+            Fault::ForwardError(n) | Fault::ForwardPanic(n) => n as usize - 1,
+            _ => unreachable!(),
+        };
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if i == bad {
+                assert!(g.is_none(), "{fault:?}: request {i} should have failed");
+            } else {
+                assert_eq!(g.as_ref(), Some(w), "{fault:?}: request {i}");
+            }
+        }
+        let s = wait_idle(&h);
+        assert_eq!(s.failed, 1, "{fault:?}");
+        assert!(h.is_alive());
+        // The engine still serves.
+        assert_eq!(collect(h.submit(request(2)).unwrap()).0, want[2]);
+    }
+}
+
+/// A draft with a shorter context than the target's fails on a long
+/// sequence: that sequence goes on without drafts (still exact), and the
+/// short ones beside it keep drafting.
+#[test]
+fn a_draft_with_a_shorter_context_does_not_fail_the_batch() {
+    let short_draft = tiny(
+        TinySpec {
+            dtype: GgmlDType::Q4K,
+            max_position: 48,
+            ..TinySpec::qwen2(31)
+        },
+        "short-draft.gguf",
+    );
+    let cfg = EngineConfig {
+        kv: KvSize::Blocks(64),
+        block_size: 16,
+        scheduler: SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+        },
+        policy: DraftPolicy::Fixed { k: 3 },
+    };
+    let h = spawn(target(), ProposerKind::Draft(short_draft), None, cfg)
+        .unwrap()
+        .0;
+    let plain = engine(Spec::Off, 64, 1, 64);
+    let reqs: Vec<GenRequest> = (0..4)
+        .map(|i| {
+            let mut r = request(i);
+            // Request 0 outgrows the draft's 48 positions; the rest do not.
+            r.max_new_tokens = if i == 0 { 60 } else { 8 };
+            r
+        })
+        .collect();
+    let want: Vec<_> = reqs
+        .iter()
+        .map(|r| collect(plain.submit(r.clone()).unwrap()).0)
+        .collect();
+    let rxs: Vec<_> = reqs.iter().map(|r| h.submit(r.clone()).unwrap()).collect();
+    let got: Vec<_> = rxs.into_iter().map(|rx| collect(rx).0).collect();
+    assert_eq!(got, want);
+    let s = wait_idle(&h);
+    assert_eq!(s.failed, 0);
+}
+
+/// A panic of the engine thread itself is reported: in-flight requests
+/// get an error event, `is_alive` turns false and `died` resolves (the
+/// server turns /health to 503 and exits non-zero on it).
+#[test]
+fn an_engine_panic_is_reported_not_silent() {
+    let h = engine(Spec::Off, 64, 4, 64);
+    let mut r = request(1);
+    r.max_new_tokens = 30;
+    let mut rx = h.submit(r).unwrap();
+    h.inject_fault(Fault::EnginePanic).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), h.died())
+            .await
+            .expect("died() never resolved");
+    });
+    assert!(!h.is_alive());
+    let mut last = None;
+    while let Some(ev) = rx.blocking_recv() {
+        last = Some(ev);
+    }
+    assert!(matches!(last, Some(Event::Error(_)) | Some(Event::Finished { .. })));
+    assert!(h.submit(request(2)).is_err());
 }
 
 /// The real 1.5B target with the real 0.5B draft: 8 concurrent chat

@@ -18,6 +18,8 @@ pub enum ErrorKind {
     NotFound,
     /// 405: known route, wrong method.
     MethodNotAllowed,
+    /// 408: the client did not send its request (body) in time.
+    RequestTimeout,
     /// 413: the body is over the configured size limit.
     PayloadTooLarge,
     /// 429: the admission queue is full.
@@ -27,6 +29,8 @@ pub enum ErrorKind {
     Unavailable,
     /// 502: (router) every replica tried failed before answering.
     BadGateway,
+    /// 504: (router) a replica did not answer in time.
+    GatewayTimeout,
     /// 500: a bug or an unexpected failure on the server side.
     Internal,
 }
@@ -39,10 +43,12 @@ impl ErrorKind {
             ErrorKind::Authentication => 401,
             ErrorKind::NotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::RequestTimeout => 408,
             ErrorKind::PayloadTooLarge => 413,
             ErrorKind::RateLimited => 429,
             ErrorKind::Unavailable => 503,
             ErrorKind::BadGateway => 502,
+            ErrorKind::GatewayTimeout => 504,
             ErrorKind::Internal => 500,
         }
     }
@@ -54,11 +60,15 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest
             | ErrorKind::MethodNotAllowed
+            | ErrorKind::RequestTimeout
             | ErrorKind::PayloadTooLarge => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::RateLimited => "rate_limit_error",
-            ErrorKind::Unavailable | ErrorKind::BadGateway | ErrorKind::Internal => "server_error",
+            ErrorKind::Unavailable
+            | ErrorKind::BadGateway
+            | ErrorKind::GatewayTimeout
+            | ErrorKind::Internal => "server_error",
         }
     }
 }
@@ -156,6 +166,17 @@ impl ApiError {
             format!("The request body is larger than the limit of {limit_bytes} bytes."),
         )
         .with_code("request_too_large")
+    }
+
+    /// 408 for a request body that did not arrive in time; code `timeout`.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::RequestTimeout, message).with_code("timeout")
+    }
+
+    /// 504 for an upstream (replica) that did not answer in time; code
+    /// `upstream_timeout`.
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::GatewayTimeout, message).with_code("upstream_timeout")
     }
 
     /// 429; code `rate_limit_exceeded`.

@@ -19,6 +19,10 @@ pub use crate::engine::{SpecMethod, MAX_SPECULATIVE_TOKENS};
 
 /// Most stop sequences a request may give (OpenAI's limit).
 pub const MAX_STOP_SEQUENCES: usize = 4;
+/// Longest stop sequence in bytes. Each generated piece of text is matched
+/// against every suffix of the held-back text, so the cost per token grows
+/// with the square of this bound.
+pub const MAX_STOP_BYTES: usize = 256;
 /// Largest `temperature` (OpenAI's range is `0..=2`).
 pub const MAX_TEMPERATURE: f32 = 2.0;
 /// `temperature` when the request gives none (OpenAI's default).
@@ -440,9 +444,19 @@ fn parse_sampling(map: &Map<String, Value>) -> Result<SamplingParams, ApiError> 
 
 fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     let empty = || ApiError::invalid("stop", "Invalid 'stop': stop sequences must not be empty.");
+    let long = |s: &str| {
+        ApiError::invalid(
+            "stop",
+            format!(
+                "Invalid 'stop': a stop sequence may be at most {MAX_STOP_BYTES} bytes long, but one is {}.",
+                s.len()
+            ),
+        )
+    };
     match get(map, "stop") {
         None => Ok(Vec::new()),
         Some(Value::String(s)) if s.is_empty() => Err(empty()),
+        Some(Value::String(s)) if s.len() > MAX_STOP_BYTES => Err(long(s)),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(items)) => {
             if items.len() > MAX_STOP_SEQUENCES {
@@ -459,6 +473,7 @@ fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
                 .enumerate()
                 .map(|(i, v)| match v {
                     Value::String(s) if s.is_empty() => Err(empty()),
+                    Value::String(s) if s.len() > MAX_STOP_BYTES => Err(long(s)),
                     Value::String(s) => Ok(s.clone()),
                     other => Err(ApiError::invalid(
                         "stop",

@@ -139,13 +139,33 @@ pub struct EngineStats {
     pub spec: SpecStats,
     pub finished: u64,
     pub cancelled: u64,
+    /// Requests ended by an internal error (contained to them).
+    pub failed: u64,
     pub steps: u64,
 }
 
 enum Command {
     Submit(Box<Sequence>),
     SetPolicy(DraftPolicy),
+    Fault(Fault),
     Shutdown,
+}
+
+/// A failure injected on purpose, so tests can prove the engine contains
+/// faults it cannot otherwise be made to have (a kernel panic, a broken
+/// forward). Requests are numbered from 1 in the order this engine received
+/// them.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Every verifier forward that carries request n returns an error.
+    ForwardError(u64),
+    /// Every verifier forward that carries request n panics.
+    ForwardPanic(u64),
+    /// The engine thread itself panics at its next loop turn.
+    EnginePanic,
+    /// Every step first sleeps this many milliseconds (a slow machine).
+    SlowSteps(u64),
 }
 
 /// The HTTP layer's way into the engine. Cheap to clone.
@@ -155,6 +175,8 @@ pub struct EngineHandle {
     stats: Arc<Mutex<EngineStats>>,
     next_id: Arc<AtomicU64>,
     limits: Arc<Limits>,
+    /// Turns true when the engine thread ends by a panic.
+    dead: tokio::sync::watch::Receiver<bool>,
 }
 
 struct Limits {
@@ -189,7 +211,12 @@ impl EngineHandle {
                 l.vocab_size
             ));
         }
-        let total = req.prompt.len() + req.max_new_tokens;
+        // Client-supplied sizes: checked, since a wrapped sum would pass.
+        let total = req
+            .prompt
+            .len()
+            .checked_add(req.max_new_tokens)
+            .unwrap_or(usize::MAX);
         if total > l.max_position {
             return bad(format!(
                 "prompt ({} tokens) + max_new_tokens ({}) = {total} exceeds the context length of {}",
@@ -213,7 +240,7 @@ impl EngineHandle {
         }
         // Lookahead is capped by what the pool holds, so only the sequence
         // itself (plus one verify row) must fit.
-        if total + 1 > l.max_slots {
+        if total.saturating_add(1) > l.max_slots {
             return bad(format!(
                 "prompt + max_new_tokens ({total}) does not fit the KV cache of {} tokens",
                 l.max_slots
@@ -235,6 +262,29 @@ impl EngineHandle {
         self.tx
             .send(Command::SetPolicy(policy))
             .map_err(|_| EngineError::Stopped)
+    }
+
+    /// Injects `fault` (tests only: see [`Fault`]).
+    #[doc(hidden)]
+    pub fn inject_fault(&self, fault: Fault) -> Result<(), EngineError> {
+        self.tx
+            .send(Command::Fault(fault))
+            .map_err(|_| EngineError::Stopped)
+    }
+
+    /// False once the engine thread has died of a panic: nothing it held
+    /// will ever answer again, so the process should be restarted.
+    pub fn is_alive(&self) -> bool {
+        !*self.dead.borrow()
+    }
+
+    /// Resolves when the engine thread dies of a panic; never after a
+    /// normal shutdown.
+    pub async fn died(&self) {
+        let mut rx = self.dead.clone();
+        if rx.wait_for(|&dead| dead).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// The model's context length (prompt + output).
@@ -272,9 +322,13 @@ pub fn spawn(
     });
     let stats = engine.shared_stats();
     let (tx, rx) = mpsc::channel();
+    let (dead_tx, dead) = tokio::sync::watch::channel(false);
     let join = std::thread::Builder::new()
         .name("specgate-engine".into())
-        .spawn(move || engine.run(rx))
+        .spawn(move || {
+            let _guard = DeathNotice(dead_tx);
+            engine.run(rx)
+        })
         .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
     Ok((
         EngineHandle {
@@ -282,7 +336,22 @@ pub fn spawn(
             stats,
             next_id: Arc::new(AtomicU64::new(1)),
             limits,
+            dead,
         },
         join,
     ))
+}
+
+/// Announces the engine thread's death when it unwinds from a panic. The
+/// engine itself is dropped first (it is owned by the frame that panicked),
+/// so every client has its error event by then.
+struct DeathNotice(tokio::sync::watch::Sender<bool>);
+
+impl Drop for DeathNotice {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("specgate: the engine thread panicked; the server cannot serve any more");
+            self.0.send_replace(true);
+        }
+    }
 }

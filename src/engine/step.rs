@@ -1,12 +1,20 @@
-//! The engine thread: each step plans (scheduler), drafts for every decode
-//! sequence, runs ONE verifier forward over all prefill chunks and decode
-//! rows, accepts per sequence, trims and registers blocks, and sends events.
+//! The engine thread: each step runs in named stages (plan, propose,
+//! verify, commit, emit): the scheduler plans, proposers draft for every
+//! decode sequence, ONE verifier forward runs over all prefill chunks and
+//! decode rows, acceptance decides per sequence, blocks are trimmed and
+//! registered, and events are sent.
+//!
+//! Faults are contained per sequence: a batched stage that fails (an error
+//! or a panic in a forward) is retried piece by piece, and only the
+//! sequences that fail alone end, with an error event that points at the
+//! log; the rest of the batch goes on. A panic outside the stages kills the
+//! thread, which [`super::EngineHandle::died`] reports.
 
 use super::scheduler::Scheduler;
 use super::sequence::Sequence;
 use super::{
-    Command, EngineConfig, EngineError, EngineStats, Event, FinishReason, KvSize, ProposerKind,
-    SpecMethod, Usage,
+    Command, EngineConfig, EngineError, EngineStats, Event, Fault, FinishReason, KvSize,
+    ProposerKind, SpecMethod, Usage,
 };
 use crate::kv::{BlockManager, SeqId};
 use crate::metrics as names;
@@ -15,7 +23,7 @@ use crate::tokenizer::TextTokenizer;
 use metrics as m;
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, Proposer};
 use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
 
 pub(crate) struct Engine {
@@ -35,6 +43,8 @@ pub(crate) struct Engine {
     /// What was last exported to the metrics recorder (for deltas).
     exported: EngineStats,
     shared: Arc<Mutex<EngineStats>>,
+    /// A fault a test asked for (see [`Fault`]).
+    fault: Option<Fault>,
 }
 
 impl Engine {
@@ -104,6 +114,7 @@ impl Engine {
             shared: Arc::new(Mutex::new(stats.clone())),
             exported: stats.clone(),
             stats,
+            fault: None,
         })
     }
 
@@ -149,6 +160,8 @@ impl Engine {
                         self.waiting.push_back(*seq);
                     }
                     Command::SetPolicy(p) => self.policy = p,
+                    Command::Fault(Fault::EnginePanic) => panic!("injected engine fault"),
+                    Command::Fault(f) => self.fault = Some(f),
                     Command::Shutdown => stop = true,
                 }
             }
@@ -157,9 +170,10 @@ impl Engine {
                 self.publish();
                 return;
             }
-            if let Err(e) = self.step() {
-                self.fail_all(&format!("engine step failed: {e}"));
+            if let Some(Fault::SlowSteps(ms)) = self.fault {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
             }
+            self.step();
             self.publish();
         }
     }
@@ -249,8 +263,51 @@ impl Engine {
             .min(slots.saturating_sub(s.spec.tokens.len()))
     }
 
-    fn step(&mut self) -> Result<(), SpecError> {
+    /// One step, in stages: plan, propose, verify, commit, emit. A failure
+    /// of a batched stage is retried per sequence, so only the sequences
+    /// that fail alone are ended (with an error event); the others go on.
+    fn step(&mut self) {
         self.drop_cancelled();
+        let Some(work) = self.plan() else {
+            return;
+        };
+        self.stats.steps += 1;
+        let proposals = self.propose_stage(&work.decodes);
+        let (decoded, prefilled) = self.verify_stage(&work, &proposals);
+        let mut ended = HashSet::new();
+        for (p, r) in work.prefills.iter().zip(prefilled) {
+            match r {
+                Ok(()) => self.commit_prefill(p),
+                Err(e) => {
+                    self.fail_seq(p.idx, &e);
+                    ended.insert(self.running[p.idx].spec.id);
+                }
+            }
+        }
+        for ((d, prop), r) in work.decodes.iter().zip(&proposals).zip(decoded) {
+            let done = match r {
+                Ok(toks) => self.commit_decode(d, prop.tokens.len(), toks.len()),
+                Err(e) => {
+                    self.fail_seq(d.idx, &e);
+                    true
+                }
+            };
+            if done {
+                ended.insert(self.running[d.idx].spec.id);
+            }
+        }
+        if !ended.is_empty() {
+            self.running.retain(|s| !ended.contains(&s.spec.id));
+            for id in ended {
+                self.release(id);
+            }
+        }
+    }
+
+    /// Plan: admission, preemption and this step's rows, by index into
+    /// `running` (which stays put until the step ends). `None` when there
+    /// is nothing to run.
+    fn plan(&mut self) -> Option<Work> {
         let slots = self.bm.num_blocks() * self.bm.block_size();
         let policy = &self.policy;
         let k_of = |s: &Sequence, batch: usize| Self::k_for(policy, slots, s, batch);
@@ -268,134 +325,332 @@ impl Engine {
             m::histogram!(names::QUEUE_TIME).record(s.arrived.elapsed().as_secs_f64());
         }
         if plan.is_empty() {
-            return Ok(());
+            return None;
         }
-        self.stats.steps += 1;
         let prefill: HashMap<SeqId, (usize, usize)> = plan
             .prefill
             .iter()
             .map(|&(id, s, n)| (id, (s, n)))
             .collect();
         let decode: HashMap<SeqId, usize> = plan.decode.iter().copied().collect();
-
-        let mut prefills = Vec::new();
-        let mut rounds = Vec::new();
-        let mut lens = Vec::new();
-        let mut methods = Vec::new();
-        for s in self.running.iter_mut() {
+        let mut work = Work::default();
+        for (idx, s) in self.running.iter().enumerate() {
             let id = s.spec.id;
-            let table = self.bm.table(id).expect("running sequences hold blocks");
             if let Some(&(start, n)) = prefill.get(&id) {
-                prefills.push(SeqInput {
-                    tokens: &s.spec.tokens[start..start + n],
-                    start_pos: start,
-                    block_table: table,
-                    logits: LogitsWanted::None,
-                });
+                work.prefills.push(Prefill { idx, start, n });
             } else if let Some(&k) = decode.get(&id) {
-                lens.push((id, s.spec.tokens.len()));
-                methods.push(s.method);
-                rounds.push(RoundInput {
-                    seq: &mut s.spec,
-                    block_table: table,
+                work.decodes.push(Decode {
+                    idx,
                     k,
+                    old_len: s.spec.tokens.len(),
                 });
             }
         }
-        let mut proposals = vec![Proposal::default(); rounds.len()];
-        let is = |want: SpecMethod| -> Vec<bool> { methods.iter().map(|&m| m == want).collect() };
-        propose(
-            &mut self.ngram,
-            &mut rounds,
-            &is(SpecMethod::Ngram),
-            &mut proposals,
-        )?;
-        if let Some(d) = self.draft.as_mut() {
-            propose(d, &mut rounds, &is(SpecMethod::Draft), &mut proposals)?;
+        Some(work)
+    }
+
+    /// Propose: drafts for every decode row, one batch per proposer. A
+    /// proposer that fails on a sequence alone leaves it undrafted from now
+    /// on (plain decoding is still exact); the others keep their drafts.
+    fn propose_stage(&mut self, decodes: &[Decode]) -> Vec<Proposal> {
+        let mut out = vec![Proposal::default(); decodes.len()];
+        for method in [SpecMethod::Ngram, SpecMethod::Draft] {
+            let sel: Vec<bool> = decodes
+                .iter()
+                .map(|d| self.running[d.idx].method == method)
+                .collect();
+            if !sel.contains(&true) {
+                continue;
+            }
+            let Err(e) = self.try_propose(method, decodes, &sel, &mut out) else {
+                continue;
+            };
+            eprintln!("specgate: batched {method:?} drafting failed ({e}); retrying per sequence");
+            for (i, d) in decodes.iter().enumerate().filter(|(i, _)| sel[*i]) {
+                // The failed batch may have left the draft's view of any of
+                // them half-advanced: it starts over from the tokens.
+                let id = self.running[d.idx].spec.id;
+                if let Some(dm) = self.draft.as_mut() {
+                    dm.release(id);
+                }
+                let mut one = vec![false; decodes.len()];
+                one[i] = true;
+                if let Err(e) = self.try_propose(method, decodes, &one, &mut out) {
+                    eprintln!(
+                        "specgate: request {id}: {method:?} drafting failed ({e}); \
+                         it continues without speculation"
+                    );
+                    self.running[d.idx].method = SpecMethod::Off;
+                    out[i] = Proposal::default();
+                    if let Some(dm) = self.draft.as_mut() {
+                        dm.release(id);
+                    }
+                }
+            }
         }
-        let new = verify_round(
+        out
+    }
+
+    fn try_propose(
+        &mut self,
+        method: SpecMethod,
+        decodes: &[Decode],
+        sel: &[bool],
+        out: &mut [Proposal],
+    ) -> Result<(), StepError> {
+        let (_, mut rounds) = inputs(&mut self.running, &self.bm, &[], decodes);
+        let (ngram, draft) = (&mut self.ngram, &mut self.draft);
+        contained(|| match (method, draft.as_mut()) {
+            (SpecMethod::Ngram, _) => propose(ngram, &mut rounds, sel, out),
+            (SpecMethod::Draft, Some(d)) => propose(d, &mut rounds, sel, out),
+            _ => Ok(()),
+        })
+    }
+
+    /// Verify: ONE verifier forward over every prefill chunk and decode
+    /// row, then acceptance. If it fails, each piece is run alone so a
+    /// fault is pinned on the sequences that have it.
+    fn verify_stage(&mut self, work: &Work, proposals: &[Proposal]) -> (Decoded, Prefilled) {
+        match self.try_verify(&work.prefills, &work.decodes, proposals) {
+            Ok(new) => (
+                new.into_iter().map(Ok).collect(),
+                work.prefills.iter().map(|_| Ok(())).collect(),
+            ),
+            Err(e) => {
+                eprintln!("specgate: a batched verifier forward failed ({e}); retrying per sequence");
+                let prefilled = work
+                    .prefills
+                    .iter()
+                    .map(|p| self.try_verify(std::slice::from_ref(p), &[], &[]).map(|_| ()))
+                    .collect();
+                let decoded = work
+                    .decodes
+                    .iter()
+                    .zip(proposals)
+                    .map(|(d, prop)| {
+                        self.try_verify(&[], std::slice::from_ref(d), std::slice::from_ref(prop))
+                            .map(|mut v| v.pop().unwrap_or_default())
+                    })
+                    .collect();
+                (decoded, prefilled)
+            }
+        }
+    }
+
+    fn try_verify(
+        &mut self,
+        prefills: &[Prefill],
+        decodes: &[Decode],
+        proposals: &[Proposal],
+    ) -> Result<Vec<Vec<u32>>, StepError> {
+        let fault = self.fault.filter(|f| {
+            let carried = |id| {
+                prefills
+                    .iter()
+                    .map(|p| p.idx)
+                    .chain(decodes.iter().map(|d| d.idx))
+                    .any(|i| self.running[i].spec.id == id)
+            };
+            matches!(*f, Fault::ForwardError(id) | Fault::ForwardPanic(id) if carried(id))
+        });
+        let (pre, mut rounds) = inputs(&mut self.running, &self.bm, prefills, decodes);
+        let (target, pool, policy, spec) = (
             &self.target,
             &mut self.pool,
             &self.policy,
-            &mut rounds,
-            &proposals,
-            &prefills,
             &mut self.stats.spec,
-        )?;
-        drop(rounds);
-
-        for &(id, start, n) in &plan.prefill {
-            self.stats.prefill_tokens += n as u64;
-            if let Some(s) = self.running.iter_mut().find(|s| s.spec.id == id) {
-                s.computed = start + n;
-                self.bm.register(id, &s.spec.tokens, s.computed);
+        );
+        contained(|| {
+            match fault {
+                Some(Fault::ForwardError(id)) => return Err(StepError::Injected(id)),
+                Some(Fault::ForwardPanic(id)) => panic!("injected forward panic (request {id})"),
+                _ => {}
             }
-        }
-        let mut finished = Vec::new();
-        for ((id, old_len), toks) in lens.into_iter().zip(new) {
-            let s = self
-                .running
-                .iter_mut()
-                .find(|s| s.spec.id == id)
-                .expect("decoded sequences are running");
-            let k = decode[&id];
-            s.drafted += k as u64;
-            s.accepted += (toks.len() - 1) as u64;
-            s.computed = s.spec.tokens.len() - 1;
-            let reason = s.check_finished(old_len, &self.eos);
-            let end = s.spec.tokens.len();
-            let upto = if reason == Some(FinishReason::Stop) {
-                end - 1
-            } else {
-                end
-            };
-            let ids = s.spec.tokens[old_len..upto].to_vec();
-            let mut text = String::new();
-            if let Some(tok) = &self.tokenizer {
-                for &t in &ids {
-                    // A token the detokenizer rejects yields no text; the
-                    // ids still go out.
-                    text.push_str(&s.detok.push(tok, t).unwrap_or_default());
-                }
-                if reason.is_some() {
-                    text.push_str(&s.detok.finish());
-                }
-            }
-            if !ids.is_empty() || !text.is_empty() {
-                let _ = s.tx.send(Event::Tokens { ids, text });
-            }
-            match reason {
-                Some(reason) => {
-                    let label = match reason {
-                        FinishReason::Stop => "stop",
-                        FinishReason::Length => "length",
-                    };
-                    m::counter!(names::REQUEST_SUCCESS, "finished_reason" => label).increment(1);
-                    let _ = s.tx.send(Event::Finished {
-                        reason,
-                        usage: Usage {
-                            prompt_tokens: s.req.prompt.len(),
-                            completion_tokens: s.generated(),
-                        },
-                        drafted: s.drafted,
-                        accepted: s.accepted,
-                    });
-                    finished.push(id);
-                }
-                None => {
-                    let len = s.spec.tokens.len();
-                    let _ = self.bm.trim(id, len);
-                    self.bm.register(id, &s.spec.tokens, s.computed);
-                }
-            }
-        }
-        for id in finished {
-            self.running.retain(|s| s.spec.id != id);
-            self.stats.finished += 1;
-            self.release(id);
-        }
-        Ok(())
+            Ok(verify_round(
+                target,
+                pool,
+                policy,
+                &mut rounds,
+                proposals,
+                &pre,
+                spec,
+            )?)
+        })
     }
+
+    /// Commit a prompt chunk: its K/V is in the cache; full blocks become
+    /// shareable.
+    fn commit_prefill(&mut self, p: &Prefill) {
+        self.stats.prefill_tokens += p.n as u64;
+        let s = &mut self.running[p.idx];
+        s.computed = p.start + p.n;
+        self.bm.register(s.spec.id, &s.spec.tokens, s.computed);
+    }
+
+    /// Commit a verified decode row (its new tokens are already appended)
+    /// and emit them. Returns whether the sequence has finished.
+    fn commit_decode(&mut self, d: &Decode, drafted: usize, emitted: usize) -> bool {
+        let s = &mut self.running[d.idx];
+        s.drafted += drafted as u64;
+        s.accepted += emitted.saturating_sub(1) as u64;
+        s.computed = s.spec.tokens.len() - 1;
+        let reason = s.check_finished(d.old_len, &self.eos);
+        emit(s, self.tokenizer.as_deref(), d.old_len, reason);
+        match reason {
+            Some(_) => {
+                self.stats.finished += 1;
+                true
+            }
+            None => {
+                let id = s.spec.id;
+                let _ = self.bm.trim(id, s.spec.tokens.len());
+                self.bm.register(id, &s.spec.tokens, s.computed);
+                false
+            }
+        }
+    }
+
+    /// Ends one sequence with an error event; the details stay in the log.
+    fn fail_seq(&mut self, idx: usize, e: &StepError) {
+        let s = &self.running[idx];
+        let id = s.spec.id;
+        eprintln!("specgate: request {id} failed: {e}");
+        self.stats.failed += 1;
+        let _ = s.tx.send(Event::Error(format!(
+            "internal error: the server could not process this request (engine request {id}); \
+             the server log has the details"
+        )));
+    }
+}
+
+/// Emit: the tokens a sequence gained since `old_len` (less a final stop
+/// token) as text, then its finish if it has one.
+fn emit(
+    s: &mut Sequence,
+    tokenizer: Option<&TextTokenizer>,
+    old_len: usize,
+    reason: Option<FinishReason>,
+) {
+    let end = s.spec.tokens.len();
+    let upto = if reason == Some(FinishReason::Stop) {
+        end - 1
+    } else {
+        end
+    };
+    let ids = s.spec.tokens[old_len..upto].to_vec();
+    let mut text = String::new();
+    if let Some(tok) = tokenizer {
+        for &t in &ids {
+            // A token the detokenizer rejects yields no text; the ids
+            // still go out.
+            text.push_str(&s.detok.push(tok, t).unwrap_or_default());
+        }
+        if reason.is_some() {
+            text.push_str(&s.detok.finish());
+        }
+    }
+    if !ids.is_empty() || !text.is_empty() {
+        let _ = s.tx.send(Event::Tokens { ids, text });
+    }
+    if let Some(reason) = reason {
+        let label = match reason {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        };
+        m::counter!(names::REQUEST_SUCCESS, "finished_reason" => label).increment(1);
+        let _ = s.tx.send(Event::Finished {
+            reason,
+            usage: Usage {
+                prompt_tokens: s.req.prompt.len(),
+                completion_tokens: s.generated(),
+            },
+            drafted: s.drafted,
+            accepted: s.accepted,
+        });
+    }
+}
+
+/// A prompt chunk of this step: `tokens[start..start + n]` of `running[idx]`.
+struct Prefill {
+    idx: usize,
+    start: usize,
+    n: usize,
+}
+
+/// A decode row group of this step: `running[idx]` verifies its last token
+/// plus up to `k` drafts; it held `old_len` tokens before.
+struct Decode {
+    idx: usize,
+    k: usize,
+    old_len: usize,
+}
+
+/// One step's work; `decodes` in ascending `idx` (proposals align with it).
+#[derive(Default)]
+struct Work {
+    prefills: Vec<Prefill>,
+    decodes: Vec<Decode>,
+}
+
+type Decoded = Vec<Result<Vec<u32>, StepError>>;
+type Prefilled = Vec<Result<(), StepError>>;
+
+/// Why a stage failed for the sequences it carried.
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("panic: {0}")]
+    Panicked(String),
+    #[error("injected fault (request {0})")]
+    Injected(u64),
+}
+
+/// Runs `f`, turning a panic (a kernel's, a world-1 forward's) into an
+/// error so it is contained like any other failure of the stage.
+fn contained<T, E: Into<StepError>>(f: impl FnOnce() -> Result<T, E>) -> Result<T, StepError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(Into::into),
+        Err(p) => Err(StepError::Panicked(
+            p.downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown".into()),
+        )),
+    }
+}
+
+/// The verifier's inputs for the selected pieces: prompt chunks, and one
+/// round per decode (in `decodes` order, which is `running` order).
+fn inputs<'a>(
+    running: &'a mut [Sequence],
+    bm: &'a BlockManager,
+    prefills: &[Prefill],
+    decodes: &[Decode],
+) -> (Vec<SeqInput<'a>>, Vec<RoundInput<'a>>) {
+    let mut pre = Vec::with_capacity(prefills.len());
+    let mut rounds = Vec::with_capacity(decodes.len());
+    let (mut pi, mut di) = (prefills.iter().peekable(), decodes.iter().peekable());
+    // A sequence the scheduler planned always holds blocks; an empty table
+    // would make the forward fail, and that failure is contained.
+    for (idx, s) in running.iter_mut().enumerate() {
+        let table = bm.table(s.spec.id).unwrap_or(&[]);
+        if let Some(p) = pi.next_if(|p| p.idx == idx) {
+            pre.push(SeqInput {
+                tokens: &s.spec.tokens[p.start..p.start + p.n],
+                start_pos: p.start,
+                block_table: table,
+                logits: LogitsWanted::None,
+            });
+        } else if let Some(d) = di.next_if(|d| d.idx == idx) {
+            rounds.push(RoundInput {
+                seq: &mut s.spec,
+                block_table: table,
+                k: d.k,
+            });
+        }
+    }
+    (pre, rounds)
 }
 
 impl Drop for Engine {

@@ -5,7 +5,7 @@
 //! one appears the engine receiver is dropped, which cancels the sequence.
 
 use super::stop::StopMatcher;
-use super::{json_response, read_body, AppState, Backend, ResBody};
+use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
 use crate::api::{
     self, ApiError, ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, FinishReason,
     Input, Usage, ValidRequest,
@@ -49,6 +49,8 @@ struct Driver {
     last: Option<Instant>,
     /// A finish that follows text released at the end.
     pending: Option<Piece>,
+    /// Turns true when the server's drain timeout has passed.
+    cut: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Driver {
@@ -60,7 +62,14 @@ impl Driver {
         }
         loop {
             let rx = self.rx.as_mut()?;
-            let ev = match tokio::time::timeout_at(self.deadline, rx.recv()).await {
+            let received = tokio::select! {
+                r = tokio::time::timeout_at(self.deadline, rx.recv()) => r,
+                _ = until_cut(&mut self.cut) => {
+                    self.rx = None;
+                    return Some(Piece::Error("the server is shutting down".into()));
+                }
+            };
+            let ev = match received {
                 Err(_) => {
                     self.rx = None;
                     return Some(Piece::Error("the request timed out".into()));
@@ -130,6 +139,13 @@ impl Driver {
     }
 }
 
+/// Resolves once the drain timeout has passed (never if it cannot).
+async fn until_cut(cut: &mut tokio::sync::watch::Receiver<bool>) {
+    if cut.wait_for(|&c| c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Handles a generation request end to end.
 pub(super) async fn handle(
     state: Arc<AppState>,
@@ -140,23 +156,36 @@ pub(super) async fn handle(
     if state.draining.load(Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
-    let backend = state.backend()?;
-    let body = read_body(&state, req.into_body()).await?;
-    let v = if chat {
-        api::parse_chat(&body)?
-    } else {
-        api::parse_completion(&body)?
-    };
-    if v.model != state.settings.model_name {
-        return Err(ApiError::model_not_found(&v.model));
-    }
-    let (gen, param) = build_request(backend, &v, chat)?;
+    state.backend()?;
+    // Shed load before doing any work for the request: the permit is taken
+    // before the body is read, parsed, templated and tokenized.
     let permit = state.admission.clone().try_acquire_owned().map_err(|_| {
         ApiError::rate_limited(format!(
             "too many requests in flight (limit {}); retry later",
             state.settings.max_concurrent_requests
         ))
     })?;
+    let body = read_body(&state, req.into_body()).await?;
+    let v = if chat {
+        api::parse_chat(&body)?
+    } else {
+        api::parse_completion(&body)?
+    };
+    drop(body);
+    if v.model != state.settings.model_name {
+        return Err(ApiError::model_not_found(&v.model));
+    }
+    // Templating and tokenizing a large prompt takes milliseconds of CPU:
+    // off the runtime's few threads, so other connections keep moving.
+    let st = state.clone();
+    let (v, built) = tokio::task::spawn_blocking(move || {
+        let built = st.backend().and_then(|b| build_request(b, &v, chat));
+        (v, built)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing the request failed: {e}")))?;
+    let (gen, param) = built?;
+    let backend = state.backend()?;
     let prompt_tokens = gen.prompt.len();
     let rx = backend.engine.submit(gen).map_err(|e| match e {
         EngineError::Invalid(m) => ApiError::invalid(param, m),
@@ -171,6 +200,7 @@ pub(super) async fn handle(
         deadline: arrived + state.settings.request_timeout,
         last: None,
         pending: None,
+        cut: state.cut.subscribe(),
     };
     let labels = Labels {
         id: api::response_id(if chat { "chatcmpl" } else { "cmpl" }),
@@ -218,14 +248,17 @@ fn build_request(
             ),
         ));
     }
-    let max_tokens = v.max_tokens.unwrap_or(ctx - prompt.len());
-    if prompt.len() + max_tokens > ctx {
+    // Compared by subtraction: `max_tokens` is the client's number and may
+    // be near usize::MAX, where a sum would wrap and pass.
+    let room = ctx - prompt.len();
+    let max_tokens = v.max_tokens.unwrap_or(room);
+    if max_tokens > room {
         return Err(ApiError::invalid(
             "max_tokens",
             format!(
-                "prompt ({} tokens) + max_tokens ({max_tokens}) = {} exceeds this model's context length of {ctx}",
-                prompt.len(),
-                prompt.len() + max_tokens
+                "max_tokens is {max_tokens}, but the prompt has {} tokens and this model's \
+                 context length is {ctx}: at most {room} tokens can be generated",
+                prompt.len()
             ),
         ));
     }
@@ -286,7 +319,10 @@ fn sse<T: serde::Serialize>(v: &T) -> Bytes {
 }
 
 /// Streams the answer as Server-Sent Events from a task; the client going
-/// away ends the task, which drops the engine receiver (cancellation).
+/// away ends the task, which drops the engine receiver (cancellation). So
+/// does a client that takes no event for the stream write timeout: the
+/// engine never waits on a client, and a stalled one holds its admission
+/// slot and sequence for a bounded time only.
 fn stream(
     state: Arc<AppState>,
     mut driver: Driver,
@@ -294,15 +330,19 @@ fn stream(
     include_usage: bool,
     permit: OwnedSemaphorePermit,
 ) -> Response<ResBody> {
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
+    let (tx, rx) = mpsc::channel::<StreamFrame>(32);
     let keep_alive = state.settings.keep_alive;
+    let limit = state.settings.stream_write_timeout;
     tokio::spawn(async move {
         let _permit = permit;
+        // Whether the client took the frame in time; `false` ends the stream.
+        let deliver = |f: StreamFrame| {
+            let tx = &tx;
+            async move { matches!(tokio::time::timeout(limit, tx.send(f)).await, Ok(Ok(()))) }
+        };
+        let send = |b: Bytes| deliver(StreamFrame::Data(b));
         if l.chat
-            && tx
-                .send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model)))
-                .await
-                .is_err()
+            && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await
         {
             return;
         }
@@ -311,7 +351,7 @@ fn stream(
             let piece = tokio::select! {
                 p = driver.next() => p,
                 _ = tick.tick() => {
-                    if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
+                    if !send(Bytes::from_static(b": keep-alive\n\n")).await {
                         return;
                     }
                     continue;
@@ -350,11 +390,12 @@ fn stream(
                 ],
             };
             for b in out {
-                if tx.send(b).await.is_err() {
+                if !send(b).await {
                     return;
                 }
             }
         }
+        deliver(StreamFrame::End).await;
     });
     let mut r = Response::new(ResBody::Stream(rx));
     let h = r.headers_mut();

@@ -5,6 +5,7 @@
 
 mod generate;
 pub mod stop;
+mod timed_io;
 
 use crate::api::{ApiError, ModelCard, ModelList};
 use crate::engine::EngineHandle;
@@ -35,6 +36,37 @@ pub struct HttpSettings {
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub keep_alive: Duration,
+    /// A request body must arrive whole within this long (408 beyond).
+    pub body_read_timeout: Duration,
+    /// A response write the client does not take within this long ends
+    /// the request (SSE) or the connection.
+    pub stream_write_timeout: Duration,
+    pub conn: ConnLimits,
+}
+
+/// Bounds on one connection's life, so no client holds a socket, a task or
+/// memory without a limit in time or count.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// The whole head of each request, including the wait for it on an
+    /// idle keep-alive connection (hyper arms this timer as soon as it
+    /// starts reading a head).
+    pub header_read: Duration,
+    /// A write the peer has not taken for this long fails, which closes
+    /// the connection.
+    pub write_stall: Duration,
+    /// Connections open at once; further ones wait in the OS backlog.
+    pub max_connections: usize,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            header_read: Duration::from_secs(10),
+            write_stall: Duration::from_secs(30),
+            max_connections: 1024,
+        }
+    }
 }
 
 /// The loaded model side: set once loading is done.
@@ -51,6 +83,9 @@ pub struct AppState {
     pub created: u64,
     draining: AtomicBool,
     admission: Arc<Semaphore>,
+    /// Turns true when the drain timeout has passed: open responses end
+    /// with an error event instead of being cut mid-stream.
+    cut: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -64,6 +99,7 @@ impl AppState {
             metrics,
             created: crate::api::unix_now(),
             draining: AtomicBool::new(false),
+            cut: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -82,20 +118,44 @@ impl AppState {
 /// A response body: whole, or frames fed from a channel (streaming).
 pub enum ResBody {
     Full(Full<Bytes>),
-    Stream(mpsc::Receiver<Bytes>),
+    /// Frames from a producer task. `StreamFrame::End` marks a complete
+    /// stream; a channel that closes without it (the producer gave up on a
+    /// stalled client) is an error, so hyper aborts the connection instead
+    /// of ending the chunked body as if the answer were whole.
+    Stream(mpsc::Receiver<StreamFrame>),
 }
+
+/// What a streaming producer sends its body.
+pub enum StreamFrame {
+    Data(Bytes),
+    End,
+}
+
+/// A stream whose producer stopped before its end.
+#[derive(Debug, thiserror::Error)]
+#[error("the response stream was abandoned before its end")]
+pub struct StreamAbandoned;
 
 impl Body for ResBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = StreamAbandoned;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamAbandoned>>> {
         match self.get_mut() {
-            ResBody::Full(f) => Pin::new(f).poll_frame(cx),
-            ResBody::Stream(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+            ResBody::Full(f) => Pin::new(f)
+                .poll_frame(cx)
+                .map_err(|e: Infallible| match e {}),
+            ResBody::Stream(rx) => rx.poll_recv(cx).map(|f| match f {
+                Some(StreamFrame::Data(b)) => Some(Ok(Frame::data(b))),
+                Some(StreamFrame::End) => {
+                    rx.close();
+                    None
+                }
+                None => Some(Err(StreamAbandoned)),
+            }),
         }
     }
 }
@@ -122,16 +182,25 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let graceful = accept_until(&listener, state.clone(), route, shutdown).await;
+    let limits = state.settings.conn;
+    let graceful = accept_with(&listener, state.clone(), route, shutdown, limits).await;
     state.draining.store(true, Ordering::SeqCst);
     drop(listener);
-    let _ = tokio::time::timeout(state.settings.drain_timeout, graceful.shutdown()).await;
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    if tokio::time::timeout(state.settings.drain_timeout, &mut drained)
+        .await
+        .is_err()
+    {
+        // Past the drain timeout: responses still open end with an error
+        // event and `[DONE]` (or a 503), then the connections close.
+        state.cut.send_replace(true);
+        let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
+    }
 }
 
-/// Accepts HTTP/1 connections on `listener`, each served by `handle` with
-/// `state`, until `shutdown` resolves. Returns the watcher of the
-/// connections still open, for the caller's drain. Shared by the engine's
-/// server and the router.
+/// Accepts HTTP/1 connections with the default [`ConnLimits`]; see
+/// [`accept_with`].
 pub(crate) async fn accept_until<S, H, Fut, B>(
     listener: &TcpListener,
     state: Arc<S>,
@@ -145,28 +214,79 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    accept_with(listener, state, handle, shutdown, ConnLimits::default()).await
+}
+
+/// Accepts HTTP/1 connections on `listener`, each served by `handle` with
+/// `state`, until `shutdown` resolves. Returns the watcher of the
+/// connections still open, for the caller's drain. Shared by the engine's
+/// server and the router.
+///
+/// Every connection is bounded by `limits`: at most `max_connections` at
+/// once (the rest wait in the OS backlog), a deadline for each request
+/// head (slowloris, idle keep-alive sockets) and for each stalled write.
+/// An accept error (EMFILE, ENFILE) pauses accepting briefly instead of
+/// spinning.
+pub(crate) async fn accept_with<S, H, Fut, B>(
+    listener: &TcpListener,
+    state: Arc<S>,
+    handle: H,
+    shutdown: impl Future<Output = ()>,
+    limits: ConnLimits,
+) -> hyper_util::server::graceful::GracefulShutdown
+where
+    S: Send + Sync + 'static,
+    H: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut logged_accept_error = false;
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                // Streams are many small writes (one SSE event per token).
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                let svc = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(handle(state, req).await) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
+        let accepted = tokio::select! {
+            a = async {
+                let permit = slots.clone().acquire_owned().await;
+                (permit, listener.accept().await)
+            } => a,
             _ = &mut shutdown => break,
-        }
+        };
+        let (Ok(permit), accepted) = accepted else {
+            break;
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                if !std::mem::replace(&mut logged_accept_error, true) {
+                    eprintln!("specgate: accept failed ({e}); pausing accepts briefly");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        logged_accept_error = false;
+        // Streams are many small writes (one SSE event per token).
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(handle(state, req).await) }
+        });
+        let io = timed_io::WriteDeadline::new(
+            hyper_util::rt::TokioIo::new(stream),
+            limits.write_stall,
+        );
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read)
+            .serve_connection(io, svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = conn.await;
+        });
     }
     graceful
 }
@@ -191,11 +311,18 @@ fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {
     })
 }
 
+/// The whole body within the size limit (413) and the body deadline (408:
+/// a Content-Length larger than what the client sends, a trickling body).
 async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> {
-    match Limited::new(body, state.settings.max_body_bytes)
-        .collect()
-        .await
-    {
+    let limit = state.settings.body_read_timeout;
+    let read = Limited::new(body, state.settings.max_body_bytes).collect();
+    let Ok(read) = tokio::time::timeout(limit, read).await else {
+        return Err(ApiError::request_timeout(format!(
+            "the request body did not arrive within {} s",
+            limit.as_secs_f64()
+        )));
+    };
+    match read {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(ApiError::payload_too_large(state.settings.max_body_bytes))
@@ -235,8 +362,12 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResBody
     result.unwrap_or_else(|e| error_response(&e))
 }
 
+/// 200 only while the model is loaded, the engine thread is alive and the
+/// server is not draining: a liveness probe restarts a server whose engine
+/// died.
 fn health(state: &AppState) -> Response<ResBody> {
-    if state.backend.get().is_some() && !state.draining.load(Ordering::SeqCst) {
+    let alive = state.backend.get().is_some_and(|b| b.engine.is_alive());
+    if alive && !state.draining.load(Ordering::SeqCst) {
         json_response(StatusCode::OK, r#"{"status":"ok"}"#.into())
     } else {
         error_response(&ApiError::unavailable(
