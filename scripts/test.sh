@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/fetch-models.sh models
 cargo fmt --all -- --check
 cargo test --release --workspace
+# Soak: 300 requests at concurrency 16 on SmolLM2-135M (clients hanging up
+# mid-stream, slow readers, hostile bodies), then the server must be idle and
+# healthy. Longer runs by flag: scripts/soak.sh -n 2000 -c 32 --config ...
+scripts/soak.sh -n 300 -c 16
 # The official OpenAI Python client against `specgate serve` on the real pair.
 scripts/test-openai.sh
 # Kubernetes manifests against the schemas, the Grafana dashboard's metric names.

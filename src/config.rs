@@ -1,13 +1,31 @@
 //! The TOML configuration file: server, target model, draft, KV pool,
 //! scheduler and speculation sections (and `[router]` for `specgate
 //! route`). Unknown keys and bad values fail at start with a message naming
-//! the key; every field has a default so a
-//! file only says what it changes. `[speculative]` can be re-read while
-//! running (see [`Config::reload_speculative`]).
+//! the key and its allowed range; every field has a default so a file only
+//! says what it changes. Every number is bounded (see [`Config::validate`]):
+//! a typo such as a draft length of 300 is refused at start instead of
+//! collapsing throughput. `[speculative]` can be re-read while running (see
+//! [`Config::reload`]), and only a file that parsed whole and
+//! changed nothing else is applied.
 
 use serde::Deserialize;
+use specgate_draft::policy::{MAX_DRAFT_COST, MAX_DRAFT_TOKENS, MAX_PROBE_EVERY};
 use specgate_draft::DraftPolicy;
+use std::fmt::Display;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+
+// The draft crate cannot see the engine, so it states its own cap on k; the
+// two must agree or a reload could set a k that the engine refuses.
+const _: () = assert!(MAX_DRAFT_TOKENS == crate::engine::MAX_SPECULATIVE_TOKENS);
+
+/// The longest n-gram the prompt-lookup proposer may try (`ngram_max`).
+/// Each n from `ngram_max` down to `ngram_min` is one more backwards scan of
+/// the whole context per sequence and step on the engine thread when nothing
+/// matches (the common case), and a suffix longer than a handful of tokens
+/// almost always finds the same earlier occurrence a shorter one does; 16
+/// leaves room for tuning while bounding that cost to 16 scans.
+pub const MAX_NGRAM: usize = 16;
 
 /// Errors of reading or checking a config file.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +40,11 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config key `{key}`: {message}")]
     Invalid { key: String, message: String },
+    /// A live reload refused for a reason beyond one key's value (a cut
+    /// short file, a change outside `[speculative]`); the settings in force
+    /// stay.
+    #[error("config file {path} not reloaded: {reason}")]
+    Reload { path: PathBuf, reason: String },
 }
 
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
@@ -29,6 +52,52 @@ fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
         key: key.to_string(),
         message: message.into(),
     }
+}
+
+/// `Ok` when `value` lies in `allowed`; otherwise an error naming the key,
+/// the value and the range.
+fn in_range<T: PartialOrd + Display>(
+    key: &str,
+    value: T,
+    allowed: RangeInclusive<T>,
+) -> Result<(), ConfigError> {
+    if allowed.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        key,
+        format!(
+            "{value} is out of range; allowed {}..={}",
+            allowed.start(),
+            allowed.end()
+        ),
+    ))
+}
+
+/// `Ok` for a non-empty text of at most `max` bytes without control
+/// characters (and without whitespace when `spaces` is false).
+fn text_ok(key: &str, value: &str, max: usize, spaces: bool) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > max {
+        return Err(invalid(
+            key,
+            format!(
+                "length {} is out of range; allowed 1..={max} bytes",
+                value.len()
+            ),
+        ));
+    }
+    let bad = |c: char| c.is_control() || (!spaces && c.is_whitespace());
+    if value.chars().any(bad) {
+        return Err(invalid(
+            key,
+            if spaces {
+                "must not contain control characters"
+            } else {
+                "must not contain whitespace or control characters"
+            },
+        ));
+    }
+    Ok(())
 }
 
 /// The whole file.
@@ -65,6 +134,18 @@ pub struct ServerConfig {
     pub drain_timeout_secs: u64,
     /// Seconds between SSE keep-alive comments while a stream waits.
     pub keep_alive_secs: u64,
+    /// A request's headers must arrive whole within this long (slowloris).
+    pub header_read_timeout_secs: u64,
+    /// A request's body must arrive whole within this long (408 beyond).
+    pub body_read_timeout_secs: u64,
+    /// A connection with no request in flight and no bytes moving for this
+    /// long is closed (idle keep-alive sockets).
+    pub idle_connection_timeout_secs: u64,
+    /// Open connections at most; further clients wait in the OS backlog.
+    pub max_connections: usize,
+    /// A response write (one SSE event) the client does not take within this
+    /// long ends the request and frees its sequence (slow readers).
+    pub stream_write_timeout_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -79,6 +160,11 @@ impl Default for ServerConfig {
             request_timeout_secs: 600,
             drain_timeout_secs: 30,
             keep_alive_secs: 15,
+            header_read_timeout_secs: 10,
+            body_read_timeout_secs: 30,
+            idle_connection_timeout_secs: 60,
+            max_connections: 1024,
+            stream_write_timeout_secs: 30,
         }
     }
 }
@@ -215,51 +301,170 @@ impl Default for AdaptiveConfig {
 }
 
 impl SpeculativeConfig {
-    /// The draft-length policy this section describes.
+    /// Checks every value of the section, whether the chosen method and
+    /// policy use it or not (a bad value waiting in an unused key would
+    /// bite at the next edit): `method` and `policy` are known names;
+    /// `num_tokens` in 0..=[`MAX_DRAFT_TOKENS`] (the engine's cap); every
+    /// table row a batch size of at least 1 and a k in 0..=16, at most
+    /// [`specgate_draft::policy::MAX_TABLE_ROWS`] rows with increasing batch
+    /// sizes; `1 <= ngram_min <= ngram_max <= MAX_NGRAM`; and the adaptive
+    /// parameters as [`DraftPolicy::validate`] states, with `adaptive.min_k
+    /// <= num_tokens`.
     ///
-    /// Errors: an unknown method or policy, or bad parameters, naming the key.
-    pub fn policy(&self) -> Result<DraftPolicy, ConfigError> {
+    /// Errors: the first bad value, naming its key and allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !["draft", "ngram", "off"].contains(&self.method.as_str()) {
             return Err(invalid(
                 "speculative.method",
                 format!("'{}' is not one of draft, ngram, off", self.method),
             ));
         }
-        if self.num_tokens > 16 {
-            return Err(invalid("speculative.num_tokens", "at most 16"));
-        }
-        let p = match self.policy.as_str() {
-            _ if self.method == "off" => DraftPolicy::Fixed { k: 0 },
-            "fixed" => DraftPolicy::Fixed { k: self.num_tokens },
-            "table" => DraftPolicy::BatchTable(self.table.clone()),
-            "adaptive" => DraftPolicy::Adaptive {
-                min_k: self.adaptive.min_k,
-                max_k: self.num_tokens,
-                alpha: self.adaptive.alpha,
-                draft_cost: self.adaptive.draft_cost,
-                initial_acceptance: self.adaptive.initial_acceptance,
-                probe_every: self.adaptive.probe_every,
-            },
-            other => {
-                return Err(invalid(
-                    "speculative.policy",
-                    format!("'{other}' is not one of fixed, table, adaptive"),
-                ))
-            }
-        };
-        let key = match self.policy.as_str() {
-            "table" => "speculative.table",
-            "adaptive" => "speculative.adaptive",
-            _ => "speculative",
-        };
-        p.validate().map_err(|m| invalid(key, m))?;
-        if self.ngram_min == 0 || self.ngram_min > self.ngram_max {
+        if !["fixed", "table", "adaptive"].contains(&self.policy.as_str()) {
             return Err(invalid(
-                "speculative.ngram_min",
-                "needs 1 <= ngram_min <= ngram_max",
+                "speculative.policy",
+                format!("'{}' is not one of fixed, table, adaptive", self.policy),
             ));
         }
-        Ok(p)
+        in_range(
+            "speculative.num_tokens",
+            self.num_tokens,
+            0..=MAX_DRAFT_TOKENS,
+        )?;
+        in_range("speculative.ngram_min", self.ngram_min, 1..=MAX_NGRAM)?;
+        in_range(
+            "speculative.ngram_max",
+            self.ngram_max,
+            self.ngram_min..=MAX_NGRAM,
+        )?;
+        let a = &self.adaptive;
+        in_range("speculative.adaptive.min_k", a.min_k, 0..=self.num_tokens)?;
+        if !(a.alpha > 0.0 && a.alpha <= 1.0) {
+            return Err(invalid(
+                "speculative.adaptive.alpha",
+                format!("{} is out of range; allowed (0, 1]", a.alpha),
+            ));
+        }
+        in_range(
+            "speculative.adaptive.draft_cost",
+            a.draft_cost,
+            0.0..=MAX_DRAFT_COST,
+        )?;
+        in_range(
+            "speculative.adaptive.initial_acceptance",
+            a.initial_acceptance,
+            0.0..=1.0,
+        )?;
+        in_range(
+            "speculative.adaptive.probe_every",
+            a.probe_every,
+            1..=MAX_PROBE_EVERY,
+        )?;
+        // The policy's own checks, on every variant the section describes
+        // (the table's rows are only checked here).
+        for (key, p) in [
+            ("speculative.num_tokens", self.variant("fixed")),
+            ("speculative.table", self.variant("table")),
+            ("speculative.adaptive", self.variant("adaptive")),
+        ] {
+            p.validate().map_err(|m| invalid(key, m))?;
+        }
+        Ok(())
+    }
+
+    /// The policy named `policy`, from this section's values, unchecked.
+    fn variant(&self, policy: &str) -> DraftPolicy {
+        let a = &self.adaptive;
+        match policy {
+            "fixed" => DraftPolicy::Fixed { k: self.num_tokens },
+            "adaptive" => DraftPolicy::Adaptive {
+                min_k: a.min_k,
+                max_k: self.num_tokens,
+                alpha: a.alpha,
+                draft_cost: a.draft_cost,
+                initial_acceptance: a.initial_acceptance,
+                probe_every: a.probe_every,
+            },
+            _ => DraftPolicy::BatchTable(self.table.clone()),
+        }
+    }
+
+    /// The draft-length policy this section describes (k = 0 for method
+    /// "off").
+    ///
+    /// Errors: as [`SpeculativeConfig::validate`].
+    pub fn policy(&self) -> Result<DraftPolicy, ConfigError> {
+        self.validate()?;
+        if self.method == "off" {
+            return Ok(DraftPolicy::Fixed { k: 0 });
+        }
+        Ok(self.variant(&self.policy))
+    }
+
+    /// Every value of the section as `(key, value as TOML would write
+    /// it)`, keys relative to `[speculative]`. Destructured field by field
+    /// so that a new field cannot be left out of reload checks and logs.
+    fn values(&self) -> Vec<(&'static str, String)> {
+        let SpeculativeConfig {
+            method,
+            num_tokens,
+            policy,
+            table,
+            ngram_min,
+            ngram_max,
+            adaptive,
+        } = self;
+        let AdaptiveConfig {
+            min_k,
+            alpha,
+            draft_cost,
+            initial_acceptance,
+            probe_every,
+        } = adaptive;
+        let rows: Vec<String> = table.iter().map(|(b, k)| format!("[{b}, {k}]")).collect();
+        vec![
+            ("method", format!("{method:?}")),
+            ("num_tokens", num_tokens.to_string()),
+            ("policy", format!("{policy:?}")),
+            ("table", format!("[{}]", rows.join(", "))),
+            ("ngram_min", ngram_min.to_string()),
+            ("ngram_max", ngram_max.to_string()),
+            ("adaptive.min_k", min_k.to_string()),
+            ("adaptive.alpha", alpha.to_string()),
+            ("adaptive.draft_cost", draft_cost.to_string()),
+            (
+                "adaptive.initial_acceptance",
+                initial_acceptance.to_string(),
+            ),
+            ("adaptive.probe_every", probe_every.to_string()),
+        ]
+    }
+}
+
+/// What a live reload of `[speculative]` applies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculativeReload {
+    /// The new `[speculative]` in force: the file's, with the method in
+    /// force kept (it may come from the command line; the method itself
+    /// cannot change while running).
+    pub speculative: SpeculativeConfig,
+    /// The draft-length policy of `speculative`, checked.
+    pub policy: DraftPolicy,
+    /// The whole file as parsed now: the next reload compares against it.
+    pub file: Config,
+    /// One `speculative.key: old -> new` line per value that changes in
+    /// force; empty when the edit changed nothing.
+    pub changes: Vec<String>,
+}
+
+impl SpeculativeReload {
+    /// The changes for a log line: `"a: 1 -> 2, b: x -> y"`, or `"no
+    /// change"`.
+    pub fn summary(&self) -> String {
+        if self.changes.is_empty() {
+            "no change".into()
+        } else {
+            self.changes.join(", ")
+        }
     }
 }
 
@@ -283,46 +488,126 @@ impl Config {
         Self::from_toml(&text, path)
     }
 
-    /// Checks values that types cannot.
+    /// Checks every value against its bounds; zero is refused wherever it
+    /// would mean "never" or "nothing". The ranges (inclusive):
+    ///
+    /// | key | allowed | why |
+    /// |---|---|---|
+    /// | `server.host` | 1..=253 bytes, no whitespace | a DNS name's limit |
+    /// | `server.port` | 0..=65535 | 0 picks a free port |
+    /// | `server.api_keys` | at most 1024 keys, each 1..=512 visible ASCII bytes | a key must fit in a header to ever match |
+    /// | `server.served_model_name` | 1..=256 bytes | |
+    /// | `server.max_body_bytes` | 1 KiB..=64 MiB | a chat request fits in 1 KiB; 64 MiB is far above any context |
+    /// | `server.max_concurrent_requests` | 1..=65536 | |
+    /// | `server.max_connections` | 1..=262144 | file descriptors |
+    /// | `server.request_timeout_secs` | 1..=86400 | |
+    /// | `server.drain_timeout_secs` | 0..=3600 | 0 = cut at once |
+    /// | `server.keep_alive_secs` | 1..=600 | proxies drop idle streams after about a minute |
+    /// | `server.header_read_timeout_secs` | 1..=300 | slowloris |
+    /// | `server.body_read_timeout_secs`, `idle_connection_timeout_secs`, `stream_write_timeout_secs` | 1..=3600 | |
+    /// | `model.path`, `draft.path`, `draft.head_tokens` | not empty | |
+    /// | `model.tensor_parallel_size` | 1..=64 | |
+    /// | `kv.block_size` | 1..=256 | |
+    /// | `kv.num_blocks` | 0 (derive from memory) or 1..=4194304 | block ids are u32; 2^22 blocks hold 2^22 * block_size tokens |
+    /// | `kv.memory_mib` | 1..=1048576 (0 when `num_blocks` is set) | 1 TiB |
+    /// | `scheduler.max_num_seqs` | 1..=4096 | |
+    /// | `scheduler.max_num_batched_tokens` | max_num_seqs..=1048576 | every running sequence can decode a row each step (as vLLM requires) |
+    /// | `[speculative]` | see [`SpeculativeConfig::validate`] | |
+    /// | `[router]` | see `RouterConfig::validate` | |
+    ///
+    /// Errors: the first bad value, naming its key and allowed range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.server;
-        if s.max_body_bytes == 0 {
-            return Err(invalid("server.max_body_bytes", "must be positive"));
+        text_ok("server.host", &s.host, 253, false)?;
+        in_range("server.api_keys (count)", s.api_keys.len(), 0..=1024)?;
+        for key in &s.api_keys {
+            // Bearer tokens travel in a header: visible ASCII only.
+            if key.is_empty() || key.len() > 512 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "server.api_keys",
+                    "each key must be 1..=512 visible ASCII characters",
+                ));
+            }
         }
-        if s.max_concurrent_requests == 0 {
-            return Err(invalid(
-                "server.max_concurrent_requests",
-                "must be positive",
-            ));
+        if let Some(name) = &s.served_model_name {
+            text_ok("server.served_model_name", name, 256, true)?;
         }
-        if s.request_timeout_secs == 0 {
-            return Err(invalid("server.request_timeout_secs", "must be positive"));
+        let secs = |key, v, r| in_range(key, v, r);
+        in_range(
+            "server.max_body_bytes",
+            s.max_body_bytes,
+            1 << 10..=64 << 20,
+        )?;
+        in_range(
+            "server.max_concurrent_requests",
+            s.max_concurrent_requests,
+            1..=65_536,
+        )?;
+        in_range("server.max_connections", s.max_connections, 1..=262_144)?;
+        secs(
+            "server.request_timeout_secs",
+            s.request_timeout_secs,
+            1..=86_400,
+        )?;
+        secs("server.drain_timeout_secs", s.drain_timeout_secs, 0..=3_600)?;
+        secs("server.keep_alive_secs", s.keep_alive_secs, 1..=600)?;
+        secs(
+            "server.header_read_timeout_secs",
+            s.header_read_timeout_secs,
+            1..=300,
+        )?;
+        secs(
+            "server.body_read_timeout_secs",
+            s.body_read_timeout_secs,
+            1..=3_600,
+        )?;
+        secs(
+            "server.idle_connection_timeout_secs",
+            s.idle_connection_timeout_secs,
+            1..=3_600,
+        )?;
+        secs(
+            "server.stream_write_timeout_secs",
+            s.stream_write_timeout_secs,
+            1..=3_600,
+        )?;
+
+        let path_ok = |key: &str, p: &Path| {
+            if p.as_os_str().is_empty() {
+                Err(invalid(key, "must not be empty"))
+            } else {
+                Ok(())
+            }
+        };
+        path_ok("model.path", &self.model.path)?;
+        in_range(
+            "model.tensor_parallel_size",
+            self.model.tensor_parallel_size,
+            1..=64,
+        )?;
+        if let Some(p) = &self.draft.path {
+            path_ok("draft.path", p)?;
         }
-        if s.keep_alive_secs == 0 {
-            return Err(invalid("server.keep_alive_secs", "must be positive"));
+        if let Some(p) = &self.draft.head_tokens {
+            path_ok("draft.head_tokens", p)?;
         }
-        if self.model.tensor_parallel_size == 0 {
-            return Err(invalid("model.tensor_parallel_size", "must be at least 1"));
-        }
-        if self.kv.block_size == 0 {
-            return Err(invalid("kv.block_size", "must be positive"));
-        }
-        if self.kv.num_blocks == 0 && self.kv.memory_mib == 0 {
-            return Err(invalid(
-                "kv.memory_mib",
-                "set kv.num_blocks or kv.memory_mib",
-            ));
-        }
-        if self.scheduler.max_num_seqs == 0 {
-            return Err(invalid("scheduler.max_num_seqs", "must be positive"));
-        }
-        if self.scheduler.max_num_batched_tokens == 0 {
-            return Err(invalid(
-                "scheduler.max_num_batched_tokens",
-                "must be positive",
-            ));
-        }
-        self.speculative.policy()?;
+
+        let kv = &self.kv;
+        in_range("kv.block_size", kv.block_size, 1..=256)?;
+        in_range("kv.num_blocks", kv.num_blocks, 0..=1 << 22)?;
+        // The memory budget sizes the pool only when no block count is set.
+        let min_mib = usize::from(kv.num_blocks == 0);
+        in_range("kv.memory_mib", kv.memory_mib, min_mib..=1 << 20)?;
+
+        let sch = &self.scheduler;
+        in_range("scheduler.max_num_seqs", sch.max_num_seqs, 1..=4_096)?;
+        in_range(
+            "scheduler.max_num_batched_tokens",
+            sch.max_num_batched_tokens,
+            sch.max_num_seqs..=1 << 20,
+        )?;
+
+        self.speculative.validate()?;
         if self.speculative.method == "draft" && self.draft.path.is_none() {
             return Err(invalid(
                 "draft.path",
@@ -333,94 +618,144 @@ impl Config {
         Ok(())
     }
 
-    /// Re-reads only `[speculative]` from `path` for live tuning: the new
-    /// section must be valid and keep the method (the proposer in memory).
+    /// Re-reads the config file at `path` for live tuning of
+    /// `[speculative]`. `self` is the file as last accepted (as
+    /// [`Config::load`] read it, WITHOUT command-line overrides: they would
+    /// look like edits); `in_force` is the `[speculative]` running now
+    /// (which may carry a command-line method).
     ///
-    /// Errors: unreadable or invalid file, or a changed method; the caller
-    /// keeps the old settings then.
-    pub fn reload_speculative(&self, path: &Path) -> Result<SpeculativeConfig, ConfigError> {
-        let new = Self::load(path)?.speculative;
-        if new.method != self.speculative.method {
-            return Err(invalid(
-                "speculative.method",
-                format!(
-                    "changing the method ({} -> {}) needs a restart",
-                    self.speculative.method, new.method
-                ),
+    /// Applied only when the new file
+    /// - is not empty and ends with a newline: a file cut short while it is
+    ///   being written usually ends mid-line, and a number cut there (`12`
+    ///   -> `1`) would still parse;
+    /// - parses whole and passes [`Config::validate`] (unknown keys too);
+    /// - equals the last accepted file in every section but `[speculative]`
+    ///   (those need a restart);
+    /// - changes no `[speculative]` value by leaving its key out: a key
+    ///   that is missing now but changed value fell back to its default,
+    ///   which is what a file truncated before or inside `[speculative]`
+    ///   looks like. To go back to a default, write it out. (A missing key
+    ///   whose value stays the same changes nothing and is accepted.)
+    /// - keeps `method` (the proposer in memory).
+    ///
+    /// Errors: [`ConfigError::Io`], `Parse` or `Invalid` for the file,
+    /// [`ConfigError::Reload`] naming the section or key for the rest. The
+    /// caller keeps the settings in force then.
+    pub fn reload(
+        &self,
+        path: &Path,
+        in_force: &SpeculativeConfig,
+    ) -> Result<SpeculativeReload, ConfigError> {
+        let refuse = |reason: String| ConfigError::Reload {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if text.is_empty() {
+            return Err(refuse("the file is empty (being rewritten?)".into()));
+        }
+        if !text.ends_with('\n') {
+            return Err(refuse(
+                "the file does not end with a newline, so it may be cut short \
+                 (being written?); end it with a newline to apply it"
+                    .into(),
             ));
         }
-        Ok(new)
+        let file = Self::from_toml(&text, path)?;
+
+        // Every section but [speculative] must be as it was. Destructured so
+        // that a new section cannot be left out.
+        let Config {
+            server,
+            model,
+            draft,
+            kv,
+            scheduler,
+            speculative: _,
+            router,
+        } = &file;
+        let changed: Vec<&str> = [
+            ("[server]", *server != self.server),
+            ("[model]", *model != self.model),
+            ("[draft]", *draft != self.draft),
+            ("[kv]", *kv != self.kv),
+            ("[scheduler]", *scheduler != self.scheduler),
+            ("[router]", *router != self.router),
+        ]
+        .into_iter()
+        .filter_map(|(name, differs)| differs.then_some(name))
+        .collect();
+        if !changed.is_empty() {
+            return Err(refuse(format!(
+                "{} changed; only [speculative] can change while running \
+                 (restart to apply the rest)",
+                changed.join(", ")
+            )));
+        }
+
+        let present = speculative_keys(&text);
+        let before = self.speculative.values();
+        for ((key, old), (_, new)) in before.iter().zip(file.speculative.values()) {
+            if *old != new && !present.iter().any(|k| k == key) {
+                return Err(refuse(format!(
+                    "speculative.{key} is missing but was {old}, so it would fall back \
+                     to its default {new}; a file cut short looks like this. Write \
+                     the key out to change it"
+                )));
+            }
+        }
+        if file.speculative.method != self.speculative.method {
+            return Err(refuse(format!(
+                "speculative.method changed ({:?} -> {:?}); changing the method needs a restart",
+                self.speculative.method, file.speculative.method
+            )));
+        }
+
+        let speculative = SpeculativeConfig {
+            method: in_force.method.clone(),
+            ..file.speculative.clone()
+        };
+        let policy = speculative.policy()?;
+        let changes = in_force
+            .values()
+            .into_iter()
+            .zip(speculative.values())
+            .filter(|((_, old), (_, new))| old != new)
+            .map(|((key, old), (_, new))| format!("speculative.{key}: {old} -> {new}"))
+            .collect();
+        Ok(SpeculativeReload {
+            speculative,
+            policy,
+            file,
+            changes,
+        })
     }
+}
+
+/// The keys the TOML `text` spells out in `[speculative]`, as
+/// [`SpeculativeConfig::values`] names them (`adaptive.alpha` for
+/// `[speculative.adaptive] alpha`). Empty when the section is absent.
+fn speculative_keys(text: &str) -> Vec<String> {
+    let Ok(root) = toml::from_str::<toml::Table>(text) else {
+        return Vec::new();
+    };
+    let Some(toml::Value::Table(sp)) = root.get("speculative") else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    for (k, v) in sp {
+        match (k.as_str(), v) {
+            ("adaptive", toml::Value::Table(a)) => {
+                keys.extend(a.keys().map(|ak| format!("adaptive.{ak}")));
+            }
+            _ => keys.push(k.clone()),
+        }
+    }
+    keys
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(s: &str) -> Result<Config, ConfigError> {
-        Config::from_toml(s, Path::new("t.toml"))
-    }
-
-    #[test]
-    fn defaults_serve_the_real_pair_and_method_draft_needs_a_path() {
-        let c = parse("").unwrap();
-        assert!(c.draft.path.is_some());
-        let mut c2 = c.clone();
-        c2.draft.path = None;
-        let e = c2.validate().unwrap_err().to_string();
-        assert!(e.contains("draft.path"), "{e}");
-        assert_eq!(c.server.port, 8000);
-        assert_eq!(
-            c.speculative.policy().unwrap(),
-            DraftPolicy::BatchTable(vec![(1, 3), (2, 2), (4, 1)])
-        );
-    }
-
-    #[test]
-    fn unknown_keys_and_bad_values_are_named() {
-        let e = parse("[server]\nprot = 1").unwrap_err().to_string();
-        assert!(e.contains("prot"), "{e}");
-        let e = parse("[speculative]\nmethod = \"magic\"")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("speculative.method"), "{e}");
-        let e = parse(
-            "[speculative]\nmethod = \"ngram\"\npolicy = \"table\"\ntable = [[4, 1], [2, 3]]",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("speculative.table"), "{e}");
-        let e = parse("[server]\nport = \"x\"").unwrap_err().to_string();
-        assert!(e.contains("port"), "{e}");
-        let e = parse("[speculative]\nmethod = \"off\"\n[scheduler]\nmax_num_seqs = 0")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("scheduler.max_num_seqs"), "{e}");
-    }
-
-    #[test]
-    fn adaptive_policy_from_toml() {
-        let c = parse(
-            "[speculative]\nmethod = \"ngram\"\npolicy = \"adaptive\"\nnum_tokens = 6\n[speculative.adaptive]\nalpha = 0.5",
-        )
-        .unwrap();
-        match c.speculative.policy().unwrap() {
-            DraftPolicy::Adaptive { max_k, alpha, .. } => assert_eq!((max_k, alpha), (6, 0.5)),
-            p => panic!("{p:?}"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod shipped {
-    use super::*;
-
-    /// The configs in configs/ parse and validate.
-    #[test]
-    fn shipped_configs_are_valid() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
-        for name in ["default.toml", "tiny.toml", "example-all.toml"] {
-            Config::load(&dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        }
-    }
-}
+mod tests;

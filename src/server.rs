@@ -90,7 +90,11 @@ pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running>
     });
     match config_path {
         Some(path) => {
-            tokio::spawn(watch_config(cfg.clone(), path, engine.clone(), hangups));
+            // Reloads compare against the file as written, not against the
+            // config with command-line overrides applied.
+            let file = Config::load(&path)?;
+            let in_force = cfg.speculative.clone();
+            tokio::spawn(watch_config(file, in_force, path, engine.clone(), hangups));
         }
         None => {
             // Nothing to reload; SIGHUP stays harmless.
@@ -187,9 +191,17 @@ async fn next_hangup(h: &mut Hangups) {
 }
 
 /// Re-applies `[speculative]` on SIGHUP and when the file's modification
-/// time changes (checked every 2 s). An invalid edit is refused and logged;
-/// the settings in force stay.
-async fn watch_config(mut cfg: Config, path: PathBuf, engine: EngineHandle, mut hup: Hangups) {
+/// time changes (checked every 2 s). `file` is the file as last accepted,
+/// `in_force` the `[speculative]` running now. An edit that does not parse
+/// whole, changes another section or looks truncated is refused and
+/// logged; the settings in force stay. An accepted one logs what changed.
+async fn watch_config(
+    mut file: Config,
+    mut in_force: crate::config::SpeculativeConfig,
+    path: PathBuf,
+    engine: EngineHandle,
+    mut hup: Hangups,
+) {
     let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let mut seen = mtime(&path);
     loop {
@@ -203,14 +215,16 @@ async fn watch_config(mut cfg: Config, path: PathBuf, engine: EngineHandle, mut 
                 seen = now;
             }
         }
-        match cfg
-            .reload_speculative(&path)
-            .and_then(|sp| Ok((sp.policy()?, sp)))
-        {
-            Ok((policy, sp)) => match engine.set_policy(policy.clone()) {
+        match file.reload(&path, &in_force) {
+            Ok(r) => match engine.set_policy(r.policy.clone()) {
                 Ok(()) => {
-                    eprintln!("reloaded [speculative] from {}: {policy:?}", path.display());
-                    cfg.speculative = sp;
+                    eprintln!(
+                        "reloaded [speculative] from {}: {}",
+                        path.display(),
+                        r.summary()
+                    );
+                    in_force = r.speculative;
+                    file = r.file;
                 }
                 Err(e) => eprintln!("refused [speculative] from {}: {e}", path.display()),
             },
@@ -227,7 +241,10 @@ async fn watch_config(mut cfg: Config, path: PathBuf, engine: EngineHandle, mut 
 /// process exits non-zero and a supervisor restarts it).
 ///
 /// Errors: the engine died.
-pub async fn serve_until_exit(running: Running, stop: impl std::future::Future<Output = ()>) -> Result<()> {
+pub async fn serve_until_exit(
+    running: Running,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let died = tokio::select! {
         _ = stop => false,
         _ = running.engine.died() => true,

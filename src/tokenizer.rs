@@ -4,8 +4,9 @@
 //! byte-level BPE tokenizer (on the `tokenizers` crate) from GGUF metadata
 //! (`tokenizer.ggml.*`) or from a Hugging Face `tokenizer.json`, encodes and decodes,
 //! knows the model's BOS and end-of-generation ids, and renders the model's chat
-//! template ([`chat`], minijinja). [`IncrementalDecoder`] turns a stream of generated
-//! ids into text deltas that never split a UTF-8 character.
+//! template ([`chat`], minijinja) and encodes chat prompts so that client text cannot
+//! forge control tokens ([`chat_encode`]). [`IncrementalDecoder`] turns a stream of
+//! generated ids into text deltas that never split a UTF-8 character.
 //!
 //! GGUF pre-tokenizer regexes are those of llama.cpp's `llama-vocab.cpp`, so ids match
 //! llama.cpp for the same file (checked against committed vectors in
@@ -13,6 +14,7 @@
 //! metadata, unknown ids and template failures come back as [`TokenizerError`].
 
 mod chat;
+mod chat_encode;
 mod incremental;
 pub mod testing;
 
@@ -215,8 +217,9 @@ impl TemplateState {
 /// Invariants: every id below [`vocab_size`](Self::vocab_size) decodes; for text made of
 /// bytes the vocabulary covers (all of them for real byte-level vocabularies),
 /// `decode(encode(text, false), false) == text`. Strings of control and user-defined
-/// tokens (e.g. `<|im_start|>`) in input text become those single tokens. The type is
-/// `Send + Sync` and cheap to share behind an `Arc`.
+/// tokens (e.g. `<|im_start|>`) in input text become those single tokens, except in
+/// message text given to [`encode_chat`](Self::encode_chat), where control-token text
+/// stays text. The type is `Send + Sync` and cheap to share behind an `Arc`.
 pub struct TextTokenizer {
     inner: Tokenizer,
     vocab_size: usize,
@@ -471,15 +474,7 @@ impl TextTokenizer {
     /// Errors: [`TokenizerError::UnencodableByte`] if the vocabulary lacks a byte of `text`
     /// (never for complete byte-level vocabularies), [`TokenizerError::Encode`].
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, TokenizerError> {
-        if !self.missing_bytes.is_empty() {
-            if let Some(&b) = text
-                .as_bytes()
-                .iter()
-                .find(|b| self.missing_bytes.contains(b))
-            {
-                return Err(TokenizerError::UnencodableByte(b));
-            }
-        }
+        self.check_encodable(text)?;
         let enc = self
             .inner
             .encode_fast(text, false)
@@ -562,8 +557,9 @@ impl TextTokenizer {
     /// Renders the chat template over `messages` (Hugging Face semantics: trim_blocks,
     /// lstrip_blocks, `bos_token`/`eos_token` variables, `raise_exception`, Python-style
     /// `tojson` and string methods, `strftime_now`). With `add_generation_prompt` the
-    /// output ends with the assistant turn header. Encode the result with
-    /// `encode(.., add_bos = false)` unless the template omits a BOS the model needs.
+    /// output ends with the assistant turn header. To build a prompt from client
+    /// messages use [`encode_chat`](Self::encode_chat) instead of encoding this text:
+    /// `encode` would turn control-token text typed by a client into control tokens.
     ///
     /// Errors: [`TokenizerError::NoChatTemplate`]; [`TokenizerError::ChatTemplate`] if the
     /// template does not compile, fails to render, or calls `raise_exception`.
@@ -584,6 +580,21 @@ impl TextTokenizer {
             text(self.bos),
             text(self.eos),
         )
+    }
+
+    /// Errors with [`TokenizerError::UnencodableByte`] if the vocabulary lacks a byte of
+    /// `text` (never for complete byte-level vocabularies).
+    fn check_encodable(&self, text: &str) -> Result<(), TokenizerError> {
+        if !self.missing_bytes.is_empty() {
+            if let Some(&b) = text
+                .as_bytes()
+                .iter()
+                .find(|b| self.missing_bytes.contains(b))
+            {
+                return Err(TokenizerError::UnencodableByte(b));
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn check_id(&self, id: u32) -> Result<(), TokenizerError> {

@@ -7,8 +7,8 @@
 use candle_core::quantized::GgmlDType;
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, EngineStats, Event, Fault, FinishReason, GenRequest,
-    KvSize, ProposerKind,
+    spawn, EngineConfig, EngineHandle, EngineStats, Event, Fault, FinishReason, GenRequest, KvSize,
+    ProposerKind,
 };
 use specgate_draft::DraftPolicy;
 use specgate_verify::model::{load_gguf, load_gguf_tp};
@@ -421,7 +421,10 @@ fn an_engine_panic_is_reported_not_silent() {
     while let Some(ev) = rx.blocking_recv() {
         last = Some(ev);
     }
-    assert!(matches!(last, Some(Event::Error(_)) | Some(Event::Finished { .. })));
+    assert!(matches!(
+        last,
+        Some(Event::Error(_)) | Some(Event::Finished { .. })
+    ));
     assert!(h.submit(request(2)).is_err());
 }
 

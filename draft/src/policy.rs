@@ -3,6 +3,27 @@
 //! exponential moving average of each sequence's acceptance. k = 0 is plain
 //! decoding through the same verify path.
 
+/// The most tokens any policy drafts per sequence and step. It equals the
+/// engine's own cap (`specgate::engine::MAX_SPECULATIVE_TOKENS`, checked at
+/// compile time there): every drafted token is one more verify row and one
+/// more lookahead KV slot per sequence, and past a dozen or so the chance
+/// that all of them are accepted is negligible, so a larger k (say a typo of
+/// 300) only burns the step's token budget.
+pub const MAX_DRAFT_TOKENS: usize = 16;
+
+/// The most rows of a [`DraftPolicy::BatchTable`]: batch sizes strictly
+/// increase, so more rows than this is a mistake, not a tuning.
+pub const MAX_TABLE_ROWS: usize = 64;
+
+/// The largest adaptive `draft_cost`: a drafted token costing this many
+/// one-row verify passes never pays (the policy settles on k = 0 well before
+/// it), so a larger value can only be a typo.
+pub const MAX_DRAFT_COST: f64 = 10.0;
+
+/// The largest adaptive `probe_every`: a bigger interval would in practice
+/// mean never re-probing a sequence that settled on k = 0.
+pub const MAX_PROBE_EVERY: u32 = 1024;
+
 /// The draft-length policy.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DraftPolicy {
@@ -52,13 +73,38 @@ fn expected_tokens(k: usize, a: f64) -> f64 {
 }
 
 impl DraftPolicy {
-    /// Errors naming the bad parameter.
+    /// Checks every parameter against its bounds: no k above
+    /// [`MAX_DRAFT_TOKENS`]; a table of 1..=[`MAX_TABLE_ROWS`] rows with
+    /// strictly increasing batch sizes of at least 1; adaptive `min_k <=
+    /// max_k`, `alpha` in (0, 1], `draft_cost` in [0, [`MAX_DRAFT_COST`]],
+    /// `initial_acceptance` in [0, 1], `probe_every` in
+    /// 1..=[`MAX_PROBE_EVERY`].
+    ///
+    /// Errors: a message naming the first bad parameter and its allowed range.
     pub fn validate(&self) -> Result<(), String> {
+        let k_ok = |name: &str, k: usize| {
+            if k > MAX_DRAFT_TOKENS {
+                Err(format!("{name} {k} is out of range 0..={MAX_DRAFT_TOKENS}"))
+            } else {
+                Ok(())
+            }
+        };
         match self {
-            DraftPolicy::Fixed { .. } => Ok(()),
+            DraftPolicy::Fixed { k } => k_ok("k", *k),
             DraftPolicy::BatchTable(rows) => {
-                if rows.is_empty() {
-                    return Err("batch table needs at least one row".into());
+                if rows.is_empty() || rows.len() > MAX_TABLE_ROWS {
+                    return Err(format!(
+                        "batch table has {} rows; allowed 1..={MAX_TABLE_ROWS}",
+                        rows.len()
+                    ));
+                }
+                for (i, &(batch, k)) in rows.iter().enumerate() {
+                    if batch == 0 {
+                        return Err(format!(
+                            "batch table row {i}: batch size 0; allowed 1 or more"
+                        ));
+                    }
+                    k_ok(&format!("batch table row {i}: k"), k)?;
                 }
                 if rows.windows(2).any(|w| w[0].0 >= w[1].0) {
                     return Err("batch table rows must have increasing batch sizes".into());
@@ -73,22 +119,27 @@ impl DraftPolicy {
                 initial_acceptance,
                 probe_every,
             } => {
+                k_ok("max_k", *max_k)?;
                 if min_k > max_k {
                     return Err(format!("min_k {min_k} > max_k {max_k}"));
                 }
                 if !(*alpha > 0.0 && *alpha <= 1.0) {
                     return Err(format!("alpha {alpha} must be in (0, 1]"));
                 }
-                if !(*draft_cost >= 0.0 && draft_cost.is_finite()) {
-                    return Err(format!("draft_cost {draft_cost} must be >= 0"));
+                if !(0.0..=MAX_DRAFT_COST).contains(draft_cost) {
+                    return Err(format!(
+                        "draft_cost {draft_cost} must be in [0, {MAX_DRAFT_COST}]"
+                    ));
                 }
                 if !(0.0..=1.0).contains(initial_acceptance) {
                     return Err(format!(
                         "initial_acceptance {initial_acceptance} must be in [0, 1]"
                     ));
                 }
-                if *probe_every == 0 {
-                    return Err("probe_every must be at least 1".into());
+                if !(1..=MAX_PROBE_EVERY).contains(probe_every) {
+                    return Err(format!(
+                        "probe_every {probe_every} must be in 1..={MAX_PROBE_EVERY}"
+                    ));
                 }
                 Ok(())
             }
@@ -214,5 +265,50 @@ mod tests {
             probe_every: 4,
         };
         assert!(bad.validate().unwrap_err().contains("min_k"));
+    }
+
+    #[test]
+    fn draft_lengths_are_bounded_by_the_engine_cap() {
+        let max = MAX_DRAFT_TOKENS;
+        assert!(DraftPolicy::Fixed { k: max }.validate().is_ok());
+        let e = DraftPolicy::Fixed { k: max + 1 }.validate().unwrap_err();
+        assert!(e.contains("0..=16"), "{e}");
+        // A typo of 300 in the table, the example.
+        let e = DraftPolicy::BatchTable(vec![(1, 300), (4, 1)])
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("row 0") && e.contains("300"), "{e}");
+        assert!(DraftPolicy::BatchTable(vec![(0, 1)]).validate().is_err());
+        assert!(DraftPolicy::BatchTable(vec![]).validate().is_err());
+        let long: Vec<(usize, usize)> = (1..=MAX_TABLE_ROWS + 1).map(|b| (b, 1)).collect();
+        assert!(DraftPolicy::BatchTable(long).validate().is_err());
+        let with = |f: &dyn Fn(&mut DraftPolicy)| {
+            let mut p = adaptive();
+            f(&mut p);
+            p.validate()
+        };
+        let set = |p: &mut DraftPolicy, which: usize| {
+            if let DraftPolicy::Adaptive {
+                max_k,
+                draft_cost,
+                probe_every,
+                ..
+            } = p
+            {
+                match which {
+                    0 => *max_k = max + 1,
+                    1 => *draft_cost = f64::INFINITY,
+                    2 => *draft_cost = MAX_DRAFT_COST * 2.0,
+                    _ => *probe_every = MAX_PROBE_EVERY + 1,
+                }
+            }
+        };
+        for (which, name) in ["max_k", "draft_cost", "draft_cost", "probe_every"]
+            .into_iter()
+            .enumerate()
+        {
+            let e = with(&|p| set(p, which)).unwrap_err();
+            assert!(e.contains(name), "{which}: {e}");
+        }
     }
 }

@@ -23,8 +23,8 @@ mod response_tests;
 pub use error::{ApiError, ErrorKind};
 pub use request::{
     parse_chat, parse_completion, Input, SpecMethod, SpecOverride, ValidRequest,
-    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES,
-    MAX_TEMPERATURE,
+    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES,
+    MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
 };
 pub use response::{
     response_id, unix_now, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,

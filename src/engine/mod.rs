@@ -212,11 +212,7 @@ impl EngineHandle {
             ));
         }
         // Client-supplied sizes: checked, since a wrapped sum would pass.
-        let total = req
-            .prompt
-            .len()
-            .checked_add(req.max_new_tokens)
-            .unwrap_or(usize::MAX);
+        let total = req.prompt.len().saturating_add(req.max_new_tokens);
         if total > l.max_position {
             return bad(format!(
                 "prompt ({} tokens) + max_new_tokens ({}) = {total} exceeds the context length of {}",

@@ -417,11 +417,16 @@ impl Engine {
                 work.prefills.iter().map(|_| Ok(())).collect(),
             ),
             Err(e) => {
-                eprintln!("specgate: a batched verifier forward failed ({e}); retrying per sequence");
+                eprintln!(
+                    "specgate: a batched verifier forward failed ({e}); retrying per sequence"
+                );
                 let prefilled = work
                     .prefills
                     .iter()
-                    .map(|p| self.try_verify(std::slice::from_ref(p), &[], &[]).map(|_| ()))
+                    .map(|p| {
+                        self.try_verify(std::slice::from_ref(p), &[], &[])
+                            .map(|_| ())
+                    })
                     .collect();
                 let decoded = work
                     .decodes

@@ -179,7 +179,7 @@ pub(super) async fn handle(
     // off the runtime's few threads, so other connections keep moving.
     let st = state.clone();
     let (v, built) = tokio::task::spawn_blocking(move || {
-        let built = st.backend().and_then(|b| build_request(b, &v, chat));
+        let built = st.backend().and_then(|b| build_request(b, &v));
         (v, built)
     })
     .await
@@ -220,21 +220,24 @@ pub(super) async fn handle(
 fn build_request(
     backend: &Backend,
     v: &ValidRequest,
-    chat: bool,
 ) -> Result<(GenRequest, &'static str), ApiError> {
     let tok = &backend.tokenizer;
-    let (text, param) = match &v.input {
+    // Chat: only the template's own markup becomes control tokens; special
+    // token text inside a message is encoded as plain text (no role
+    // injection). A chat template writes its own BOS where the model wants
+    // one; a raw prompt gets the model's BOS.
+    let (prompt, param) = match &v.input {
         Input::Chat(msgs) => (
-            tok.apply_chat_template(msgs, true)
+            tok.encode_chat(msgs, true)
                 .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
             "messages",
         ),
-        Input::Prompt(p) => (p.clone(), "prompt"),
+        Input::Prompt(p) => (
+            tok.encode(p, true)
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+            "prompt",
+        ),
     };
-    // A chat template writes its own BOS where the model wants one.
-    let prompt = tok
-        .encode(&text, !chat)
-        .map_err(|e| ApiError::invalid(param, e.to_string()))?;
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "the prompt encodes to no tokens"));
     }
@@ -341,9 +344,7 @@ fn stream(
             async move { matches!(tokio::time::timeout(limit, tx.send(f)).await, Ok(Ok(()))) }
         };
         let send = |b: Bytes| deliver(StreamFrame::Data(b));
-        if l.chat
-            && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await
-        {
+        if l.chat && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await {
             return;
         }
         let mut tick = tokio::time::interval_at(Instant::now() + keep_alive, keep_alive);
@@ -402,4 +403,76 @@ fn stream(
     h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::{ConnLimits, HttpSettings};
+    use std::time::Duration;
+    use tokio::sync::Semaphore;
+
+    fn state(write_timeout: Duration) -> Arc<AppState> {
+        let settings = HttpSettings {
+            model_name: "m".into(),
+            api_keys: Vec::new(),
+            max_body_bytes: 1 << 20,
+            max_concurrent_requests: 1,
+            request_timeout: Duration::from_secs(600),
+            drain_timeout: Duration::from_secs(30),
+            keep_alive: Duration::from_secs(15),
+            body_read_timeout: Duration::from_secs(30),
+            stream_write_timeout: write_timeout,
+            conn: ConnLimits::default(),
+        };
+        AppState::new(settings, crate::metrics::install())
+    }
+
+    /// A client that takes no events (hyper stops polling the body when
+    /// the socket is full) must not hold its sequence and admission slot
+    /// forever: past the write timeout the stream task ends, which drops
+    /// the engine receiver (cancelling the sequence) and the permit.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_reader_frees_its_sequence_and_slot() {
+        let state = state(Duration::from_secs(2));
+        let (engine_tx, engine_rx) = tokio::sync::mpsc::unbounded_channel();
+        let slots = Arc::new(Semaphore::new(1));
+        let permit = slots.clone().try_acquire_owned().unwrap();
+        let now = Instant::now();
+        let driver = Driver {
+            rx: Some(engine_rx),
+            stop: StopMatcher::new(&[]),
+            prompt_tokens: 1,
+            completion_tokens: 0,
+            arrived: now,
+            deadline: now + Duration::from_secs(600),
+            last: None,
+            pending: None,
+            cut: state.cut.subscribe(),
+        };
+        let labels = Labels {
+            id: "x".into(),
+            created: 0,
+            model: "m".into(),
+            chat: false,
+        };
+        // The body is never polled, as when the client stops reading.
+        let _body = stream(state, driver, labels, false, permit);
+        for i in 0..200 {
+            let ev = Event::Tokens {
+                ids: vec![i],
+                text: "t".into(),
+            };
+            if engine_tx.send(ev).is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            engine_tx.is_closed(),
+            "the stalled stream still holds the engine receiver"
+        );
+        assert_eq!(slots.available_permits(), 1, "the admission slot is held");
+    }
 }

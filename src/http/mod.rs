@@ -274,10 +274,8 @@ where
             let state = state.clone();
             async move { Ok::<_, Infallible>(handle(state, req).await) }
         });
-        let io = timed_io::WriteDeadline::new(
-            hyper_util::rt::TokioIo::new(stream),
-            limits.write_stall,
-        );
+        let io =
+            timed_io::WriteDeadline::new(hyper_util::rt::TokioIo::new(stream), limits.write_stall);
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(limits.header_read)

@@ -110,3 +110,28 @@ impl<T: Write + Unpin> Write for WriteDeadline<T> {
         this.watch(cx, r)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_util::rt::TokioIo;
+
+    /// Writes to a peer that never reads stall, then fail once the limit
+    /// has passed without progress.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_stalled_past_the_limit_fails() {
+        let (a, _peer) = tokio::io::duplex(64);
+        let mut io = WriteDeadline::new(TokioIo::new(a), Duration::from_secs(3));
+        let chunk = [7u8; 32];
+        let started = Instant::now();
+        let err = loop {
+            let r = std::future::poll_fn(|cx| Pin::new(&mut io).poll_write(cx, &chunk)).await;
+            match r {
+                Ok(_) => continue,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_secs(3));
+    }
+}

@@ -10,15 +10,22 @@
 //!
 //! Automatic prefix caching: once a block is full of computed tokens it is
 //! registered under a hash of its whole token chain (parent hash + its own
-//! tokens; the tokens are kept too, so a hash collision can never hand out
-//! the wrong K/V). A new sequence whose prompt starts with registered blocks
+//! tokens). A new sequence whose prompt starts with registered blocks
 //! shares them (reference-counted) and skips that prefill. A registered
 //! block whose last reference goes away stays cached, evictable; it is
 //! evicted least-recently-released first, and only when the free list is dry.
+//!
+//! A block's K/V depends on every token before it, so the hash only finds
+//! a candidate: a block is handed out only if its own tokens AND its parent
+//! (the cached block before it in the chain, by registration) match. By
+//! induction from the first block, the whole prefix its K/V was computed
+//! from is then the new prompt's, so a hash collision costs a cache miss,
+//! never K/V computed from another user's text. The hash is also keyed per
+//! manager (std's `RandomState`), so a client cannot craft colliding
+//! prompts to make other users miss.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hasher, RandomState};
 
 /// Identifies a sequence to the block manager.
 pub type SeqId = u64;
@@ -34,18 +41,41 @@ pub enum KvError {
     UnknownSequence(SeqId),
 }
 
-/// One sequence's blocks and the chain hashes of its registered prefix.
+/// The registration standing for "no block": the parent of a chain's
+/// first block. Real registrations are numbered from 1.
+const ROOT: u64 = 0;
+
+/// Where one block of a sequence stands in the prefix cache.
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    /// Chain hash of the sequence's tokens up to the end of this block.
+    hash: u64,
+    /// The registration holding exactly this chain: this block's own, or an
+    /// identical block's that another sequence registered first. `None`
+    /// when a colliding block holds the hash: then neither this block nor
+    /// any later one of the sequence can be reached, so none is registered.
+    reg: Option<u64>,
+}
+
+/// One sequence's blocks and the cache links of its registered prefix.
 #[derive(Default)]
 struct SeqBlocks {
     blocks: Vec<u32>,
-    /// Chain hash of `blocks[i]` for every block registered in the cache.
-    hashes: Vec<u64>,
+    /// `links[i]` for `blocks[i]`, for each block registration has seen.
+    links: Vec<Link>,
 }
 
 /// What a registered block holds.
 struct Cached {
     hash: u64,
     tokens: Box<[u32]>,
+    /// The registration of the block before it in its chain ([`ROOT`] for
+    /// a first block). A registration number rather than a block id: block
+    /// ids are reused after eviction, registration numbers never are, so a
+    /// parent that was evicted (and its id refilled) matches nothing.
+    parent: u64,
+    /// This registration's number, unique for the manager's lifetime.
+    reg: u64,
 }
 
 /// Prefix-cache counters, in tokens (as vLLM counts them).
@@ -63,7 +93,8 @@ pub struct PrefixStats {
 /// is in exactly one state: free (count 0, not registered), evictable
 /// (count 0, registered), or owned (count = the number of tables holding
 /// it); the hash index points exactly at the registered blocks.
-pub struct BlockManager {
+pub struct BlockManager<S = RandomState> {
+    hasher: S,
     block_size: usize,
     free: Vec<u32>,
     ref_counts: Vec<u32>,
@@ -74,14 +105,34 @@ pub struct BlockManager {
     evictable: BTreeMap<u64, u32>,
     released_at: Vec<u64>,
     clock: u64,
+    /// The last registration number handed out.
+    last_reg: u64,
     stats: PrefixStats,
 }
 
 impl BlockManager {
-    /// A manager of `num_blocks` blocks of `block_size` token slots.
+    /// A manager of `num_blocks` blocks of `block_size` token slots, its
+    /// chain hashes keyed afresh.
+    ///
+    /// Panics: `block_size` is 0, or `num_blocks` does not fit a u32 block
+    /// id.
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self::with_hasher(num_blocks, block_size, RandomState::new())
+    }
+}
+
+impl<S: BuildHasher> BlockManager<S> {
+    /// Like [`BlockManager::new`], with `hasher` for the chain hashes.
+    /// Sharing stays correct whatever `hasher` is (see the module doc); a
+    /// weak or unkeyed one only lets collisions turn hits into misses.
+    pub fn with_hasher(num_blocks: usize, block_size: usize, hasher: S) -> Self {
         assert!(block_size > 0, "block size must be positive");
+        assert!(
+            u32::try_from(num_blocks).is_ok(),
+            "{num_blocks} blocks do not fit u32 block ids"
+        );
         Self {
+            hasher,
             block_size,
             // Reversed so blocks are handed out in ascending order.
             free: (0..num_blocks as u32).rev().collect(),
@@ -92,6 +143,7 @@ impl BlockManager {
             evictable: BTreeMap::new(),
             released_at: vec![0; num_blocks],
             clock: 0,
+            last_reg: ROOT,
             stats: PrefixStats::default(),
         }
     }
@@ -154,17 +206,28 @@ impl BlockManager {
             seq,
             SeqBlocks {
                 blocks,
-                hashes: Vec::new(),
+                links: Vec::new(),
             },
         );
         Ok(())
     }
 
-    fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
-        let mut h = DefaultHasher::new();
-        parent.hash(&mut h);
-        tokens.hash(&mut h);
+    /// The hash of a block holding `tokens` after a chain hashed `parent`.
+    fn chain_hash(&self, parent: u64, tokens: &[u32]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_u64(parent);
+        for &t in tokens {
+            h.write_u32(t);
+        }
         h.finish()
+    }
+
+    /// The registered block under `hash` if it holds `tokens` after the
+    /// registration `parent`, with its registration.
+    fn lookup(&self, hash: u64, tokens: &[u32], parent: u64) -> Option<(u32, u64)> {
+        let &b = self.by_hash.get(&hash)?;
+        let c = self.cached[b as usize].as_ref()?;
+        (*c.tokens == *tokens && c.parent == parent).then_some((b, c.reg))
     }
 
     /// Like [`BlockManager::allocate`] for a sequence whose first tokens are
@@ -184,22 +247,19 @@ impl BlockManager {
             return Err(KvError::AlreadyAllocated(seq));
         }
         let bs = self.block_size;
-        let (mut matched, mut hashes) = (Vec::new(), Vec::new());
-        let mut parent = 0;
+        let (mut matched, mut links) = (Vec::new(), Vec::new());
+        let (mut parent_hash, mut parent) = (0, ROOT);
         for chunk in tokens[..cacheable.min(tokens.len())].chunks_exact(bs) {
-            let h = Self::chain_hash(parent, chunk);
-            match self.by_hash.get(&h) {
-                Some(&b)
-                    if self.cached[b as usize]
-                        .as_ref()
-                        .is_some_and(|c| *c.tokens == *chunk) =>
-                {
-                    matched.push(b);
-                    hashes.push(h);
-                    parent = h;
-                }
-                _ => break,
-            }
+            let hash = self.chain_hash(parent_hash, chunk);
+            let Some((b, reg)) = self.lookup(hash, chunk, parent) else {
+                break;
+            };
+            matched.push(b);
+            links.push(Link {
+                hash,
+                reg: Some(reg),
+            });
+            (parent_hash, parent) = (hash, reg);
         }
         let fresh = self.blocks_for(tokens.len()).saturating_sub(matched.len());
         let pinned_evictable = matched
@@ -221,7 +281,7 @@ impl BlockManager {
         let mut blocks = matched;
         let hit_tokens = blocks.len() * bs;
         blocks.extend((0..fresh).map(|_| self.take_free()));
-        self.tables.insert(seq, SeqBlocks { blocks, hashes });
+        self.tables.insert(seq, SeqBlocks { blocks, links });
         self.stats.queries += cacheable as u64;
         self.stats.hits += hit_tokens as u64;
         Ok(hit_tokens)
@@ -236,21 +296,45 @@ impl BlockManager {
             return;
         };
         let full = (computed.min(tokens.len()) / bs).min(t.blocks.len());
-        while t.hashes.len() < full {
-            let i = t.hashes.len();
-            let parent = t.hashes.last().copied().unwrap_or(0);
-            let chunk = &tokens[i * bs..(i + 1) * bs];
-            let h = Self::chain_hash(parent, chunk);
-            t.hashes.push(h);
-            let b = t.blocks[i];
-            if self.cached[b as usize].is_none() && !self.by_hash.contains_key(&h) {
-                self.cached[b as usize] = Some(Cached {
-                    hash: h,
-                    tokens: chunk.into(),
-                });
-                self.by_hash.insert(h, b);
-            }
+        if t.links.len() >= full {
+            return;
         }
+        let mut links = std::mem::take(&mut t.links);
+        let fresh = t.blocks[links.len()..full].to_vec();
+        for b in fresh {
+            let i = links.len();
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let (parent_hash, parent) = links.last().map_or((0, Some(ROOT)), |l| (l.hash, l.reg));
+            let hash = self.chain_hash(parent_hash, chunk);
+            let reg = parent.and_then(|p| self.link(b, hash, chunk, p));
+            links.push(Link { hash, reg });
+        }
+        self.tables.get_mut(&seq).expect("found above").links = links;
+    }
+
+    /// The registration standing for block `b` holding `tokens` after the
+    /// registration `parent`: its own (registering it now if the hash is
+    /// free), or an identical block's registered first (two sequences that
+    /// prefilled the same prompt at once). `None` when the hash is held by
+    /// a block with other tokens or another parent.
+    fn link(&mut self, b: u32, hash: u64, tokens: &[u32], parent: u64) -> Option<u64> {
+        if let Some(c) = &self.cached[b as usize] {
+            // Already registered: a prefix hit, or this sequence's own.
+            let same = c.hash == hash && *c.tokens == *tokens && c.parent == parent;
+            return same.then_some(c.reg);
+        }
+        if self.by_hash.contains_key(&hash) {
+            return self.lookup(hash, tokens, parent).map(|(_, reg)| reg);
+        }
+        self.last_reg += 1;
+        self.cached[b as usize] = Some(Cached {
+            hash,
+            tokens: tokens.into(),
+            parent,
+            reg: self.last_reg,
+        });
+        self.by_hash.insert(hash, b);
+        Some(self.last_reg)
     }
 
     /// Grows the sequence's table to cover at least `tokens` slots (e.g. the
@@ -286,7 +370,7 @@ impl BlockManager {
         if keep >= table.blocks.len() {
             return Ok(());
         }
-        table.hashes.truncate(keep);
+        table.links.truncate(keep);
         let dropped: Vec<u32> = table.blocks.drain(keep..).collect();
         for b in dropped {
             self.release_block(b);
@@ -376,6 +460,17 @@ impl BlockManager {
                 return Err(format!(
                     "hash index points at block {b}, which holds another hash"
                 ));
+            }
+        }
+        for (b, c) in self.cached.iter().enumerate() {
+            if let Some(c) = c {
+                // A parent registers before its children.
+                if c.reg == ROOT || c.reg > self.last_reg || c.parent >= c.reg {
+                    return Err(format!(
+                        "block {b}: registration {} with parent {} out of order",
+                        c.reg, c.parent
+                    ));
+                }
             }
         }
         let registered = self.cached.iter().filter(|c| c.is_some()).count();

@@ -159,6 +159,66 @@ fn prefix_blocks_are_shared_and_evicted_lru_only_when_dry() {
     assert_eq!(m.allocate_cached(6, &b, b.len() - 1).unwrap(), 0);
 }
 
+/// A deliberately weak hasher: SipHash with fixed keys cut to 4 bits, so
+/// chain hashes collide often and predictably. Stands in for a crafted
+/// collision against an unkeyed hash.
+#[derive(Clone, Copy)]
+struct FourBits;
+
+struct FourBitsHasher(std::hash::DefaultHasher);
+
+impl Hasher for FourBitsHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+    }
+    fn finish(&self) -> u64 {
+        self.0.finish() & 0xf
+    }
+}
+
+impl BuildHasher for FourBits {
+    type Hasher = FourBitsHasher;
+    fn build_hasher(&self) -> FourBitsHasher {
+        FourBitsHasher(std::hash::DefaultHasher::new())
+    }
+}
+
+/// Block `y` cached after block `x` must not be handed to a prompt that
+/// starts with `y`, even when the chain hashes collide: its K/V was computed
+/// after `x`. The legitimate chain is still shared.
+#[test]
+fn a_colliding_block_with_another_parent_is_not_shared() {
+    let mut m = BlockManager::with_hasher(8, 1, FourBits);
+    let y = 7;
+    // A first block x whose chain hash makes [x, y] collide with [y].
+    let x = (100..10_000)
+        .find(|&x| {
+            let hx = m.chain_hash(0, &[x]);
+            let hxy = m.chain_hash(hx, &[y]);
+            hxy == m.chain_hash(0, &[y]) && hx != hxy
+        })
+        .expect("4-bit hashes collide");
+    m.allocate_cached(1, &[x, y, 1], 2).unwrap();
+    m.register(1, &[x, y, 1], 2);
+    let y_after_x = m.table(1).unwrap()[1];
+    // Same tokens in the block, another parent (none): no hit.
+    assert_eq!(m.allocate_cached(2, &[y, 2], 1).unwrap(), 0);
+    assert!(!m.table(2).unwrap().contains(&y_after_x));
+    // The real chain still hits both blocks.
+    assert_eq!(m.allocate_cached(3, &[x, y, 3], 2).unwrap(), 2);
+    assert_eq!(m.table(3).unwrap()[1], y_after_x);
+    m.check_invariants().unwrap();
+}
+
+/// Each manager keys its hash afresh, so a client cannot compute (and
+/// collide) chain hashes offline.
+#[test]
+fn chain_hashes_are_keyed() {
+    let (a, b) = (BlockManager::new(1, 4), BlockManager::new(1, 4));
+    let block = [1, 2, 3, 4];
+    assert_ne!(a.chain_hash(0, &block), b.chain_hash(0, &block));
+}
+
 #[test]
 fn hash_collisions_cannot_share_wrong_tokens() {
     let mut m = BlockManager::new(4, 2);
@@ -203,5 +263,48 @@ fn randomized_prefix_caching_keeps_invariants() {
         }
         assert_eq!(m.num_free(), m.num_blocks(), "seed {seed}: leaked blocks");
         m.check_invariants().unwrap();
+    }
+}
+
+/// With a hash that collides all the time, random prompts from a tiny
+/// alphabet (so equal blocks follow different prefixes) never get a block
+/// whose K/V was computed from another prefix than their own.
+#[test]
+fn colliding_hashes_never_share_a_block_computed_from_another_prefix() {
+    for seed in 0..100 {
+        let mut rng = StdRng::seed_from_u64(5000 + seed);
+        let bs = rng.random_range(1..4);
+        let n_blocks = rng.random_range(4..40);
+        let mut m = BlockManager::with_hasher(n_blocks, bs, FourBits);
+        // The tokens each block's K/V was computed from (the whole prefix).
+        let mut computed_from: Vec<Vec<u32>> = vec![Vec::new(); n_blocks];
+        let mut live: Vec<SeqId> = Vec::new();
+        for id in 0..200u64 {
+            if rng.random_bool(0.5) || live.is_empty() {
+                let len = rng.random_range(2..14);
+                let toks: Vec<u32> = (0..len).map(|_| rng.random_range(0..3)).collect();
+                let Ok(hit) = m.allocate_cached(id, &toks, len - 1) else {
+                    continue;
+                };
+                let table = m.table(id).unwrap().to_vec();
+                for (i, &b) in table.iter().enumerate().take(hit / bs) {
+                    assert_eq!(
+                        computed_from[b as usize],
+                        toks[..(i + 1) * bs],
+                        "seed {seed}: block {b} shared with another prefix"
+                    );
+                }
+                for (i, &b) in table.iter().enumerate().take((len - 1) / bs).skip(hit / bs) {
+                    computed_from[b as usize] = toks[..(i + 1) * bs].to_vec();
+                }
+                m.register(id, &toks, len - 1);
+                live.push(id);
+            } else {
+                let i = rng.random_range(0..live.len());
+                m.free(live.swap_remove(i));
+            }
+            m.check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        }
     }
 }

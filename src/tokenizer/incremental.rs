@@ -7,14 +7,25 @@
 //! text back until a later token completes the character (or [`IncrementalDecoder::finish`]
 //! flushes it). Decoding a window rather than single tokens keeps decoders that depend on
 //! neighbours (e.g. SentencePiece leading spaces) correct.
+//!
+//! The held-back part is bounded: once [`IncrementalDecoder::MAX_PENDING`] ids have
+//! gone by without completing text (control tokens skipped as special, or a run of stray
+//! UTF-8 bytes), whatever they decode to is emitted as it is, broken bytes as U+FFFD.
+//! Without the bound every push would re-decode a window that grows with the run:
+//! quadratic work, without limit, for a model stuck emitting such tokens.
 
 use super::{TextTokenizer, TokenizerError};
 
 /// Incremental detokenizer for one sequence.
 ///
-/// Invariant (byte-level tokenizers): the concatenation of every [`push`](Self::push)
-/// output followed by [`finish`](Self::finish) equals `tok.decode(all pushed ids,
-/// skip_special)`, and no output ends in a character cut in half.
+/// Invariants: after every push, [`pending_len`](Self::pending_len) is below
+/// [`MAX_PENDING`](Self::MAX_PENDING), so a push decodes at most about twice that many
+/// ids (the last emitted chunk plus the pending ones; more only right after a long
+/// `with_context`). For byte-level tokenizers, the concatenation of every
+/// [`push`](Self::push) output followed by [`finish`](Self::finish) equals
+/// `tok.decode(all pushed ids, skip_special)` unless `MAX_PENDING` or more ids come
+/// between the bytes of one character (its pieces then come out as U+FFFD), and no
+/// output ends in a character cut in half unless that bound forced it out.
 #[derive(Debug, Clone, Default)]
 pub struct IncrementalDecoder {
     ids: Vec<u32>,
@@ -28,6 +39,12 @@ pub struct IncrementalDecoder {
 }
 
 impl IncrementalDecoder {
+    /// Most ids held back without emitting: a push that leaves this many ids unemitted
+    /// emits their text as it stands. A UTF-8 character spans at most 4 byte tokens, so
+    /// well-formed output never reaches the bound unless several ids that decode to
+    /// nothing land inside one character.
+    pub const MAX_PENDING: usize = 8;
+
     /// A decoder for a fresh sequence; with `skip_special`, control tokens emit nothing.
     pub fn new(skip_special: bool) -> Self {
         Self {
@@ -74,7 +91,10 @@ impl IncrementalDecoder {
             }
         };
         let delta = text_after(&prefix_text, &new_text);
-        if !delta.is_empty() && !new_text.ends_with(char::REPLACEMENT_CHARACTER) {
+        let complete = !delta.is_empty() && !new_text.ends_with(char::REPLACEMENT_CHARACTER);
+        // Past the bound, give up waiting for a completion: emit the text as it stands
+        // (possibly empty or ending in U+FFFD) so the window starts afresh.
+        if complete || self.ids.len() - self.read_offset >= Self::MAX_PENDING {
             let out = delta.to_owned();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
@@ -92,6 +112,13 @@ impl IncrementalDecoder {
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();
         std::mem::take(&mut self.pending)
+    }
+
+    /// Ids pushed but not yet emitted as text (held back because they do not complete
+    /// a character or decode to nothing). Below [`MAX_PENDING`](Self::MAX_PENDING) after
+    /// every push; 0 after [`finish`](Self::finish).
+    pub fn pending_len(&self) -> usize {
+        self.ids.len() - self.read_offset
     }
 
     /// Every id pushed so far (after any context).
@@ -116,6 +143,7 @@ fn text_after<'a>(prefix: &str, full: &'a str) -> &'a str {
 
 #[cfg(test)]
 mod tests {
+    use super::super::byte_level_char;
     use super::super::tests::tiny;
     use super::*;
 
@@ -185,6 +213,56 @@ mod tests {
         let mut dec = IncrementalDecoder::with_context(false, &ctx);
         let w = t.token_to_id("Ġworld").unwrap();
         assert_eq!(dec.push(&t, w).unwrap(), " world");
+    }
+
+    #[test]
+    fn pending_window_stays_bounded() {
+        let t = tiny();
+        let max = IncrementalDecoder::MAX_PENDING;
+        let (hello, world) = (
+            t.token_to_id("hello").unwrap(),
+            t.token_to_id("Ġworld").unwrap(),
+        );
+        // Control tokens skipped as special decode to nothing.
+        let end = t.token_to_id("<|im_end|>").unwrap();
+        let mut ids = vec![hello];
+        ids.extend(std::iter::repeat_n(end, 1000));
+        ids.push(world);
+        let mut dec = IncrementalDecoder::new(true);
+        let mut out = String::new();
+        for &id in &ids {
+            out.push_str(&dec.push(&t, id).unwrap());
+            assert!(dec.pending_len() < max, "pending {}", dec.pending_len());
+        }
+        out.push_str(&dec.finish());
+        assert_eq!(out, "hello world");
+
+        // Stray UTF-8 continuation bytes never complete a character: they come out as
+        // U+FFFD in bounded batches instead of piling up.
+        let stray = t.token_to_id(&byte_level_char(0x80).to_string()).unwrap();
+        let ids = vec![stray; 1000];
+        let mut dec = IncrementalDecoder::new(false);
+        let mut out = String::new();
+        for &id in &ids {
+            out.push_str(&dec.push(&t, id).unwrap());
+            assert!(dec.pending_len() < max, "pending {}", dec.pending_len());
+        }
+        out.push_str(&dec.finish());
+        assert_eq!(out, t.decode(&ids, false).unwrap());
+        assert_eq!(out.chars().count(), 1000);
+    }
+
+    #[test]
+    fn a_few_empty_ids_inside_a_character_do_not_break_it() {
+        let t = tiny();
+        let end = t.token_to_id("<|im_end|>").unwrap();
+        let crab = t.encode("🦀", false).unwrap();
+        let mut ids = vec![crab[0], end, crab[1], end, end, crab[2], crab[3]];
+        ids.extend(t.encode(" hello", false).unwrap());
+        assert_eq!(
+            stream(&t, &ids, true),
+            ["", "", "", "", "", "", "🦀", " ", "hello", ""]
+        );
     }
 
     #[test]

@@ -1,0 +1,543 @@
+#!/usr/bin/env python3
+"""Soak test of `specgate serve` (Python 3 stdlib only; scripts/soak.sh builds
+the binary and calls this).
+
+Starts the server on a free loopback port with the given config, sends N
+requests at concurrency C with random parameters -- mostly streamed, a third
+of the clients dropping the connection after a random number of SSE events, a
+few non-streamed, a few slow readers and a few hostile bodies -- then checks:
+every request not dropped by its client completed (streams with [DONE]),
+hostile bodies got a 4xx with an OpenAI error body, nothing got a 5xx;
+running = waiting = 0 and kv_cache_usage_ratio = 0 on /metrics after a short
+settle; /health is 200; a fresh request completes; the log has no panic; the
+server exits 0 on SIGTERM. Prints the counts, then `N passed, M failed`, and
+exits non-zero on any failure. Traffic goes to 127.0.0.1 only. A request
+budget (N) and a wall-clock cap (--max-seconds) make it always stop.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+
+HOST = "127.0.0.1"
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "hello hello hello hello hello hello",
+    "def fib(n):\n    if n < 2:\n        return n\n    return",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Count from one to twenty: one, two, three, four, five,",
+    "Explain what a TCP handshake is in one sentence.",
+    "Translate to French: good morning, my friend.",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n",
+    "What is 17 times 23?",
+    "Write a limerick about a cat who codes.",
+    "a b c d e f g h i j k l m n o p",
+]
+STOPS = ["\n", ".", " the", "!", "```", " and", "fox", "4", "\n\n", ","]
+SYSTEM = "You are a terse assistant."
+# A few ways to be wrong; each must get a 4xx with an OpenAI error body.
+HOSTILE = [
+    ("malformed JSON", b'{"model": "M", "messages": [{"role": "user", "content": "hi"'),
+    ("not an object", b"[1, 2, 3]"),
+    ("wrong type: temperature", '{"model":"M","messages":[{"role":"user","content":"hi"}],"temperature":"hot"}'),
+    ("wrong type: messages", '{"model":"M","messages":5}'),
+    ("negative max_tokens", '{"model":"M","messages":[{"role":"user","content":"hi"}],"max_tokens":-3}'),
+    ("NaN", '{"model":"M","messages":[{"role":"user","content":"hi"}],"top_p":NaN}'),
+    ("unknown role", '{"model":"M","messages":[{"role":"wizard","content":"hi"}]}'),
+    ("empty messages", '{"model":"M","messages":[]}'),
+    ("invalid UTF-8", b'{"model":"M","messages":[{"role":"user","content":"\xff\xfe"}]}'),
+    ("top_p out of range", '{"model":"M","prompt":"hi","top_p":7}'),
+    ("huge max_tokens", '{"model":"M","messages":[{"role":"user","content":"Say hi."}],"temperature":0,"max_tokens":18446744073709551615}'),
+]
+# Accepted and capped at the context is an allowed answer to this one.
+HUGE = "huge max_tokens"
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---- a minimal HTTP/1.1 client over a socket ----
+
+
+class Conn:
+    """One request on its own connection (Connection: close)."""
+
+    def __init__(self, port, method, path, body=b"", key=None, timeout=120.0):
+        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        head = f"{method} {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n"
+        if key:
+            head += f"Authorization: Bearer {key}\r\n"
+        if body:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.sock.sendall(head.encode() + b"\r\n" + body)
+        self.f = self.sock.makefile("rb")
+        self.status = None
+        self.headers = {}
+
+    def read_head(self):
+        line = self.f.readline()
+        if not line:
+            raise ConnectionError("closed before a status line")
+        self.status = int(line.split()[1])
+        while True:
+            line = self.f.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            self.headers[k.strip().lower()] = v.strip()
+        return self.status
+
+    def chunks(self):
+        """Body pieces as they arrive."""
+        if "chunked" in self.headers.get("transfer-encoding", ""):
+            while True:
+                size_line = self.f.readline()
+                if not size_line:
+                    raise ConnectionError("closed mid-body")
+                n = int(size_line.split(b";")[0].strip(), 16)
+                if n == 0:
+                    self.f.readline()
+                    return
+                data = self.f.read(n)
+                if len(data) < n:
+                    raise ConnectionError("closed mid-chunk")
+                self.f.readline()
+                yield data
+        elif "content-length" in self.headers:
+            data = self.f.read(int(self.headers["content-length"]))
+            yield data
+        else:
+            while True:
+                data = self.f.read1(65536)
+                if not data:
+                    return
+                yield data
+
+    def body(self):
+        return b"".join(self.chunks())
+
+    def events(self):
+        """SSE `data:` payloads (str) as they arrive; comments skipped."""
+        buf = b""
+        for piece in self.chunks():
+            buf += piece
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                ev = ev.decode("utf-8")
+                if ev.startswith(":"):
+                    continue
+                if not ev.startswith("data: "):
+                    raise ValueError(f"bad SSE event {ev[:80]!r}")
+                yield ev[6:]
+        if buf.strip():
+            raise ValueError(f"trailing bytes after the last event: {buf[:80]!r}")
+
+    def close(self, reset=False):
+        try:
+            if reset:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.f.close()
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def get(port, path, key=None, timeout=10.0):
+    c = Conn(port, "GET", path, key=key, timeout=timeout)
+    try:
+        c.read_head()
+        return c.status, c.body()
+    finally:
+        c.close()
+
+
+def is_error_body(body):
+    try:
+        e = json.loads(body)["error"]
+        return isinstance(e["message"], str) and isinstance(e["type"], str) and "param" in e and "code" in e
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+# ---- the requests ----
+
+
+def make_plan(rng, n, model, methods):
+    """n request specs: kinds, bodies, and when each client misbehaves."""
+    n_hostile = max(2, n // 40)
+    n_slow = max(2, n // 100)
+    n_drop = n // 3
+    rest = max(0, n - n_hostile - n_slow - n_drop)
+    n_whole = rest // 8
+    kinds = (
+        ["hostile"] * n_hostile
+        + ["slow"] * n_slow
+        + ["drop"] * n_drop
+        + ["whole"] * n_whole
+        + ["stream"] * (rest - n_whole)
+    )[:n]
+    rng.shuffle(kinds)
+    plan = []
+    for i, kind in enumerate(kinds):
+        spec = {"id": i, "kind": kind}
+        if kind == "hostile":
+            name, raw = HOSTILE[rng.randrange(len(HOSTILE))]
+            raw = raw if isinstance(raw, bytes) else raw.encode()
+            if b'"prompt"' in raw:
+                path = "/v1/completions"
+            elif b'"messages"' in raw:
+                path = "/v1/chat/completions"
+            else:
+                path = rng.choice(["/v1/chat/completions", "/v1/completions"])
+            spec.update(name=name, path=path, raw=raw.replace(b'"M"', json.dumps(model).encode()))
+        else:
+            chat = rng.random() < 0.5
+            spec["path"] = "/v1/chat/completions" if chat else "/v1/completions"
+            spec["body"] = random_body(rng, model, chat, kind != "whole", methods)
+            if kind == "drop":
+                spec["drop_after"] = rng.randint(0, 12)
+                spec["reset"] = rng.random() < 0.5
+            if kind == "slow":
+                spec["body"]["max_tokens"] = 48
+                spec["pauses"] = [round(rng.uniform(1.0, 3.0), 2) for _ in range(rng.randint(1, 3))]
+        plan.append(spec)
+    return plan
+
+
+def random_body(rng, model, chat, stream, methods):
+    prompt = rng.choice(PROMPTS)
+    b = {"model": model, "max_tokens": rng.randint(1, 48), "stream": stream}
+    b["temperature"] = 0 if rng.random() < 0.2 else round(rng.uniform(0, 1.5), 3)
+    if chat:
+        msgs = [{"role": "user", "content": prompt}]
+        if rng.random() < 0.3:
+            msgs.insert(0, {"role": "system", "content": SYSTEM})
+        b["messages"] = msgs
+    else:
+        b["prompt"] = prompt
+    if rng.random() < 0.5:
+        b["top_p"] = round(rng.uniform(0.3, 1.0), 3)
+    if rng.random() < 0.2:
+        b["top_k"] = rng.randint(0, 50)
+    if rng.random() < 0.3:
+        b["stop"] = rng.sample(STOPS, rng.randint(1, 3))
+    if rng.random() < 0.3:
+        b["seed"] = rng.randrange(2**32)
+    if stream and rng.random() < 0.5:
+        b["stream_options"] = {"include_usage": True}
+    r = rng.random()
+    if r < 0.3:
+        b["speculative"] = {"method": "off"}
+    elif r < 0.7:
+        b["speculative"] = {"method": rng.choice(methods), "num_tokens": rng.randint(1, 5)}
+    return b
+
+
+def check_stream(conn, body, drop_after=None, pauses=()):
+    """Reads a stream. Returns "done", or "dropped" if the client hung up
+    after `drop_after` events first; raises on anything wrong."""
+    if drop_after == 0:
+        return "dropped"
+    if conn.read_head() != 200:
+        raise ValueError(f"status {conn.status}: {conn.body()[:200]!r}")
+    if "text/event-stream" not in conn.headers.get("content-type", ""):
+        raise ValueError(f"content-type {conn.headers.get('content-type')}")
+    chat = "messages" in body
+    text, finish, usage, done, seen = [], None, None, False, 0
+    pauses = list(pauses)
+    for data in conn.events():
+        if done:
+            raise ValueError("data after [DONE]")
+        seen += 1
+        if data == "[DONE]":
+            done = True
+            continue
+        ev = json.loads(data)
+        if "error" in ev:
+            raise ValueError(f"error event: {data[:200]}")
+        if ev.get("usage"):
+            usage = ev["usage"]
+        for ch in ev.get("choices", []):
+            piece = ch.get("delta", {}).get("content") if chat else ch.get("text")
+            if piece:
+                text.append(piece)
+            if ch.get("finish_reason"):
+                finish = ch["finish_reason"]
+        if drop_after is not None and seen >= drop_after:
+            return "dropped"
+        if pauses:
+            time.sleep(pauses.pop(0))
+    if not done:
+        raise ValueError("stream ended without [DONE]")
+    check_answer(body, "".join(text), finish, usage)
+    return "done"
+
+
+def check_answer(body, text, finish, usage):
+    if finish not in ("stop", "length"):
+        raise ValueError(f"finish_reason {finish!r}")
+    for s in body.get("stop") or []:
+        if s in text:
+            raise ValueError(f"stop string {s!r} in the output {text[:100]!r}")
+    if usage is not None:
+        if "max_tokens" in body and usage["completion_tokens"] > body["max_tokens"]:
+            raise ValueError(f"{usage['completion_tokens']} tokens > max_tokens {body['max_tokens']}")
+        if usage["total_tokens"] != usage["prompt_tokens"] + usage["completion_tokens"]:
+            raise ValueError(f"usage does not add up: {usage}")
+
+
+def run_one(port, key, spec, timeout, deadline):
+    """Runs one spec; returns (spec, outcome, detail)."""
+    if time.monotonic() > deadline:
+        return spec, "skipped", "past the wall-clock cap"
+    kind = spec["kind"]
+    raw = spec.get("raw") or json.dumps(spec["body"]).encode()
+    conn = None
+    try:
+        conn = Conn(port, "POST", spec["path"], raw, key=key, timeout=timeout)
+        if kind == "hostile":
+            status = conn.read_head()
+            body = conn.body()
+            if 400 <= status < 500 and is_error_body(body):
+                return spec, "rejected", status
+            if spec["name"] == HUGE and status == 200:
+                v = json.loads(body)
+                check_answer({}, "", v["choices"][0]["finish_reason"], v["usage"])
+                return spec, "capped", status
+            return spec, "fail", f"hostile {spec['name']!r}: {status} {body[:200]!r}"
+        if kind == "whole":
+            status = conn.read_head()
+            body = conn.body()
+            if status != 200:
+                return spec, "fail", f"{status} {body[:200]!r}"
+            v = json.loads(body)
+            ch = v["choices"][0]
+            text = ch["message"]["content"] if "messages" in spec["body"] else ch["text"]
+            check_answer(spec["body"], text, ch["finish_reason"], v["usage"])
+            return spec, "done", 200
+        out = check_stream(conn, spec["body"], spec.get("drop_after"), spec.get("pauses", ()))
+        return spec, out, None
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        status = conn.status if conn else None
+        return spec, "fail", f"{type(e).__name__}: {e} (status {status})"
+    finally:
+        if conn:
+            conn.close(reset=spec.get("reset", False))
+
+
+# ---- the server ----
+
+
+def metric(text, name):
+    """Sum of a metric's samples, or None when absent."""
+    vals = [
+        float(m.group(2))
+        for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M)
+    ]
+    return sum(vals) if vals else None
+
+
+def start_server(binary, config, logf):
+    proc = subprocess.Popen(
+        [binary, "serve", "--config", config, "--host", HOST, "--port", "0"],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return proc
+
+
+def wait_ready(proc, log_path, timeout):
+    """The port, once /health answers 200; None if the server died or never got ready."""
+    end = time.monotonic() + timeout
+    port = None
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return None
+        if port is None:
+            with open(log_path, errors="replace") as f:
+                m = re.search(r"http://127\.0\.0\.1:(\d+)", f.read())
+            port = int(m.group(1)) if m else None
+        if port is not None:
+            try:
+                if get(port, "/health", timeout=5)[0] == 200:
+                    return port
+            except OSError:
+                pass
+        time.sleep(0.2)
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=300, help="requests in all (default 300)")
+    ap.add_argument("-c", type=int, default=16, help="concurrent clients (default 16)")
+    ap.add_argument("--config", default="configs/tiny.toml")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--binary", default="target/release/specgate")
+    ap.add_argument("--max-seconds", type=float, default=900, help="wall-clock cap on the load (default 900)")
+    ap.add_argument("--read-timeout", type=float, default=120, help="client socket timeout (default 120 s)")
+    ap.add_argument("--ready-timeout", type=float, default=600, help="model load limit (default 600 s)")
+    ap.add_argument("--settle-seconds", type=float, default=30)
+    ap.add_argument("--log", help="server log file (default: a temporary file)")
+    args = ap.parse_args()
+
+    with open(args.config, "rb") as f:
+        cfg = tomllib.load(f)
+    server = cfg.get("server", {})
+    key = (server.get("api_keys") or [None])[0]
+    method = cfg.get("speculative", {}).get("method", "draft")
+    methods = ["ngram", "draft"] if method == "draft" else ["ngram"]
+    model_path = cfg.get("model", {}).get("path", "models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    if not os.path.exists(model_path):
+        log(f"soak: {model_path} is missing; run scripts/fetch-models.sh first")
+        return 2
+
+    log_path = args.log or tempfile.mkstemp(prefix="specgate-soak-", suffix=".log")[1]
+    checks = []
+
+    def check(name, ok, detail=""):
+        checks.append((name, bool(ok)))
+        print(f"  [{'ok' if ok else 'FAIL'}] {name}{': ' + str(detail) if detail else ''}", flush=True)
+
+    print(f"soak: {args.binary} serve --config {args.config} (log {log_path})", flush=True)
+    with open(log_path, "wb") as logf:
+        proc = start_server(args.binary, args.config, logf)
+    try:
+        soak(args, proc, log_path, key, methods, check)
+    except BaseException as e:  # a driver bug or Ctrl-C must still stop the server
+        check("the soak driver ran to the end", False, f"{type(e).__name__}: {e}")
+    return finish(checks, proc, log_path)
+
+
+def soak(args, proc, log_path, key, methods, check):
+    t0 = time.monotonic()
+    port = wait_ready(proc, log_path, args.ready_timeout)
+    check("server started and /health is 200", port, f"{time.monotonic() - t0:.1f}s")
+    if port is None:
+        return
+    status, body = get(port, "/v1/models", key=key)
+    model = json.loads(body)["data"][0]["id"]
+
+    rng = random.Random(args.seed)
+    plan = make_plan(rng, args.n, model, methods)
+    t1 = time.monotonic()
+    deadline = t1 + args.max_seconds
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.c) as pool:
+        futs = [pool.submit(run_one, port, key, s, args.read_timeout, deadline) for s in plan]
+        for fut in concurrent.futures.as_completed(futs):
+            results.append(fut.result())
+    elapsed = time.monotonic() - t1
+
+    def count(kind, out):
+        return sum(1 for s, o, _ in results if (kind is None or s["kind"] == kind) and o == out)
+
+    fails = [(s, d) for s, o, d in results if o == "fail"]
+    for s, d in fails[:20]:
+        print(f"    request {s['id']} ({s['kind']} {s['path']}): {d}", flush=True)
+    if len(fails) > 20:
+        print(f"    ... and {len(fails) - 20} more", flush=True)
+    summary = (
+        f"soak: {len(plan)} requests at concurrency {args.c} (seed {args.seed}) in {elapsed:.1f}s: "
+        f"{count('stream', 'done')} streamed done, "
+        f"{count('drop', 'dropped')} dropped by their client ({count('drop', 'done')} finished first), "
+        f"{count('whole', 'done')} whole done, {count('slow', 'done')} slow readers done, "
+        f"{count('hostile', 'rejected')} hostile rejected with a 4xx, {count('hostile', 'capped')} capped, "
+        f"{len(fails)} failed, {count(None, 'skipped')} skipped"
+    )
+    for kind, what in [
+        ("stream", "every streamed request ended with [DONE]"),
+        ("drop", "every dropping client that read to the end saw [DONE]"),
+        ("whole", "every non-streamed request completed"),
+        ("slow", "every slow reader ended with [DONE]"),
+        ("hostile", "every hostile body got a 4xx with an OpenAI error body"),
+    ]:
+        bad = [d for s, o, d in results if s["kind"] == kind and o == "fail"]
+        check(what, not bad, bad[0] if bad else "")
+    fivexx = [d for s, o, d in results if o == "fail" and re.search(r"\b5\d\d\b", str(d))]
+    check("no 5xx answers", not fivexx, fivexx[0] if fivexx else "")
+    check("the load ended within the wall-clock cap", count(None, "skipped") == 0, f"{elapsed:.1f}s")
+
+    # Settle: the gauges come back to idle once the engine has noticed
+    # every hang-up.
+    end = time.monotonic() + args.settle_seconds
+    while True:
+        try:
+            text = get(port, "/metrics", timeout=10)[1].decode()
+        except OSError as e:
+            text = ""
+            log(f"soak: /metrics: {e}")
+        vals = {
+            n: metric(text, f"specgate_{n}")
+            for n in ["num_requests_running", "num_requests_waiting", "kv_cache_usage_ratio"]
+        }
+        if all(v == 0 for v in vals.values()) or time.monotonic() > end:
+            break
+        time.sleep(0.5)
+    for n, v in vals.items():
+        check(f"specgate_{n} back to 0", v == 0, v)
+    try:
+        health = get(port, "/health")[0]
+    except OSError as e:
+        health = e
+    check("/health is 200 afterwards", health == 200, health)
+    fresh = {
+        "id": "fresh",
+        "kind": "stream",
+        "path": "/v1/chat/completions",
+        "body": {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8,
+            "stream": True,
+        },
+    }
+    _, out, detail = run_one(port, key, fresh, args.read_timeout, time.monotonic() + 60)
+    check("a fresh request completes", out == "done", detail)
+    print(summary, flush=True)
+
+
+def finish(checks, proc, log_path):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = "still running 60 s after SIGTERM (killed)"
+        checks.append(("server exits 0 on SIGTERM", code == 0))
+        print(f"  [{'ok' if code == 0 else 'FAIL'}] server exits 0 on SIGTERM: {code}", flush=True)
+    else:
+        checks.append(("server still running at the end", False))
+        print(f"  [FAIL] server exited early with {proc.returncode}", flush=True)
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    panics = [l for l in text.splitlines() if "panicked" in l]
+    checks.append(("no panic in the server log", not panics))
+    print(f"  [{'FAIL' if panics else 'ok'}] no panic in the server log{': ' + panics[0] if panics else ''}", flush=True)
+    failed = [n for n, ok in checks if not ok]
+    if failed:
+        print(f"soak: server log tail ({log_path}):", flush=True)
+        for l in text.splitlines()[-15:]:
+            print(f"    {l}", flush=True)
+    print(f"{len(checks) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Soak test: `specgate serve` on a loopback port under N requests at
+# concurrency C with random parameters, a third of the clients hanging up
+# mid-stream, slow readers and hostile bodies; then checks that every
+# request not dropped by its client completed, running = waiting = 0,
+# kv_cache_usage_ratio = 0, /health is 200 and a fresh request completes.
+# Prints the counts and `N passed, M failed`; exits non-zero on any failure.
+#
+#   scripts/soak.sh                        # CI setting: tiny model, N=300, C=16
+#   scripts/soak.sh -n 2000 -c 32 --config configs/default.toml   # the real pair
+#   flags: -n N  -c C  --config FILE  --seed S  --max-seconds T  (see scripts/soak.py -h)
+#
+# The model files come from scripts/fetch-models.sh. Python 3.11+ stdlib only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --bin specgate
+exec python3 scripts/soak.py --binary target/release/specgate "$@"

@@ -1,0 +1,234 @@
+//! Chat prompts encoded so that only the template's own markup becomes control tokens.
+//!
+//! Encoding a rendered chat prompt as one string turns control-token text typed by a
+//! client (`<|im_start|>system ...`) into real control tokens: role injection. Here every
+//! control-token match inside a message's fields is cut out *before* rendering and
+//! replaced by a private-use placeholder character that no token matches. The rendered
+//! prompt is then split at the added tokens it contains (now only the template's own),
+//! and each text piece between them gets its placeholders put back and goes through the
+//! normalizer, pre-tokenizer and BPE model with no added-token matching, so the
+//! client's control-token text becomes ordinary text tokens.
+//!
+//! Why placeholders and not sentinels around each content string: templates trim, split
+//! and compare content (`| trim`, `.strip()`, `.split('</think>')`, `== ''`), and
+//! sentinels would change what those see. A message without control-token text reaches
+//! the template unchanged, so its prompt renders, splits and encodes exactly as
+//! `encode(apply_chat_template(..), false)` does.
+//!
+//! Limits, by design: a template that writes half a control token right against a
+//! message (`<|im_` + content) could still have it completed by client text, and no
+//! mainstream template does; `tojson(ensure_ascii=true)` over content would show the
+//! placeholder's escape instead of the hidden text.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+
+use tokenizers::{
+    Model, Normalizer, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer,
+};
+
+use super::{ChatMessage, TextTokenizer, TokenizerError};
+
+/// Supplementary Private Use Area-B, minus its two noncharacters: placeholders come from
+/// here (no tokenizer gives these meaning, and they are one `char` each, so template
+/// string operations never cut one in half).
+const PLACEHOLDER_FIRST: u32 = 0x10_0000;
+const PLACEHOLDER_LAST: u32 = 0x10_FFFD;
+/// UTF-8 lead byte of every character in the placeholder range: a cheap pre-check.
+const PLACEHOLDER_LEAD_BYTE: u8 = 0xF4;
+
+fn in_placeholder_range(c: char) -> bool {
+    (PLACEHOLDER_FIRST..=PLACEHOLDER_LAST).contains(&u32::from(c))
+}
+
+/// Control-token text cut out of template inputs, each distinct text behind one
+/// placeholder character.
+///
+/// Invariant: no placeholder equals a character of the template source, of the BOS/EOS
+/// texts or of any message, so every placeholder in the rendered prompt came from here.
+struct Hidden {
+    by_text: HashMap<String, char>,
+    by_char: HashMap<char, String>,
+    /// Range characters already present in the inputs; never handed out.
+    taken: HashSet<char>,
+    next: u32,
+}
+
+impl Hidden {
+    fn new<'a>(inputs: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut taken = HashSet::new();
+        for s in inputs {
+            if s.as_bytes().contains(&PLACEHOLDER_LEAD_BYTE) {
+                taken.extend(s.chars().filter(|&c| in_placeholder_range(c)));
+            }
+        }
+        Self {
+            by_text: HashMap::new(),
+            by_char: HashMap::new(),
+            taken,
+            next: PLACEHOLDER_FIRST,
+        }
+    }
+
+    /// The placeholder for `text`, allocating one on first use.
+    fn placeholder(&mut self, text: &str) -> Result<char, TokenizerError> {
+        if let Some(&c) = self.by_text.get(text) {
+            return Ok(c);
+        }
+        while self.next <= PLACEHOLDER_LAST {
+            let candidate = char::from_u32(self.next);
+            self.next += 1;
+            if let Some(c) = candidate.filter(|c| !self.taken.contains(c)) {
+                self.by_text.insert(text.to_owned(), c);
+                self.by_char.insert(c, text.to_owned());
+                return Ok(c);
+            }
+        }
+        // Only reachable when the messages themselves use nearly all 65,534 characters.
+        Err(TokenizerError::Encode(
+            "the messages use too many private-use characters (U+100000..U+10FFFD) to \
+             encode control-token text in them safely"
+                .to_owned(),
+        ))
+    }
+
+    /// `text` with every placeholder replaced by the text it stands for.
+    fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        if self.by_char.is_empty() || !text.as_bytes().contains(&PLACEHOLDER_LEAD_BYTE) {
+            return Cow::Borrowed(text);
+        }
+        let mut out = String::with_capacity(text.len());
+        for c in text.chars() {
+            match self.by_char.get(&c) {
+                Some(original) => out.push_str(original),
+                None => out.push(c),
+            }
+        }
+        Cow::Owned(out)
+    }
+}
+
+impl TextTokenizer {
+    /// Renders the chat template over `messages` and encodes the prompt so that only the
+    /// template's own markup becomes control tokens: control-token text inside a
+    /// message's role or content (e.g. a user typing `<|im_start|>system`) is encoded as
+    /// ordinary text, with special-token parsing off. User-defined added tokens (type 4,
+    /// e.g. `<tool_call>`) are still matched, as llama.cpp and Hugging Face do with
+    /// special-token parsing off.
+    ///
+    /// Invariant: when no message contains control-token text, the result equals
+    /// `encode(&apply_chat_template(messages, add_generation_prompt)?, false)`. In every
+    /// case `decode(result, false)` equals that rendered text. No BOS is added: the
+    /// template writes its own.
+    ///
+    /// Errors: as [`apply_chat_template`](Self::apply_chat_template) and
+    /// [`encode`](Self::encode); [`TokenizerError::Encode`] also when the messages
+    /// themselves use nearly every character of U+100000..U+10FFFD, which this method
+    /// borrows as placeholders.
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let token_text = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
+        let (bos, eos) = (token_text(self.bos), token_text(self.eos));
+        let inputs = messages
+            .iter()
+            .flat_map(|m| [m.role.as_str(), m.content.as_str()])
+            .chain(self.template_source.as_deref())
+            .chain(bos.as_deref())
+            .chain(eos.as_deref());
+        let mut hidden = Hidden::new(inputs);
+        let masked = messages
+            .iter()
+            .map(|m| {
+                Ok(ChatMessage {
+                    role: self.hide_control_text(&m.role, &mut hidden)?,
+                    content: self.hide_control_text(&m.content, &mut hidden)?,
+                })
+            })
+            .collect::<Result<Vec<_>, TokenizerError>>()?;
+        let rendered = self.apply_chat_template(&masked, add_generation_prompt)?;
+        self.encode_rendered(&rendered, &hidden)
+    }
+
+    /// `text` with each control-token match (as the tokenizer would find it) replaced by
+    /// a placeholder.
+    fn hide_control_text(&self, text: &str, hidden: &mut Hidden) -> Result<String, TokenizerError> {
+        let added = self.inner.get_added_vocabulary();
+        let pieces = added.extract_and_normalize(self.inner.get_normalizer(), text);
+        let mut out = String::new();
+        let mut copied = 0;
+        for (_, (start, end), tokens) in
+            pieces.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        {
+            let is_control = tokens.as_ref().is_some_and(|toks| {
+                toks.iter().any(|t| {
+                    added
+                        .simple_id_to_token(t.id)
+                        .is_some_and(|s| added.is_special_token(&s))
+                })
+            });
+            if !is_control {
+                continue;
+            }
+            // Offsets always fall on char boundaries; `get` keeps this panic-free anyway.
+            let (Some(before), Some(matched)) = (text.get(copied..start), text.get(start..end))
+            else {
+                continue;
+            };
+            out.push_str(before);
+            out.push(hidden.placeholder(matched)?);
+            copied = end;
+        }
+        out.push_str(&text[copied..]);
+        Ok(out)
+    }
+
+    /// Encodes a rendered prompt: added tokens in it become their ids; the text between
+    /// them is restored and encoded without added-token matching. With no placeholders
+    /// this is exactly what `encode` does (the `tokenizers` pipeline also pre-tokenizes
+    /// each piece between added tokens on its own).
+    fn encode_rendered(&self, rendered: &str, hidden: &Hidden) -> Result<Vec<u32>, TokenizerError> {
+        let pieces = self
+            .inner
+            .get_added_vocabulary()
+            .extract_and_normalize(self.inner.get_normalizer(), rendered);
+        let mut ids = Vec::new();
+        for (_, (start, end), tokens) in
+            pieces.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        {
+            match tokens {
+                Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                None => {
+                    let piece = rendered.get(start..end).ok_or_else(|| {
+                        TokenizerError::Encode(format!(
+                            "split {start}..{end} is not on a char boundary"
+                        ))
+                    })?;
+                    ids.extend(self.encode_plain(&hidden.restore(piece))?);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Normalizer, pre-tokenizer and model over `text`, with no added-token matching.
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.check_encodable(text)?;
+        let err = |e: tokenizers::Error| TokenizerError::Encode(e.to_string());
+        let mut pieces = PreTokenizedString::from(text);
+        if let Some(normalizer) = self.inner.get_normalizer() {
+            pieces.normalize(|s| normalizer.normalize(s)).map_err(err)?;
+        }
+        if let Some(pre) = self.inner.get_pre_tokenizer() {
+            pre.pre_tokenize(&mut pieces).map_err(err)?;
+        }
+        let model = self.inner.get_model();
+        pieces.tokenize(|s| model.tokenize(s.get())).map_err(err)?;
+        let encoding = pieces
+            .into_encoding(None, 0, OffsetType::None)
+            .map_err(err)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+}
