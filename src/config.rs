@@ -134,13 +134,12 @@ pub struct ServerConfig {
     pub drain_timeout_secs: u64,
     /// Seconds between SSE keep-alive comments while a stream waits.
     pub keep_alive_secs: u64,
-    /// A request's headers must arrive whole within this long (slowloris).
+    /// A request's head must arrive whole within this long (slowloris). The
+    /// wait for the next request on an idle keep-alive connection counts
+    /// too, so idle sockets are closed after it.
     pub header_read_timeout_secs: u64,
     /// A request's body must arrive whole within this long (408 beyond).
     pub body_read_timeout_secs: u64,
-    /// A connection with no request in flight and no bytes moving for this
-    /// long is closed (idle keep-alive sockets).
-    pub idle_connection_timeout_secs: u64,
     /// Open connections at most; further clients wait in the OS backlog.
     pub max_connections: usize,
     /// A response write (one SSE event) the client does not take within this
@@ -162,7 +161,6 @@ impl Default for ServerConfig {
             keep_alive_secs: 15,
             header_read_timeout_secs: 10,
             body_read_timeout_secs: 30,
-            idle_connection_timeout_secs: 60,
             max_connections: 1024,
             stream_write_timeout_secs: 30,
         }
@@ -504,7 +502,7 @@ impl Config {
     /// | `server.drain_timeout_secs` | 0..=3600 | 0 = cut at once |
     /// | `server.keep_alive_secs` | 1..=600 | proxies drop idle streams after about a minute |
     /// | `server.header_read_timeout_secs` | 1..=300 | slowloris |
-    /// | `server.body_read_timeout_secs`, `idle_connection_timeout_secs`, `stream_write_timeout_secs` | 1..=3600 | |
+    /// | `server.body_read_timeout_secs`, `stream_write_timeout_secs` | 1..=3600 | |
     /// | `model.path`, `draft.path`, `draft.head_tokens` | not empty | |
     /// | `model.tensor_parallel_size` | 1..=64 | |
     /// | `kv.block_size` | 1..=256 | |
@@ -559,11 +557,6 @@ impl Config {
         secs(
             "server.body_read_timeout_secs",
             s.body_read_timeout_secs,
-            1..=3_600,
-        )?;
-        secs(
-            "server.idle_connection_timeout_secs",
-            s.idle_connection_timeout_secs,
             1..=3_600,
         )?;
         secs(

@@ -42,7 +42,6 @@ fn hostile_config(edit: impl FnOnce(&mut Config)) -> Config {
         s.max_body_bytes = BODY_LIMIT;
         s.header_read_timeout_secs = SERVER_TIMEOUT_SECS;
         s.body_read_timeout_secs = SERVER_TIMEOUT_SECS;
-        s.idle_connection_timeout_secs = SERVER_TIMEOUT_SECS;
         s.stream_write_timeout_secs = SERVER_TIMEOUT_SECS;
         s.max_connections = 512;
         edit(c);

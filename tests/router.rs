@@ -4,6 +4,13 @@
 //! hits move), a replica killed mid-traffic is taken out with no failed
 //! request that had not begun streaming, and when restarted on its port it
 //! is taken back and serves again.
+//!
+//! Then faulty replicas, each a fake written here: a black-holing one gets
+//! the client a 504 (not a hang), a stream that stalls or dies mid-way ends
+//! with an SSE error event and `[DONE]`, a plain body that stalls closes the
+//! connection, only connection failures and 503s are retried (a 500 or 504
+//! is passed through, counted by the fake's hits), and health changes only
+//! after consecutive polls (a poll-by-poll scripted fake).
 
 mod common;
 
@@ -161,7 +168,8 @@ impl Drop for Router {
 #[derive(Debug, PartialEq)]
 enum Outcome {
     Complete,
-    /// The answer had begun (a 200 head arrived) and was then cut.
+    /// The answer had begun (a 200 head arrived) and was then cut (for a
+    /// stream: it ended with the router's error event).
     CutAfterStart,
     /// Failed before anything of the answer arrived: what the router must
     /// prevent while a healthy replica is left.
@@ -201,7 +209,10 @@ fn send_through(addr: SocketAddr, body: &Value) -> Outcome {
         Some(n) => rest.len() == n,
         None => rest.ends_with("0\r\n\r\n"),
     };
-    let complete = whole && (body["stream"] != true || rest.contains("data: [DONE]"));
+    // A stream cut by the replica's death ends with an error event.
+    let complete = whole
+        && (body["stream"] != true
+            || (rest.contains("data: [DONE]") && !rest.contains(r#"data: {"error""#)));
     if complete {
         Outcome::Complete
     } else {
@@ -383,4 +394,531 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
     assert_eq!(resp.status, 503);
     assert_eq!(error_of(&resp)["type"], "server_error");
     assert_eq!(request(r.addr, "GET", "/health", &[], "").status, 503);
+}
+
+// ---------------------------------------------------------------------------
+// Faulty replicas. Each is a small hyper server in the test whose /health and
+// /metrics answer like a replica's, while its generation routes misbehave in
+// one way. Timeouts in the router's config are small so these stay fast; no
+// assertion is on wall time beyond "finishes before the client's generous
+// read timeout".
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{Request, Response};
+use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
+use std::task::{Context, Poll};
+
+/// How a fake replica answers `/v1/*`.
+#[derive(Clone)]
+enum Fake {
+    /// Reads the request and never answers.
+    BlackHole,
+    /// Answers this status with an OpenAI error body.
+    Status(u16),
+    /// A whole JSON chat completion.
+    Ok,
+    /// Closes the connection without a response.
+    Reset,
+    /// 200 `text/event-stream`: `items`, `gap` apart, then `end`.
+    Stream {
+        items: Vec<&'static str>,
+        gap: Duration,
+        end: End,
+    },
+    /// 200 JSON with `content-length: 100`, 10 bytes of it, then silence.
+    PlainStall,
+}
+
+/// What a fake stream does after its items.
+#[derive(Clone, Copy)]
+enum End {
+    /// Keeps the connection open and sends nothing more.
+    Stall,
+    /// Fails the body: the connection is cut mid-stream.
+    Die,
+    /// Ends the chunked body cleanly (whether `[DONE]` was sent or not).
+    Close,
+}
+
+/// A fake's body: frames from a channel; an `Err` fails it.
+struct ChanBody(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl Body for ChanBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
+    }
+}
+
+/// `/health` answers scripted by the test, one per poll: the fake reports
+/// each poll's arrival on `arrived` and waits for its answer (200 when
+/// `true`, 503 when `false`).
+struct HealthScript {
+    answers: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<bool>>,
+    arrived: std::sync::Mutex<mpsc::Sender<()>>,
+}
+
+struct FakeReplica {
+    url: String,
+    /// `/v1/*` requests received.
+    hits: Arc<AtomicUsize>,
+}
+
+type FakeResult = Result<Response<ChanBody>, std::io::Error>;
+
+fn reply(
+    status: u16,
+    headers: &[(&'static str, &str)],
+    frames: Vec<Result<Bytes, std::io::Error>>,
+    gap: Duration,
+    then_stall: bool,
+) -> Response<ChanBody> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        for f in frames {
+            if tx.send(f).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(gap).await;
+        }
+        if then_stall {
+            // Holding the sender keeps the body open.
+            tx.closed().await;
+        }
+    });
+    let mut r = Response::new(ChanBody(rx));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+    for (k, v) in headers {
+        r.headers_mut()
+            .insert(*k, hyper::header::HeaderValue::from_str(v).unwrap());
+    }
+    r
+}
+
+async fn fake_answer(
+    mode: Fake,
+    hits: Arc<AtomicUsize>,
+    health: Option<Arc<HealthScript>>,
+    req: Request<Incoming>,
+) -> FakeResult {
+    let json = [("content-type", "application/json")];
+    let path = req.uri().path().to_string();
+    if path == "/health" {
+        let ok = match &health {
+            None => true,
+            Some(h) => {
+                let _ = h.arrived.lock().unwrap().send(());
+                h.answers.lock().await.recv().await.unwrap_or(true)
+            }
+        };
+        let status = if ok { 200 } else { 503 };
+        let body = Bytes::from_static(br#"{"status":"?"}"#);
+        return Ok(reply(status, &json, vec![Ok(body)], Duration::ZERO, false));
+    }
+    if path == "/metrics" {
+        let text = Bytes::from_static(b"specgate_num_requests_running 0\n");
+        return Ok(reply(200, &[], vec![Ok(text)], Duration::ZERO, false));
+    }
+    hits.fetch_add(1, Ordering::SeqCst);
+    let error = |status: u16| {
+        let body = format!(
+            r#"{{"error":{{"message":"fake {status}","type":"server_error","param":null,"code":null}}}}"#
+        );
+        Ok(reply(
+            status,
+            &json,
+            vec![Ok(body.into())],
+            Duration::ZERO,
+            false,
+        ))
+    };
+    match mode {
+        Fake::BlackHole => std::future::pending().await,
+        Fake::Status(s) => error(s),
+        Fake::Ok => {
+            let body = Bytes::from_static(br#"{"object":"chat.completion","choices":[]}"#);
+            Ok(reply(200, &json, vec![Ok(body)], Duration::ZERO, false))
+        }
+        Fake::Reset => Err(std::io::Error::other("fake reset")),
+        Fake::Stream { items, gap, end } => {
+            let mut frames: Vec<_> = items.iter().map(|s| Ok(Bytes::from(*s))).collect();
+            if let End::Die = end {
+                frames.push(Err(std::io::Error::other("fake death")));
+            }
+            let sse = [("content-type", "text/event-stream")];
+            Ok(reply(200, &sse, frames, gap, matches!(end, End::Stall)))
+        }
+        Fake::PlainStall => {
+            let part = Bytes::from_static(br#"{"object":"#);
+            let h = [
+                ("content-type", "application/json"),
+                ("content-length", "100"),
+            ];
+            Ok(reply(200, &h, vec![Ok(part)], Duration::ZERO, true))
+        }
+    }
+}
+
+/// A runtime holding fake replicas and one router in front of them.
+struct Harness {
+    rt: tokio::runtime::Runtime,
+    router: Option<RunningRouter>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        Harness { rt, router: None }
+    }
+
+    fn fake(&self, mode: Fake, health: Option<Arc<HealthScript>>) -> FakeReplica {
+        let listener = self
+            .rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        self.rt.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (mode, hits, health) = (mode.clone(), h.clone(), health.clone());
+                let svc = hyper::service::service_fn(move |req| {
+                    fake_answer(mode.clone(), hits.clone(), health.clone(), req)
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        FakeReplica { url, hits }
+    }
+
+    /// Starts the router in front of `replicas`; `edit` tunes its config.
+    fn route(
+        &mut self,
+        replicas: &[&FakeReplica],
+        edit: impl FnOnce(&mut RouterConfig),
+    ) -> SocketAddr {
+        let mut cfg = RouterConfig {
+            port: 0,
+            replicas: replicas.iter().map(|r| r.url.clone()).collect(),
+            health_interval_ms: 50,
+            connect_timeout_ms: 200,
+            ..Default::default()
+        };
+        edit(&mut cfg);
+        let running = self.rt.block_on(router::start(cfg)).unwrap();
+        let addr = running.addr;
+        self.router = Some(running);
+        addr
+    }
+
+    fn healthy(&self) -> usize {
+        self.router.as_ref().unwrap().pool.healthy()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(r) = self.router.take() {
+            let _ = r.shutdown.send(());
+            self.rt.block_on(async {
+                let _ = tokio::time::timeout(Duration::from_secs(5), r.done).await;
+            });
+        }
+    }
+}
+
+/// A raw answer read to the connection's end (or to a read error).
+struct Raw {
+    status: u16,
+    head: String,
+    /// The body, de-chunked as far as it is whole.
+    body: String,
+    /// The body's framing ended properly (chunked terminator, or all of
+    /// `content-length`).
+    whole: bool,
+}
+
+/// Sends a chat request and reads the answer. A client read that waits
+/// longer than a generous bound means the router hung: that panics.
+fn fetch(addr: SocketAddr, stream: bool) -> Raw {
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 4, "stream": stream});
+    let mut s = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        &body.to_string(),
+    );
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut raw = Vec::new();
+    if let Err(e) = s.read_to_end(&mut raw) {
+        assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the router hung: nothing for 10 s after {:?}",
+            String::from_utf8_lossy(&raw)
+        );
+    }
+    let raw = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no response head: {raw:?}"));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let lower = head.to_ascii_lowercase();
+    let (body, whole) = if lower.contains("transfer-encoding: chunked") {
+        dechunk_partial(rest)
+    } else {
+        let length = lower.lines().find_map(|l| {
+            l.strip_prefix("content-length:")
+                .and_then(|v| v.trim().parse::<usize>().ok())
+        });
+        (rest.to_string(), length.is_none_or(|n| n == rest.len()))
+    };
+    Raw {
+        status,
+        head: head.to_string(),
+        body,
+        whole,
+    }
+}
+
+/// De-chunks as much of `s` as is whole; `true` when the terminator came.
+fn dechunk_partial(mut s: &str) -> (String, bool) {
+    let mut out = String::new();
+    loop {
+        let Some((len, rest)) = s.split_once("\r\n") else {
+            return (out, false);
+        };
+        let Ok(n) = usize::from_str_radix(len.trim(), 16) else {
+            return (out, false);
+        };
+        if n == 0 {
+            return (out, true);
+        }
+        if rest.len() < n + 2 {
+            return (out, false);
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+}
+
+#[test]
+fn a_black_holing_replica_gets_a_504_not_a_hang() {
+    let mut h = Harness::new();
+    let hole = h.fake(Fake::BlackHole, None);
+    let addr = h.route(&[&hole], |c| {
+        c.head_timeout_ms = 1000;
+        c.stream_head_timeout_ms = 1000;
+    });
+    for stream in [false, true] {
+        let r = fetch(addr, stream);
+        assert_eq!(r.status, 504, "stream {stream}: {}", r.body);
+        let e: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(e["error"]["type"], "server_error", "{}", r.body);
+        assert_eq!(e["error"]["code"], "upstream_timeout", "{}", r.body);
+    }
+    assert_eq!(
+        hole.hits.load(Ordering::SeqCst),
+        2,
+        "a timed-out head is not retried"
+    );
+    assert_eq!(h.healthy(), 1, "a slow answer is not a failed health check");
+}
+
+#[test]
+fn a_stream_that_stalls_after_its_head_ends_with_an_error_event() {
+    let mut h = Harness::new();
+    let stall = h.fake(
+        Fake::Stream {
+            items: vec!["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n"],
+            gap: Duration::ZERO,
+            end: End::Stall,
+        },
+        None,
+    );
+    let addr = h.route(&[&stall], |c| c.body_idle_timeout_ms = 1000);
+    let r = fetch(addr, true);
+    assert_eq!(r.status, 200);
+    assert!(r.whole, "the stream was cut: {:?}", r.body);
+    let (evs, done) = events(&r.body);
+    assert!(done, "no [DONE]: {:?}", r.body);
+    assert_eq!(evs.len(), 3, "{:?}", r.body);
+    assert_eq!(evs[1]["n"], 2);
+    assert_eq!(evs[2]["error"]["type"], "server_error", "{:?}", r.body);
+}
+
+#[test]
+fn a_slow_stream_with_keep_alives_is_not_cut() {
+    let mut h = Harness::new();
+    // 8 gaps of 300 ms: longer in all than the idle limit, never idle that
+    // long.
+    let mut items = vec![": keep-alive\n\n"; 8];
+    items.push("data: {\"n\":1}\n\ndata: [DONE]\n\n");
+    let slow = h.fake(
+        Fake::Stream {
+            items,
+            gap: Duration::from_millis(300),
+            end: End::Close,
+        },
+        None,
+    );
+    let addr = h.route(&[&slow], |c| c.body_idle_timeout_ms = 1500);
+    let r = fetch(addr, true);
+    assert_eq!(r.status, 200);
+    assert!(r.whole);
+    let (evs, done) = events(&r.body);
+    assert!(done && evs.len() == 1 && evs[0]["n"] == 1, "{:?}", r.body);
+}
+
+#[test]
+fn a_replica_dying_mid_stream_gives_an_error_event_not_a_truncated_stream() {
+    let mut h = Harness::new();
+    // Dies in the middle of an event, and (second replica) ends the body
+    // cleanly without [DONE]: both must read as a failure to the client.
+    let items = vec!["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\ndata: {\"half"];
+    let dies = h.fake(
+        Fake::Stream {
+            items: items.clone(),
+            gap: Duration::ZERO,
+            end: End::Die,
+        },
+        None,
+    );
+    let closes = h.fake(
+        Fake::Stream {
+            items,
+            gap: Duration::ZERO,
+            end: End::Close,
+        },
+        None,
+    );
+    let addr = h.route(&[&dies, &closes], |_| {});
+    for _ in 0..4 {
+        let r = fetch(addr, true);
+        assert_eq!(r.status, 200);
+        assert!(r.whole, "the stream was cut: {:?}", r.body);
+        // events() panics on a broken event: the half one never arrives.
+        let (evs, done) = events(&r.body);
+        assert!(done, "no [DONE]: {:?}", r.body);
+        assert_eq!(evs.len(), 3, "{:?}", r.body);
+        assert_eq!(evs[2]["error"]["type"], "server_error", "{:?}", r.body);
+    }
+    assert!(dies.hits.load(Ordering::SeqCst) >= 1);
+    assert!(closes.hits.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn a_plain_body_that_stalls_closes_the_connection() {
+    let mut h = Harness::new();
+    let stall = h.fake(Fake::PlainStall, None);
+    let addr = h.route(&[&stall], |c| c.body_idle_timeout_ms = 1000);
+    let r = fetch(addr, false);
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert!(!r.whole, "a cut body must not look complete: {:?}", r.body);
+}
+
+#[test]
+fn only_connection_failures_and_503s_are_retried() {
+    let mut h = Harness::new();
+    // A replica's 500 or 504 means it computed: passed through, never resent.
+    for status in [500u16, 504] {
+        let a = h.fake(Fake::Status(status), None);
+        let b = h.fake(Fake::Status(status), None);
+        let addr = h.route(&[&a, &b], |_| {});
+        let r = fetch(addr, false);
+        assert_eq!(r.status, status, "{}", r.body);
+        let hits = a.hits.load(Ordering::SeqCst) + b.hits.load(Ordering::SeqCst);
+        assert_eq!(hits, 1, "a {status} was retried");
+        drop(h);
+        h = Harness::new();
+    }
+    // A 503 (draining, loading) and a connection closed before any answer
+    // go to another replica.
+    for mode in [Fake::Status(503), Fake::Reset] {
+        let bad = h.fake(mode, None);
+        let good = h.fake(Fake::Ok, None);
+        let addr = h.route(&[&bad, &good], |_| {});
+        for _ in 0..4 {
+            let r = fetch(addr, false);
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        assert!(
+            bad.hits.load(Ordering::SeqCst) >= 1,
+            "the bad replica was never tried"
+        );
+        drop(h);
+        h = Harness::new();
+    }
+    // The last replica's 503 is passed through.
+    let only = h.fake(Fake::Status(503), None);
+    let addr = h.route(&[&only], |_| {});
+    assert_eq!(fetch(addr, false).status, 503);
+    assert_eq!(only.hits.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn health_changes_only_after_consecutive_polls() {
+    let mut h = Harness::new();
+    let (answer, answers) = tokio::sync::mpsc::unbounded_channel();
+    let (arrived_tx, arrived) = mpsc::channel();
+    let script = Arc::new(HealthScript {
+        answers: tokio::sync::Mutex::new(answers),
+        arrived: std::sync::Mutex::new(arrived_tx),
+    });
+    let flappy = h.fake(Fake::Ok, Some(script));
+    // The router's first poll (in start) finds it healthy.
+    answer.send(true).unwrap();
+    let addr = h.route(&[&flappy], |c| {
+        c.health_interval_ms = 10;
+        // The fake waits for the test: a poll is never lost to the clock.
+        c.health_timeout_ms = 60_000;
+        c.health_failure_threshold = 3;
+        c.health_success_threshold = 2;
+    });
+    let wait_poll = || {
+        arrived
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the router stopped polling")
+    };
+    wait_poll(); // poll 1 (answered above)
+    wait_poll(); // poll 2 waits for its answer
+    assert_eq!(h.healthy(), 1);
+    // Answers the waiting poll; once the next one arrives, this one has
+    // been recorded.
+    let step = |ok: bool| {
+        answer.send(ok).unwrap();
+        wait_poll();
+        h.healthy() == 1
+    };
+    for ok in [false, true, false, false, true, false, false] {
+        assert!(step(ok), "taken out without 3 failures in a row");
+    }
+    assert_eq!(fetch(addr, false).status, 200);
+    assert!(!step(false), "3 failures in a row must take it out");
+    assert!(!step(true), "one good poll must not bring it back");
+    assert!(!step(false));
+    assert!(!step(true));
+    assert!(step(true), "2 good polls in a row bring it back");
+    assert_eq!(fetch(addr, false).status, 200);
 }

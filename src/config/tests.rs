@@ -154,11 +154,6 @@ fn every_number_is_bounded_and_errors_name_key_and_range() {
             "1..=3600",
         ),
         (
-            "[server]\nidle_connection_timeout_secs = 0",
-            "server.idle_connection_timeout_secs",
-            "1..=3600",
-        ),
-        (
             "[server]\nstream_write_timeout_secs = 0",
             "server.stream_write_timeout_secs",
             "1..=3600",

@@ -199,24 +199,6 @@ pub async fn serve(
     }
 }
 
-/// Accepts HTTP/1 connections with the default [`ConnLimits`]; see
-/// [`accept_with`].
-pub(crate) async fn accept_until<S, H, Fut, B>(
-    listener: &TcpListener,
-    state: Arc<S>,
-    handle: H,
-    shutdown: impl Future<Output = ()>,
-) -> hyper_util::server::graceful::GracefulShutdown
-where
-    S: Send + Sync + 'static,
-    H: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
-    Fut: Future<Output = Response<B>> + Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    accept_with(listener, state, handle, shutdown, ConnLimits::default()).await
-}
-
 /// Accepts HTTP/1 connections on `listener`, each served by `handle` with
 /// `state`, until `shutdown` resolves. Returns the watcher of the
 /// connections still open, for the caller's drain. Shared by the engine's

@@ -1,5 +1,6 @@
 //! `[router]`: the settings of `specgate route` (listen address, where the
-//! replicas are, health/load polling, affinity, retries).
+//! replicas are, health/load polling and its hysteresis, affinity, retries,
+//! and the limits on waiting for a replica).
 
 use crate::config::ConfigError;
 use serde::Deserialize;
@@ -24,6 +25,26 @@ pub struct RouterConfig {
     /// Limit on one poll (/health then /metrics); a busy replica's answers
     /// can be slow, and slow is not down.
     pub health_timeout_ms: u64,
+    /// Consecutive failed polls that take a healthy replica out (one slow
+    /// or lost poll must not shed a replica's traffic).
+    pub health_failure_threshold: u32,
+    /// Consecutive good polls that bring a replica that was taken out back
+    /// (a replica never yet healthy joins on its first good poll).
+    pub health_success_threshold: u32,
+    /// Limit on a replica's response head (connect + request + headers) for
+    /// a non-streamed request. Its head comes only once the whole answer is
+    /// generated, so this bounds one generation; past it the client gets a
+    /// 504 and the request is not sent elsewhere (the replica may still be
+    /// computing it).
+    pub head_timeout_ms: u64,
+    /// The same limit for a `"stream": true` request, whose head a replica
+    /// sends as soon as the request is admitted.
+    pub stream_head_timeout_ms: u64,
+    /// Longest wait for the next bytes of a replica's response body. A
+    /// replica's SSE stream sends keep-alive comments while a slow step
+    /// runs, so this is tens of seconds, above the replicas'
+    /// `server.keep_alive_secs`; total stream time is not limited.
+    pub body_idle_timeout_ms: u64,
     /// Prompt bytes per affinity chunk; prompts shorter than one chunk are
     /// placed by load only.
     pub prefix_chunk_bytes: usize,
@@ -50,6 +71,11 @@ impl Default for RouterConfig {
             health_interval_ms: 1000,
             connect_timeout_ms: 1000,
             health_timeout_ms: 3000,
+            health_failure_threshold: 3,
+            health_success_threshold: 2,
+            head_timeout_ms: 600_000,
+            stream_head_timeout_ms: 30_000,
+            body_idle_timeout_ms: 60_000,
             prefix_chunk_bytes: 256,
             affinity_entries: 65536,
             affinity_slack: 4.0,
@@ -66,26 +92,70 @@ fn invalid(key: &str, message: &str) -> ConfigError {
     }
 }
 
+/// Longest duration any `*_ms` key may hold: an hour. Beyond it a typo
+/// (an extra zero or two) would read as "never".
+pub const MAX_MS: u64 = 3_600_000;
+/// Largest health threshold: at the default interval, 100 polls already
+/// leave a dead replica in the set for well over a minute.
+pub const MAX_HEALTH_THRESHOLD: u32 = 100;
+/// Most replicas one request may be sent to.
+pub const MAX_ATTEMPTS: usize = 16;
+
 impl RouterConfig {
     /// Checks the section's values (always, even when not routing).
     ///
-    /// Errors: a zero interval, size or count; a negative slack; a replica
-    /// URL that is not `http://host:port`; a discovery name without a port.
+    /// Errors: an interval or timeout of 0 or above [`MAX_MS`]; a head
+    /// timeout below `connect_timeout_ms` (a slow connect must stay a
+    /// retryable connection failure, not a 504); a health threshold of 0 or
+    /// above [`MAX_HEALTH_THRESHOLD`]; `max_attempts` of 0 or above
+    /// [`MAX_ATTEMPTS`]; another zero size or count; a negative slack; a
+    /// replica URL that is not `http://host:port`; a discovery name without
+    /// a port.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (key, v) in [
             ("discovery_interval_ms", self.discovery_interval_ms),
             ("health_interval_ms", self.health_interval_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
             ("health_timeout_ms", self.health_timeout_ms),
+            ("head_timeout_ms", self.head_timeout_ms),
+            ("stream_head_timeout_ms", self.stream_head_timeout_ms),
+            ("body_idle_timeout_ms", self.body_idle_timeout_ms),
         ] {
-            if v == 0 {
-                return Err(invalid(key, "must be positive"));
+            if v == 0 || v > MAX_MS {
+                return Err(invalid(key, &format!("must be 1..={MAX_MS} ms")));
             }
+        }
+        for (key, v) in [
+            ("head_timeout_ms", self.head_timeout_ms),
+            ("stream_head_timeout_ms", self.stream_head_timeout_ms),
+        ] {
+            if v < self.connect_timeout_ms {
+                return Err(invalid(
+                    key,
+                    "must be at least router.connect_timeout_ms (the head's wait includes the connect)",
+                ));
+            }
+        }
+        for (key, v) in [
+            ("health_failure_threshold", self.health_failure_threshold),
+            ("health_success_threshold", self.health_success_threshold),
+        ] {
+            if v == 0 || v > MAX_HEALTH_THRESHOLD {
+                return Err(invalid(
+                    key,
+                    &format!("must be 1..={MAX_HEALTH_THRESHOLD} polls"),
+                ));
+            }
+        }
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
+            return Err(invalid(
+                "max_attempts",
+                &format!("must be 1..={MAX_ATTEMPTS}"),
+            ));
         }
         for (key, v) in [
             ("prefix_chunk_bytes", self.prefix_chunk_bytes),
             ("affinity_entries", self.affinity_entries),
-            ("max_attempts", self.max_attempts),
             ("max_body_bytes", self.max_body_bytes),
         ] {
             if v == 0 {
@@ -163,6 +233,27 @@ mod tests {
         assert!(e.contains("router.discovery_dns"), "{e}");
         let e = parse("[router]\nmax_attempts = 0").unwrap_err().to_string();
         assert!(e.contains("router.max_attempts"), "{e}");
+        for bad in [
+            "head_timeout_ms = 0",
+            "body_idle_timeout_ms = 3600001",
+            "stream_head_timeout_ms = 10\nconnect_timeout_ms = 20",
+            "health_failure_threshold = 0",
+            "health_success_threshold = 101",
+            "max_attempts = 17",
+        ] {
+            let key = bad.split(' ').next().unwrap();
+            let e = parse(&format!("[router]\n{bad}")).unwrap_err().to_string();
+            assert!(e.contains(&format!("router.{key}")), "{bad}: {e}");
+        }
+        let d = super::RouterConfig::default();
+        assert_eq!(
+            (d.health_failure_threshold, d.health_success_threshold),
+            (3, 2)
+        );
+        assert!(
+            d.body_idle_timeout_ms >= 30_000,
+            "above the replicas' keep-alive"
+        );
         let e = parse("")
             .unwrap()
             .router

@@ -2,7 +2,9 @@
 //! replicas (other `specgate serve` processes). Owns the router's HTTP
 //! server and its routes; the replica set, health and load polling and DNS
 //! discovery are in [`replicas`], the choice of replica in [`balancer`]
-//! (pure), forwarding and retries in [`proxy`].
+//! (pure), forwarding, timeouts and retries in [`proxy`], and relaying a
+//! replica's response body (idle limit, an error event for a cut stream) in
+//! [`relay`].
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` and
 //! `GET /v1/models` are forwarded; `GET /health` is the router's own (200
@@ -13,6 +15,7 @@
 pub mod balancer;
 pub mod config;
 pub mod proxy;
+pub mod relay;
 pub mod replicas;
 
 pub use config::RouterConfig;
@@ -29,7 +32,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use metrics_exporter_prometheus::PrometheusHandle;
 use proxy::{forward, local_error, RouterBody};
-use replicas::Pool;
+use replicas::{Hysteresis, Pool};
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -82,7 +85,11 @@ pub async fn start(cfg: RouterConfig) -> Result<RunningRouter> {
         NonZeroUsize::new(cfg.affinity_entries).context("router.affinity_entries is 0")?,
         cfg.affinity_slack,
     );
-    let pool = Arc::new(Pool::new(&cfg.replicas, balancer));
+    let hysteresis = Hysteresis {
+        fall: cfg.health_failure_threshold,
+        rise: cfg.health_success_threshold,
+    };
+    let pool = Arc::new(Pool::new(&cfg.replicas, balancer, hysteresis));
     let client = client(&cfg);
     let timeout = Duration::from_millis(cfg.health_timeout_ms);
     if let Some(dns) = &cfg.discovery_dns {
@@ -139,7 +146,14 @@ async fn serve(
     state: Arc<RouterState>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let graceful = crate::http::accept_until(&listener, state, route, shutdown).await;
+    let graceful = crate::http::accept_with(
+        &listener,
+        state,
+        route,
+        shutdown,
+        crate::http::ConnLimits::default(),
+    )
+    .await;
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
 }

@@ -1,12 +1,20 @@
 //! Forwarding one client request to a replica: pick (load + prefix
-//! affinity), send, and pass the answer through unchanged (status, headers
-//! less hop-by-hop ones, body bytes as they arrive, so SSE streams flow).
-//! A request is sent again to another replica only while nothing of the
-//! answer has reached the client: on a connection error or a 5xx response
-//! head. Once a 2xx/4xx head arrives the request is committed to it.
+//! affinity), send, and pass the answer through (status, headers less
+//! hop-by-hop ones, body bytes as they arrive through a [`Relay`], so SSE
+//! streams flow).
+//!
+//! What is retried on another replica is only what cannot have cost a
+//! replica any compute, and only while nothing of the answer has reached
+//! the client: a connection failure before any response head (refused,
+//! reset, closed), and a replica's 503 (draining, loading, engine stopped).
+//! Any other status, 5xx included, is passed through: a 500 or 504 means
+//! the replica already ran (part of) the generation, and resending it would
+//! multiply the work a failing request costs. A response head that does
+//! not come within the head timeout is a 504 to the client, not a retry,
+//! for the same reason.
 
 use super::balancer::{prefix_hashes, Reason};
-use super::replicas::Lease;
+use super::relay::{Relay, RelayError};
 use super::RouterState;
 use crate::api::ApiError;
 use crate::http::{error_response, ResBody};
@@ -14,47 +22,55 @@ use crate::metrics as names;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderName, HOST};
-use hyper::{Request, Response, Uri};
+use hyper::header::{HeaderMap, HeaderName, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::{Request, Response, StatusCode, Uri};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// The router's response body: made here (errors, health) or a replica's
-/// body streamed through while its [`Lease`] keeps it counted in flight.
+/// body relayed.
 pub enum RouterBody {
     Local(ResBody),
-    Upstream { body: Incoming, _lease: Lease },
+    Upstream(Relay),
 }
+
+/// A failed router body; the server then aborts the client's connection.
+/// Boxed because the two sources fail differently ([`RelayError`] and the
+/// local body's own error).
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Body for RouterBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             RouterBody::Local(b) => Pin::new(b)
                 .poll_frame(cx)
-                .map(|f| f.map(|r| r.map_err(|never| match never {}))),
-            RouterBody::Upstream { body, .. } => Pin::new(body).poll_frame(cx),
+                .map(|f| f.map(|r| r.map_err(Into::into))),
+            RouterBody::Upstream(r) => Pin::new(r)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(|e: RelayError| e.into()))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             RouterBody::Local(b) => b.is_end_stream(),
-            RouterBody::Upstream { body, .. } => body.is_end_stream(),
+            RouterBody::Upstream(r) => r.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         match self {
             RouterBody::Local(b) => b.size_hint(),
-            RouterBody::Upstream { body, .. } => body.size_hint(),
+            RouterBody::Upstream(r) => r.size_hint(),
         }
     }
 }
@@ -89,33 +105,47 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-/// The text whose prefix decides affinity: the messages (each as its JSON,
-/// in order) of a chat request, or the prompt of a completion. Empty for a
-/// body that is not such JSON (the replica will refuse it).
-pub fn prompt_text(body: &[u8]) -> Vec<u8> {
+/// What the router reads of a request body: the text whose prefix decides
+/// affinity (the messages, each as its JSON, in order, of a chat request,
+/// or the prompt of a completion) and whether the answer is streamed. Empty
+/// and not streamed for a body that is not such JSON (the replica will
+/// refuse it).
+#[derive(Debug, Default, PartialEq)]
+pub struct Inspected {
+    pub prompt: Vec<u8>,
+    pub stream: bool,
+}
+
+/// Reads `body` as [`Inspected`] says.
+pub fn inspect(body: &[u8]) -> Inspected {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return Vec::new();
+        return Inspected::default();
     };
-    if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
+    let stream = v.get("stream").and_then(|s| s.as_bool()) == Some(true);
+    let prompt = if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
         let mut out = Vec::new();
         for m in msgs {
             out.extend_from_slice(m.to_string().as_bytes());
         }
-        return out;
-    }
-    match v.get("prompt") {
-        Some(serde_json::Value::String(s)) => s.clone().into_bytes(),
-        Some(p) => p.to_string().into_bytes(),
-        None => Vec::new(),
-    }
+        out
+    } else {
+        match v.get("prompt") {
+            Some(serde_json::Value::String(s)) => s.clone().into_bytes(),
+            Some(p) => p.to_string().into_bytes(),
+            None => Vec::new(),
+        }
+    };
+    Inspected { prompt, stream }
 }
 
-/// Forwards `req` to a replica, retrying elsewhere while nothing has been
-/// sent to the client.
+/// Forwards `req` to a replica, retrying elsewhere only what is safe (see
+/// the module doc) and only while nothing has been sent to the client.
 ///
 /// Errors (as OpenAI error responses): 413 for a body over the limit, 503
 /// when no replica is healthy, 502 when every replica tried failed to
-/// answer; a replica's own 5xx is passed through when it was the last try.
+/// answer, 504 when the chosen replica sent no response head within the
+/// head timeout; a replica's own error status is passed through (a 503
+/// only when it was the last try).
 pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Response<RouterBody> {
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, state.cfg.max_body_bytes).collect().await {
@@ -129,14 +159,21 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
             )))
         }
     };
-    let hashes = prefix_hashes(&prompt_text(&body), state.cfg.prefix_chunk_bytes);
+    let seen = inspect(&body);
+    let hashes = prefix_hashes(&seen.prompt, state.cfg.prefix_chunk_bytes);
+    let head_limit = Duration::from_millis(if seen.stream {
+        state.cfg.stream_head_timeout_ms
+    } else {
+        state.cfg.head_timeout_ms
+    });
+    let idle = Duration::from_millis(state.cfg.body_idle_timeout_ms);
     let path = parts
         .uri
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
     let mut tried: Vec<Arc<str>> = Vec::new();
-    let mut last_5xx: Option<Response<RouterBody>> = None;
+    let mut last_503: Option<Response<RouterBody>> = None;
     let mut last_error = String::new();
     while tried.len() < state.cfg.max_attempts {
         let Some(lease) = state.pool.choose(&hashes, &tried) else {
@@ -159,40 +196,64 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
         copy_headers(&parts.headers, up.headers_mut());
         let sent = Instant::now();
         let replica = lease.url.to_string();
-        match state.client.request(up).await {
-            Err(e) => {
-                metrics::counter!(names::ROUTER_UPSTREAM_ERRORS, "replica" => replica.clone())
-                    .increment(1);
-                state.pool.mark_down(&replica);
+        let errors = || {
+            metrics::counter!(names::ROUTER_UPSTREAM_ERRORS, "replica" => replica.clone())
+                .increment(1)
+        };
+        let resp = match tokio::time::timeout(head_limit, state.client.request(up)).await {
+            Err(_) => {
+                // Not retried: the replica may be computing the answer.
+                errors();
+                eprintln!(
+                    "router: replica {replica} sent no response head within {} ms",
+                    head_limit.as_millis()
+                );
+                return local_error(&ApiError::gateway_timeout(format!(
+                    "the replica did not answer within {} ms",
+                    head_limit.as_millis()
+                )));
+            }
+            Ok(Err(e)) => {
+                // Nothing came back: safe to send elsewhere.
+                errors();
+                if e.is_connect() {
+                    state.pool.mark_down(&replica);
+                }
                 last_error = format!("replica {replica}: {e}");
+                continue;
             }
-            Ok(resp) => {
-                metrics::histogram!(names::ROUTER_UPSTREAM_LATENCY)
-                    .record(sent.elapsed().as_secs_f64());
-                let status = resp.status();
-                metrics::counter!(names::ROUTER_REQUESTS, "replica" => replica.clone(), "status" => status.as_str().to_string())
-                    .increment(1);
-                if lease.reason == Reason::Affinity {
-                    metrics::counter!(names::ROUTER_AFFINITY_ROUTED).increment(1);
-                }
-                let (rparts, rbody) = resp.into_parts();
-                let mut out = Response::new(RouterBody::Upstream {
-                    body: rbody,
-                    _lease: lease,
-                });
-                *out.status_mut() = status;
-                copy_headers(&rparts.headers, out.headers_mut());
-                if !status.is_server_error() {
-                    return out;
-                }
-                metrics::counter!(names::ROUTER_UPSTREAM_ERRORS, "replica" => replica.clone())
-                    .increment(1);
-                last_error = format!("replica {replica} answered {status}");
-                last_5xx = Some(out);
-            }
+            Ok(Ok(resp)) => resp,
+        };
+        metrics::histogram!(names::ROUTER_UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
+        let status = resp.status();
+        metrics::counter!(names::ROUTER_REQUESTS, "replica" => replica.clone(), "status" => status.as_str().to_string())
+            .increment(1);
+        if lease.reason == Reason::Affinity {
+            metrics::counter!(names::ROUTER_AFFINITY_ROUTED).increment(1);
         }
+        let (rparts, rbody) = resp.into_parts();
+        let sse = rparts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        let mut out = Response::new(RouterBody::Upstream(Relay::new(rbody, lease, idle, sse)));
+        *out.status_mut() = status;
+        copy_headers(&rparts.headers, out.headers_mut());
+        if sse {
+            // The relay may append an error event to a cut stream.
+            out.headers_mut().remove(CONTENT_LENGTH);
+        }
+        if status.is_server_error() {
+            errors();
+        }
+        if status != StatusCode::SERVICE_UNAVAILABLE {
+            return out;
+        }
+        last_error = format!("replica {replica} answered {status}");
+        last_503 = Some(out);
     }
-    if let Some(r) = last_5xx {
+    if let Some(r) = last_503 {
         return r;
     }
     metrics::counter!(names::ROUTER_UNROUTABLE).increment(1);
@@ -209,6 +270,18 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn prompt_text(body: &[u8]) -> Vec<u8> {
+        inspect(body).prompt
+    }
+
+    #[test]
+    fn streamed_is_only_stream_true() {
+        assert!(inspect(br#"{"prompt":"a","stream":true}"#).stream);
+        assert!(!inspect(br#"{"prompt":"a","stream":false}"#).stream);
+        assert!(!inspect(br#"{"prompt":"a","stream":"yes"}"#).stream);
+        assert!(!inspect(b"not json").stream);
+    }
 
     #[test]
     fn affinity_text_is_the_messages_or_the_prompt() {

@@ -1,9 +1,17 @@
 //! The replica set: who the replicas are (static URLs plus DNS discovery),
-//! whether each is healthy (polled /health, and taken out at once when a
-//! request to it fails to connect), how loaded each is (polled /metrics
-//! gauges plus this router's requests since the poll), and the
-//! [`Balancer`] that picks among the healthy ones. One mutex guards it all;
-//! it is held only for bookkeeping, never across I/O.
+//! whether each is healthy, how loaded each is (polled /metrics gauges plus
+//! this router's requests since the poll), and the [`Balancer`] that picks
+//! among the healthy ones. One mutex guards it all; it is held only for
+//! bookkeeping, never across I/O.
+//!
+//! Health has hysteresis ([`Hysteresis`]): a healthy replica is taken out
+//! after `fall` consecutive failed polls of /health, and one taken out
+//! comes back after `rise` consecutive good ones, so a replica whose polls
+//! fail now and then (a slow answer under load, a lost packet) neither
+//! sheds its traffic nor flaps. Two shortcuts: a replica never yet healthy
+//! joins on its first good poll (a new or starting replica has no history
+//! to smooth), and one that refuses a request's connection is taken out at
+//! once (a refused connect is no transient; it then needs `rise` polls).
 
 use super::balancer::{Balancer, Candidate, Reason};
 use super::Client;
@@ -15,10 +23,25 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How many consecutive polls change a replica's health (both >= 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hysteresis {
+    /// Failed polls in a row that take a healthy replica out.
+    pub fall: u32,
+    /// Good polls in a row that bring back a replica that was taken out.
+    pub rise: u32,
+}
+
 /// One replica's state.
 struct Replica {
     url: Arc<str>,
     healthy: bool,
+    /// It has been healthy at some time (else the first good poll admits it).
+    was_healthy: bool,
+    /// Consecutive failed polls (reset by a good one).
+    failures: u32,
+    /// Consecutive good polls (reset by a failed one or a refused request).
+    successes: u32,
     /// running + waiting at the last successful poll.
     polled: f64,
     /// `inflight` when that poll was taken: requests sent since are not in
@@ -35,6 +58,9 @@ impl Replica {
         Self {
             url,
             healthy: false,
+            was_healthy: false,
+            failures: 0,
+            successes: 0,
             polled: 0.0,
             inflight_at_poll: 0,
             inflight: Arc::new(AtomicUsize::new(0)),
@@ -68,6 +94,7 @@ impl Drop for Lease {
 struct State {
     replicas: Vec<Replica>,
     balancer: Balancer,
+    hysteresis: Hysteresis,
 }
 
 /// The replica set shared by the request handlers and the pollers.
@@ -76,14 +103,23 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool of the static `urls` (all unhealthy until their first poll).
-    pub fn new(urls: &[String], balancer: Balancer) -> Self {
+    /// A pool of the static `urls` (all unhealthy until their first poll)
+    /// whose health changes as `hysteresis` says (thresholds of 0 act as 1).
+    pub fn new(urls: &[String], balancer: Balancer, hysteresis: Hysteresis) -> Self {
         let replicas = urls
             .iter()
             .map(|u| Replica::new(u.trim_end_matches('/').into(), true))
             .collect();
+        let hysteresis = Hysteresis {
+            fall: hysteresis.fall.max(1),
+            rise: hysteresis.rise.max(1),
+        };
         Self {
-            state: Mutex::new(State { replicas, balancer }),
+            state: Mutex::new(State {
+                replicas,
+                balancer,
+                hysteresis,
+            }),
         }
     }
 
@@ -115,38 +151,51 @@ impl Pool {
         })
     }
 
-    /// Takes a replica out after a failed connection; the next good poll
-    /// returns it.
+    /// Takes a replica out at once after a request could not connect to
+    /// it; it comes back after `rise` consecutive good polls.
     pub fn mark_down(&self, url: &str) {
         let mut st = self.lock();
         if let Some(r) = st.replicas.iter_mut().find(|r| &*r.url == url) {
             if r.healthy {
-                eprintln!("router: replica {url} failed a request; taken out until healthy");
+                eprintln!(
+                    "router: replica {url} refused a request's connection; taken out until healthy"
+                );
             }
             r.healthy = false;
+            r.successes = 0;
         }
         publish_counts(&st);
     }
 
     /// Records a poll: `load` is `Some(running + waiting)` when the replica
-    /// answered /health with 200 and its metrics were read.
+    /// answered /health with 200 and its metrics were read. Health changes
+    /// only as [`Hysteresis`] allows.
     fn record_poll(&self, url: &str, load: Option<f64>) {
         let mut st = self.lock();
+        let Hysteresis { fall, rise } = st.hysteresis;
         if let Some(r) = st.replicas.iter_mut().find(|r| &*r.url == url) {
             match load {
                 Some(l) => {
-                    if !r.healthy {
-                        eprintln!("router: replica {url} is healthy");
-                    }
-                    r.healthy = true;
+                    r.failures = 0;
+                    r.successes = r.successes.saturating_add(1);
                     r.polled = l;
                     r.inflight_at_poll = r.inflight.load(Ordering::Relaxed);
+                    if !r.healthy && (!r.was_healthy || r.successes >= rise) {
+                        eprintln!("router: replica {url} is healthy");
+                        r.healthy = true;
+                        r.was_healthy = true;
+                    }
                 }
                 None => {
-                    if r.healthy {
-                        eprintln!("router: replica {url} failed its health check");
+                    r.successes = 0;
+                    r.failures = r.failures.saturating_add(1);
+                    if r.healthy && r.failures >= fall {
+                        eprintln!(
+                            "router: replica {url} failed {} health checks in a row; taken out",
+                            r.failures
+                        );
+                        r.healthy = false;
                     }
-                    r.healthy = false;
                 }
             }
         }
@@ -312,9 +361,42 @@ mod tests {
         assert_eq!(load_from_metrics(""), 0.0);
     }
 
-    fn pool(urls: &[&str]) -> Pool {
+    fn pool_with(urls: &[&str], fall: u32, rise: u32) -> Pool {
         let urls: Vec<String> = urls.iter().map(|s| s.to_string()).collect();
-        Pool::new(&urls, Balancer::new(NonZeroUsize::new(16).unwrap(), 1.0))
+        Pool::new(
+            &urls,
+            Balancer::new(NonZeroUsize::new(16).unwrap(), 1.0),
+            Hysteresis { fall, rise },
+        )
+    }
+
+    fn pool(urls: &[&str]) -> Pool {
+        pool_with(urls, 1, 1)
+    }
+
+    #[test]
+    fn health_changes_only_after_consecutive_polls() {
+        let p = pool_with(&["http://a:1"], 3, 2);
+        let poll = |ok: bool| {
+            p.record_poll("http://a:1", ok.then_some(0.0));
+            p.healthy() == 1
+        };
+        assert!(!poll(false), "not healthy before a good poll");
+        assert!(poll(true), "a replica never healthy joins at once");
+        // Failures that are not 3 in a row keep it in.
+        for ok in [false, true, false, false, true, false, false] {
+            assert!(poll(ok));
+        }
+        assert!(!poll(false), "the third failure in a row takes it out");
+        assert!(!poll(true), "one good poll is not enough to return");
+        assert!(!poll(false));
+        assert!(!poll(true));
+        assert!(poll(true), "two good polls in a row return it");
+        // A refused connection takes it out at once; it then needs two.
+        p.mark_down("http://a:1");
+        assert_eq!(p.healthy(), 0);
+        assert!(!poll(true));
+        assert!(poll(true));
     }
 
     #[test]
