@@ -56,7 +56,6 @@ pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running>
         drain_timeout: Duration::from_secs(s.drain_timeout_secs),
         keep_alive: Duration::from_secs(s.keep_alive_secs),
         body_read_timeout: Duration::from_secs(s.body_read_timeout_secs),
-        stream_write_timeout: Duration::from_secs(s.stream_write_timeout_secs),
         conn: ConnLimits {
             header_read: Duration::from_secs(s.header_read_timeout_secs),
             write_stall: Duration::from_secs(s.stream_write_timeout_secs),

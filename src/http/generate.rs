@@ -156,7 +156,7 @@ pub(super) async fn handle(
     if state.draining.load(Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
-    state.backend()?;
+    let backend = state.backend()?;
     // Shed load before doing any work for the request: the permit is taken
     // before the body is read, parsed, templated and tokenized.
     let permit = state.admission.clone().try_acquire_owned().map_err(|_| {
@@ -185,7 +185,6 @@ pub(super) async fn handle(
     .await
     .map_err(|e| ApiError::internal(format!("tokenizing the request failed: {e}")))?;
     let (gen, param) = built?;
-    let backend = state.backend()?;
     let prompt_tokens = gen.prompt.len();
     let rx = backend.engine.submit(gen).map_err(|e| match e {
         EngineError::Invalid(m) => ApiError::invalid(param, m),
@@ -335,7 +334,7 @@ fn stream(
 ) -> Response<ResBody> {
     let (tx, rx) = mpsc::channel::<StreamFrame>(32);
     let keep_alive = state.settings.keep_alive;
-    let limit = state.settings.stream_write_timeout;
+    let limit = state.settings.conn.write_stall;
     tokio::spawn(async move {
         let _permit = permit;
         // Whether the client took the frame in time; `false` ends the stream.
@@ -422,8 +421,10 @@ mod tests {
             drain_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(15),
             body_read_timeout: Duration::from_secs(30),
-            stream_write_timeout: write_timeout,
-            conn: ConnLimits::default(),
+            conn: ConnLimits {
+                write_stall: write_timeout,
+                ..ConnLimits::default()
+            },
         };
         AppState::new(settings, crate::metrics::install())
     }

@@ -38,9 +38,8 @@ pub struct HttpSettings {
     pub keep_alive: Duration,
     /// A request body must arrive whole within this long (408 beyond).
     pub body_read_timeout: Duration,
-    /// A response write the client does not take within this long ends
-    /// the request (SSE) or the connection.
-    pub stream_write_timeout: Duration,
+    /// Per-connection bounds; `conn.write_stall` also bounds each SSE event
+    /// the client does not take (the stream then ends, and its request).
     pub conn: ConnLimits,
 }
 
@@ -53,7 +52,7 @@ pub struct ConnLimits {
     /// starts reading a head).
     pub header_read: Duration,
     /// A write the peer has not taken for this long fails, which closes
-    /// the connection.
+    /// the connection (and, for a stream, ends its request).
     pub write_stall: Duration,
     /// Connections open at once; further ones wait in the OS backlog.
     pub max_connections: usize,
