@@ -28,7 +28,7 @@ const JSON: &str = "Content-Type: application/json\r\n";
 const BODY_LIMIT: usize = 256 * 1024;
 /// The tiny model's context length.
 const CONTEXT: u64 = 1024;
-/// The server's header, body, idle and stream-write timeouts here.
+/// The server's header, body and stream-write timeouts here.
 const SERVER_TIMEOUT_SECS: u64 = 2;
 /// How long past its own timeout the server may take to cut a stalled client.
 const CLOSE_BOUND: Duration = Duration::from_secs(10);
