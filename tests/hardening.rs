@@ -132,11 +132,17 @@ fn admission_is_checked_before_the_body_is_read() {
         c.server.body_read_timeout_secs = 5;
     });
     // A client that never finishes its body holds the only slot...
-    let mut slow = connect(server.addr);
-    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+    let start_slow = || {
+        let mut s = connect(server.addr);
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{",
+        )
         .unwrap();
-    // ...so, once its connection is being served, the next request is shed
-    // at once, before its body is parsed. (Until then, one may still get in.)
+        std::thread::sleep(Duration::from_millis(300));
+        s
+    };
+    let mut slow = start_slow();
+    // ...so the next request is shed at once, before its body is parsed.
     let t = Instant::now();
     loop {
         let r = post(server.addr, "/v1/chat/completions", chat(json!({})));
@@ -145,10 +151,19 @@ fn admission_is_checked_before_the_body_is_read() {
         }
         assert_eq!(r.status, 200, "{}", r.body);
         assert!(
-            t.elapsed() < Duration::from_secs(3),
+            t.elapsed() < Duration::from_secs(10),
             "a request was admitted while a body read held the only slot"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        // The slow request may have arrived while this one held the slot
+        // (and got the 429 itself): then start it over.
+        slow.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let answered = slow.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0);
+        slow.set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        if answered {
+            slow = start_slow();
+        }
     }
     // The slow one times out (408) and frees the slot.
     let mut raw = String::new();
