@@ -14,4 +14,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --bin specgate
-exec python3 scripts/soak.py --binary target/release/specgate "$@"
+exec python3 scripts/soak.py --binary "${CARGO_TARGET_DIR:-target}/release/specgate" "$@"

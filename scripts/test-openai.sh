@@ -12,7 +12,7 @@ VENV=target/openai-venv
 # differently and would compile candle a second time.
 cargo test --release --workspace --no-run
 log=$(mktemp)
-target/release/specgate serve --config configs/default.toml --port 0 2>"$log" &
+"${CARGO_TARGET_DIR:-target}/release/specgate" serve --config configs/default.toml --port 0 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
 url=""
