@@ -108,10 +108,16 @@ struct ServeArgs {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut cfg = match &args.config {
-        Some(p) => Config::load(p)?,
-        None => Config::default(),
+    let file = match &args.config {
+        Some(p) => Some(specgate::server::ConfigFile {
+            path: p.clone(),
+            as_loaded: Config::load(p)?,
+        }),
+        None => None,
     };
+    let mut cfg = file
+        .as_ref()
+        .map_or_else(Config::default, |f| f.as_loaded.clone());
     if let Some(h) = args.host {
         cfg.server.host = h;
     }
@@ -137,7 +143,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async {
-        let running = specgate::server::start(cfg, args.config.clone()).await?;
+        let running = specgate::server::start(cfg, file).await?;
         eprintln!("specgate listening on http://{}", running.addr);
         specgate::server::serve_until_exit(running, specgate::server::termination()).await
     })

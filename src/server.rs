@@ -42,9 +42,17 @@ fn tokenizer_for(model: &Path) -> Result<TextTokenizer> {
     crate::generate::load_tokenizer(model)
 }
 
+/// The config file a server was started from, for live reloads: its path
+/// and its contents as loaded, before command-line overrides (a reload
+/// compares the file with what it said, not with the flags).
+pub struct ConfigFile {
+    pub path: PathBuf,
+    pub as_loaded: Config,
+}
+
 /// Binds the listener and starts answering (503 while loading), loads the
 /// models, starts the engine, and returns once the server is ready.
-pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running> {
+pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
     let metrics = crate::metrics::install();
     let s = &cfg.server;
     let settings = HttpSettings {
@@ -87,13 +95,16 @@ pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Running>
         engine: engine.clone(),
         tokenizer,
     });
-    match config_path {
-        Some(path) => {
-            // Reloads compare against the file as written, not against the
-            // config with command-line overrides applied.
-            let file = Config::load(&path)?;
+    match file {
+        Some(ConfigFile { path, as_loaded }) => {
             let in_force = cfg.speculative.clone();
-            tokio::spawn(watch_config(file, in_force, path, engine.clone(), hangups));
+            tokio::spawn(watch_config(
+                as_loaded,
+                in_force,
+                path,
+                engine.clone(),
+                hangups,
+            ));
         }
         None => {
             // Nothing to reload; SIGHUP stays harmless.

@@ -155,12 +155,17 @@ impl Router {
 
 impl Drop for Router {
     fn drop(&mut self) {
-        if let Some(r) = self.running.take() {
-            let _ = r.shutdown.send(());
-            self.rt.block_on(async {
-                let _ = tokio::time::timeout(Duration::from_secs(5), r.done).await;
-            });
-        }
+        stop(&self.rt, self.running.take());
+    }
+}
+
+/// Shuts a started router down, waiting a bounded time for its drain.
+fn stop(rt: &tokio::runtime::Runtime, running: Option<RunningRouter>) {
+    if let Some(r) = running {
+        let _ = r.shutdown.send(());
+        rt.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_secs(5), r.done).await;
+        });
     }
 }
 
@@ -635,12 +640,7 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        if let Some(r) = self.router.take() {
-            let _ = r.shutdown.send(());
-            self.rt.block_on(async {
-                let _ = tokio::time::timeout(Duration::from_secs(5), r.done).await;
-            });
-        }
+        stop(&self.rt, self.router.take());
     }
 }
 

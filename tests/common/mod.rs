@@ -72,7 +72,12 @@ impl Server {
             .enable_all()
             .build()
             .unwrap();
-        let running = rt.block_on(start(cfg, path)).unwrap();
+        // The tests' configs are the files as loaded (no flag overrides).
+        let file = path.map(|path| specgate::server::ConfigFile {
+            path,
+            as_loaded: cfg.clone(),
+        });
+        let running = rt.block_on(start(cfg, file)).unwrap();
         let addr = running.addr;
         Server {
             rt,
