@@ -36,11 +36,12 @@ RUN if ! command -v cargo >/dev/null; then \
 WORKDIR /src
 COPY . .
 # RUSTFLAGS overrides .cargo/config.toml's target-cpu=native, which would
-# tie the image to the build machine's CPU.
+# tie the image to the build machine's CPU. Only the server package is
+# built: the load generator (loadgen/, specgate-bench) is not in the image.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     RUSTFLAGS="-C target-cpu=${TARGET_CPU}" \
-    cargo build --release --locked --bin specgate \
+    cargo build --release --locked -p specgate --bin specgate \
       ${CARGO_FEATURES:+--features "$CARGO_FEATURES"} && \
     cp target/release/specgate /usr/local/bin/specgate
 

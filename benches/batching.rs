@@ -9,6 +9,12 @@
 //! `SPECGATE_BENCH_MODES=off,ngram,draft,draft-table` the settings (draft-table:
 //! the draft model with k = 3, 2, 1 at batch 1, 2, <= 4 and no drafting above).
 
+// The workspace's one models-directory lookup (SPECGATE_MODELS_DIR, else
+// models/ in the workspace root), shared with the tests.
+#[path = "../tests/common/models.rs"]
+mod models;
+
+use models::models_dir;
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{spawn, EngineConfig, Event, GenRequest, KvSize, ProposerKind};
 use specgate::generate::load_tokenizer;
@@ -16,7 +22,6 @@ use specgate::tokenizer::ChatMessage;
 use specgate_draft::DraftPolicy;
 use specgate_verify::model::load_gguf;
 use specgate_verify::SamplingParams;
-use std::path::PathBuf;
 use std::time::Instant;
 
 const PROMPTS: [&str; 8] = [
@@ -49,8 +54,7 @@ fn pct(xs: &mut [f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let dir = std::env::var("SPECGATE_MODELS_DIR")
-        .map_or_else(|_| PathBuf::from("models"), PathBuf::from);
+    let dir = models_dir();
     let (tp, dp) = (
         dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
         dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),

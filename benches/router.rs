@@ -45,7 +45,7 @@ fn start_replica(config: &Path) -> Replica {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("specgate bound to http://") {
+            if let Some(rest) = line.split_once("specgate bound to http://").map(|(_, r)| r) {
                 let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
             }
         }
@@ -68,16 +68,14 @@ fn start_replica(config: &Path) -> Replica {
 
 /// The model and its config file; `true` when it is the real SmolLM2.
 fn model_config() -> (PathBuf, String, bool) {
-    let smol = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct-q4_1.gguf");
+    let smol = common::models_dir().join("smollm2-135m-instruct-q4_1.gguf");
     let tiny = std::env::var_os("SPECGATE_BENCH_TINY").is_some();
     let (path, real) = if smol.exists() && !tiny {
         (smol, true)
     } else {
         (common::model_files().0, false)
     };
-    let dir = std::env::temp_dir().join(format!("specgate-bench-router-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = dir.join("engine.toml");
+    let cfg = common::scratch_dir("bench-router").join("engine.toml");
     std::fs::write(
         &cfg,
         format!(
@@ -93,8 +91,7 @@ fn model_config() -> (PathBuf, String, bool) {
 /// POST without the test helpers' 30 s read limit: a loaded machine may
 /// take longer under many clients.
 fn post(addr: SocketAddr, path: &str, body: Value) -> common::Resp {
-    use std::io::Read;
-    let mut s = common::send(
+    let s = common::send(
         addr,
         "POST",
         path,
@@ -102,19 +99,7 @@ fn post(addr: SocketAddr, path: &str, body: Value) -> common::Resp {
         &body.to_string(),
     );
     s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let body = if head.to_ascii_lowercase().contains("chunked") {
-        common::dechunk(body)
-    } else {
-        body.to_string()
-    };
-    common::Resp {
-        status: head.split(' ').nth(1).unwrap().parse().unwrap(),
-        headers: head.to_string(),
-        body,
-    }
+    common::read_response(s)
 }
 
 fn body(i: usize, max_tokens: usize) -> Value {

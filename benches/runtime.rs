@@ -11,6 +11,12 @@
 //! Run: `cargo bench --bench runtime` (models from scripts/fetch-models.sh);
 //! `SPECGATE_BENCH_BACKENDS=native` runs only ours.
 
+// The workspace's one models-directory lookup (SPECGATE_MODELS_DIR, else
+// models/ in the workspace root), shared with the tests.
+#[path = "../tests/common/models.rs"]
+mod models;
+
+use models::models_dir;
 use specgate_verify::kernels::{self, Backend};
 use specgate_verify::model::{load_gguf, read_token_list};
 use specgate_verify::sample::argmax;
@@ -168,13 +174,13 @@ fn main() {
         Ok("candle") => vec![Backend::Candle],
         _ => vec![Backend::Candle, Backend::Native],
     };
-    let dir = std::env::var("SPECGATE_MODELS_DIR").unwrap_or_else(|_| "models".into());
+    let dir = models_dir();
     for name in [
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "smollm2-135m-instruct-q4_1.gguf",
     ] {
-        let p = Path::new(&dir).join(name);
+        let p = dir.join(name);
         if p.exists() {
             for b in &backends {
                 bench_model(&p, bw, *b, None);

@@ -9,6 +9,12 @@
 //! `SPECGATE_BENCH_KS=1,2,4` limits the fixed k values (empty: adaptive
 //! only), `SPECGATE_BENCH_TOKENS` sets tokens per prompt (default 64).
 
+// The workspace's one models-directory lookup (SPECGATE_MODELS_DIR, else
+// models/ in the workspace root), shared with the tests.
+#[path = "../tests/common/models.rs"]
+mod models;
+
+use models::models_dir;
 use specgate::generate::{blocks_needed, generate, load_tokenizer, GenerateArgs};
 use specgate::tokenizer::ChatMessage;
 use specgate_draft::{ModelDraft, NgramProposer, Proposer};
@@ -131,10 +137,6 @@ thread_local! {
         let dir = models_dir();
         std::rc::Rc::new(load_tokenizer(&dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")).unwrap())
     };
-}
-
-fn models_dir() -> PathBuf {
-    std::env::var("SPECGATE_MODELS_DIR").map_or_else(|_| PathBuf::from("models"), PathBuf::from)
 }
 
 /// Median seconds of `f` over `reps` calls.

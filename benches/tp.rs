@@ -8,10 +8,15 @@
 //! `CANDLE_NUM_THREADS=1 cargo bench --bench tp` gives candle's matmuls one
 //! thread per rank instead of its shared worker pool (see BENCHMARKS.md).
 
+// The workspace's one models-directory lookup (SPECGATE_MODELS_DIR, else
+// models/ in the workspace root), shared with the tests.
+#[path = "../tests/common/models.rs"]
+mod models;
+
+use models::models_dir;
 use specgate_verify::model::load_gguf_tp;
 use specgate_verify::sample::argmax;
 use specgate_verify::{KvPool, LogitsWanted, Model};
-use std::path::Path;
 use std::time::Instant;
 
 const ROUNDS: usize = 5;
@@ -52,8 +57,7 @@ fn decode(model: &Model, prompt: &[u32]) -> (f64, Vec<u32>) {
 }
 
 fn main() {
-    let dir = std::env::var("SPECGATE_MODELS_DIR").unwrap_or_else(|_| "models".into());
-    let path = Path::new(&dir).join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    let path = models_dir().join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
     if !path.exists() {
         println!("{}: not present, skipped", path.display());
         return;

@@ -26,8 +26,10 @@ mkdir -p "$OUT" "$DOCS"
 
 # The same selection as `cargo test --release --workspace`, so the features
 # of shared dependencies unify alike and this reuses that build (building
-# only the two binaries would rebuild candle with other features).
+# only the two binaries would rebuild candle with other features). It builds
+# both: `specgate` (root package) and `specgate-bench` (the loadgen/ member).
 [ -n "${REPORT_ONLY:-}" ] || cargo test --release --workspace --no-run
+BIN=${CARGO_TARGET_DIR:-target}/release
 
 # default.toml up to its [speculative] section, then each setting's own.
 base=$(sed '/^\[speculative\]/,$d' configs/default.toml)
@@ -52,7 +54,7 @@ for cfg in $CONFIGS; do
   [ -z "${REPORT_ONLY:-}" ] || continue
   printf '%s\n\n%s\n' "$base" "$(speculative "$cfg")" >"$OUT/$cfg.toml"
   log="$OUT/$cfg.log"
-  target/release/specgate serve --config "$OUT/$cfg.toml" --port 0 2>"$log" &
+  "$BIN/specgate" serve --config "$OUT/$cfg.toml" --port 0 2>"$log" &
   pid=$!
   url=""
   for _ in $(seq 1 120); do
@@ -63,7 +65,7 @@ for cfg in $CONFIGS; do
   done
   [ -n "$url" ] || { cat "$log"; echo "specgate serve ($cfg) printed no address" >&2; exit 1; }
   echo "== $cfg at $url"
-  target/release/specgate-bench run --base-url "$url" --wait-ready 600 \
+  "$BIN/specgate-bench" run --base-url "$url" --wait-ready 600 \
     --workload "$WORKLOAD" --concurrency "$CONCURRENCY" --num-requests "$NUM_REQUESTS" \
     --warmup "$WARMUP" --max-tokens "$MAX_TOKENS" --ignore-eos --temperature 0 \
     --label "$cfg" --json "$OUT/$cfg.json"
@@ -81,7 +83,7 @@ for cfg in $CONFIGS; do
 done
 [ ${#files[@]} -gt 0 ] || { echo "no results in $OUT" >&2; exit 1; }
 
-target/release/specgate-bench report --markdown --svg-dir "$DOCS" "${files[@]}" >"$OUT/table.md"
+"$BIN/specgate-bench" report --markdown --svg-dir "$DOCS" "${files[@]}" >"$OUT/table.md"
 cp "${files[@]}" "$DOCS/"
 
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)

@@ -11,9 +11,12 @@
 use serde::Deserialize;
 use specgate_draft::policy::{MAX_DRAFT_COST, MAX_DRAFT_TOKENS, MAX_PROBE_EVERY};
 use specgate_draft::DraftPolicy;
-use std::fmt::Display;
-use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+
+mod check;
+
+pub use check::ConfigError;
+use check::{in_range, invalid, text_ok};
 
 // The draft crate cannot see the engine, so it states its own cap on k; the
 // two must agree or a reload could set a k that the engine refuses.
@@ -27,78 +30,10 @@ const _: () = assert!(MAX_DRAFT_TOKENS == crate::engine::MAX_SPECULATIVE_TOKENS)
 /// leaves room for tuning while bounding that cost to 16 scans.
 pub const MAX_NGRAM: usize = 16;
 
-/// Errors of reading or checking a config file.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("config key `{key}`: {message}")]
-    Invalid { key: String, message: String },
-    /// A live reload refused for a reason beyond one key's value (a cut
-    /// short file, a change outside `[speculative]`); the settings in force
-    /// stay.
-    #[error("config file {path} not reloaded: {reason}")]
-    Reload { path: PathBuf, reason: String },
-}
-
-fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_string(),
-        message: message.into(),
-    }
-}
-
-/// `Ok` when `value` lies in `allowed`; otherwise an error naming the key,
-/// the value and the range.
-fn in_range<T: PartialOrd + Display>(
-    key: &str,
-    value: T,
-    allowed: RangeInclusive<T>,
-) -> Result<(), ConfigError> {
-    if allowed.contains(&value) {
-        return Ok(());
-    }
-    Err(invalid(
-        key,
-        format!(
-            "{value} is out of range; allowed {}..={}",
-            allowed.start(),
-            allowed.end()
-        ),
-    ))
-}
-
-/// `Ok` for a non-empty text of at most `max` bytes without control
-/// characters (and without whitespace when `spaces` is false).
-fn text_ok(key: &str, value: &str, max: usize, spaces: bool) -> Result<(), ConfigError> {
-    if value.is_empty() || value.len() > max {
-        return Err(invalid(
-            key,
-            format!(
-                "length {} is out of range; allowed 1..={max} bytes",
-                value.len()
-            ),
-        ));
-    }
-    let bad = |c: char| c.is_control() || (!spaces && c.is_whitespace());
-    if value.chars().any(bad) {
-        return Err(invalid(
-            key,
-            if spaces {
-                "must not contain control characters"
-            } else {
-                "must not contain whitespace or control characters"
-            },
-        ));
-    }
-    Ok(())
-}
+/// The largest `model.max_model_len` accepted before the model is known
+/// (2^24 tokens, above any model's context); the model's own context length
+/// is the real bound, checked when it is loaded.
+pub const MAX_MODEL_LEN: usize = 1 << 24;
 
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -145,6 +80,10 @@ pub struct ServerConfig {
     /// A response write (one SSE event) the client does not take within this
     /// long ends the request and frees its sequence (slow readers).
     pub stream_write_timeout_secs: u64,
+    /// Browser origins allowed to call the API (CORS), such as
+    /// `"https://app.example.com"`, or `["*"]` for any; empty (the
+    /// default) turns CORS off.
+    pub cors_allow_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -163,6 +102,7 @@ impl Default for ServerConfig {
             body_read_timeout_secs: 30,
             max_connections: 1024,
             stream_write_timeout_secs: 30,
+            cors_allow_origins: Vec::new(),
         }
     }
 }
@@ -173,6 +113,14 @@ impl Default for ServerConfig {
 pub struct ModelConfig {
     pub path: PathBuf,
     pub tensor_parallel_size: usize,
+    /// Longest context (prompt + generated tokens) a request may use; `None`
+    /// = the model's own context length. Must not exceed the model's (the
+    /// server refuses to start otherwise): a smaller cap bounds what one
+    /// request can take of the KV pool.
+    pub max_model_len: Option<usize>,
+    /// A Jinja chat template file that replaces the model's own (for a model
+    /// without one, or to change its prompt format). Compiled at start.
+    pub chat_template: Option<PathBuf>,
 }
 
 impl Default for ModelConfig {
@@ -180,6 +128,8 @@ impl Default for ModelConfig {
         Self {
             path: PathBuf::from("models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
             tensor_parallel_size: 1,
+            max_model_len: None,
+            chat_template: None,
         }
     }
 }
@@ -244,16 +194,99 @@ impl Default for SchedulerSection {
     }
 }
 
+/// The allowed names of a [`clap::ValueEnum`], as `a, b, c` (the names
+/// TOML, the command line and error messages all use).
+fn choice_names<E: clap::ValueEnum>() -> String {
+    E::value_variants()
+        .iter()
+        .filter_map(|v| v.to_possible_value())
+        .map(|p| p.get_name().to_owned())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `text` as one of `E`'s names (exact, lowercase), or an error naming `key`
+/// and every allowed name.
+fn parse_choice<E: clap::ValueEnum>(key: &str, text: &str) -> Result<E, String> {
+    E::from_str(text, false)
+        .map_err(|_| format!("`{key}`: '{text}' is not one of {}", choice_names::<E>()))
+}
+
+/// The name of `value` as TOML and the command line spell it.
+fn choice_name<E: clap::ValueEnum>(value: &E) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
+/// `speculative.method` (and `specgate serve --speculative-method`): which
+/// proposer the server loads. One type from the TOML file through the
+/// command line to `server::load`, which alone turns it into the engine's
+/// proposer; the names are the lowercase variant names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(try_from = "String", rename_all = "lowercase")]
+pub enum SpeculativeMethod {
+    /// A small draft model (`[draft] path`) proposes.
+    Draft,
+    /// Prompt lookup: n-grams of the context propose (no model).
+    Ngram,
+    /// No speculation: one token per step.
+    Off,
+}
+
+/// `speculative.policy` (and `--speculative-policy`): how the draft length k
+/// is chosen each step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(try_from = "String", rename_all = "lowercase")]
+pub enum DraftPolicyKind {
+    /// k = `num_tokens` always.
+    Fixed,
+    /// k from `table` by the running batch size.
+    Table,
+    /// k from the measured acceptance rate, up to `num_tokens`.
+    Adaptive,
+}
+
+impl TryFrom<String> for SpeculativeMethod {
+    type Error = String;
+
+    /// Errors: a name that is not a variant's, with the allowed names.
+    fn try_from(text: String) -> Result<Self, String> {
+        parse_choice("speculative.method", &text)
+    }
+}
+
+impl TryFrom<String> for DraftPolicyKind {
+    type Error = String;
+
+    /// Errors: a name that is not a variant's, with the allowed names.
+    fn try_from(text: String) -> Result<Self, String> {
+        parse_choice("speculative.policy", &text)
+    }
+}
+
+impl std::fmt::Display for SpeculativeMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&choice_name(self))
+    }
+}
+
+impl std::fmt::Display for DraftPolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&choice_name(self))
+    }
+}
+
 /// `[speculative]`
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpeculativeConfig {
-    /// "draft", "ngram" or "off".
-    pub method: String,
+    /// The proposer; fixed while running (a reload cannot change it).
+    pub method: SpeculativeMethod,
     /// k for policy "fixed"; the largest k for "adaptive".
     pub num_tokens: usize,
-    /// "fixed", "table" or "adaptive".
-    pub policy: String,
+    /// How k is chosen; the other keys of this section parametrize it.
+    pub policy: DraftPolicyKind,
     /// For "table": `[[max_batch_size, k], ...]`, increasing batch sizes.
     pub table: Vec<(usize, usize)>,
     pub ngram_min: usize,
@@ -264,9 +297,9 @@ pub struct SpeculativeConfig {
 impl Default for SpeculativeConfig {
     fn default() -> Self {
         Self {
-            method: "draft".into(),
+            method: SpeculativeMethod::Draft,
             num_tokens: 3,
-            policy: "table".into(),
+            policy: DraftPolicyKind::Table,
             table: vec![(1, 3), (2, 2), (4, 1)],
             ngram_min: 1,
             ngram_max: 4,
@@ -301,8 +334,7 @@ impl Default for AdaptiveConfig {
 impl SpeculativeConfig {
     /// Checks every value of the section, whether the chosen method and
     /// policy use it or not (a bad value waiting in an unused key would
-    /// bite at the next edit): `method` and `policy` are known names;
-    /// `num_tokens` in 0..=[`MAX_DRAFT_TOKENS`] (the engine's cap); every
+    /// bite at the next edit): `num_tokens` in 0..=[`MAX_DRAFT_TOKENS`] (the engine's cap); every
     /// table row a batch size of at least 1 and a k in 0..=16, at most
     /// [`specgate_draft::policy::MAX_TABLE_ROWS`] rows with increasing batch
     /// sizes; `1 <= ngram_min <= ngram_max <= MAX_NGRAM`; and the adaptive
@@ -311,18 +343,6 @@ impl SpeculativeConfig {
     ///
     /// Errors: the first bad value, naming its key and allowed range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !["draft", "ngram", "off"].contains(&self.method.as_str()) {
-            return Err(invalid(
-                "speculative.method",
-                format!("'{}' is not one of draft, ngram, off", self.method),
-            ));
-        }
-        if !["fixed", "table", "adaptive"].contains(&self.policy.as_str()) {
-            return Err(invalid(
-                "speculative.policy",
-                format!("'{}' is not one of fixed, table, adaptive", self.policy),
-            ));
-        }
         in_range(
             "speculative.num_tokens",
             self.num_tokens,
@@ -360,9 +380,15 @@ impl SpeculativeConfig {
         // The policy's own checks, on every variant the section describes
         // (the table's rows are only checked here).
         for (key, p) in [
-            ("speculative.num_tokens", self.variant("fixed")),
-            ("speculative.table", self.variant("table")),
-            ("speculative.adaptive", self.variant("adaptive")),
+            (
+                "speculative.num_tokens",
+                self.variant(DraftPolicyKind::Fixed),
+            ),
+            ("speculative.table", self.variant(DraftPolicyKind::Table)),
+            (
+                "speculative.adaptive",
+                self.variant(DraftPolicyKind::Adaptive),
+            ),
         ] {
             p.validate().map_err(|m| invalid(key, m))?;
         }
@@ -370,11 +396,11 @@ impl SpeculativeConfig {
     }
 
     /// The policy named `policy`, from this section's values, unchecked.
-    fn variant(&self, policy: &str) -> DraftPolicy {
+    fn variant(&self, policy: DraftPolicyKind) -> DraftPolicy {
         let a = &self.adaptive;
         match policy {
-            "fixed" => DraftPolicy::Fixed { k: self.num_tokens },
-            "adaptive" => DraftPolicy::Adaptive {
+            DraftPolicyKind::Fixed => DraftPolicy::Fixed { k: self.num_tokens },
+            DraftPolicyKind::Adaptive => DraftPolicy::Adaptive {
                 min_k: a.min_k,
                 max_k: self.num_tokens,
                 alpha: a.alpha,
@@ -382,7 +408,7 @@ impl SpeculativeConfig {
                 initial_acceptance: a.initial_acceptance,
                 probe_every: a.probe_every,
             },
-            _ => DraftPolicy::BatchTable(self.table.clone()),
+            DraftPolicyKind::Table => DraftPolicy::BatchTable(self.table.clone()),
         }
     }
 
@@ -392,10 +418,10 @@ impl SpeculativeConfig {
     /// Errors: as [`SpeculativeConfig::validate`].
     pub fn policy(&self) -> Result<DraftPolicy, ConfigError> {
         self.validate()?;
-        if self.method == "off" {
+        if self.method == SpeculativeMethod::Off {
             return Ok(DraftPolicy::Fixed { k: 0 });
         }
-        Ok(self.variant(&self.policy))
+        Ok(self.variant(self.policy))
     }
 
     /// Every value of the section as `(key, value as TOML would write
@@ -420,9 +446,9 @@ impl SpeculativeConfig {
         } = adaptive;
         let rows: Vec<String> = table.iter().map(|(b, k)| format!("[{b}, {k}]")).collect();
         vec![
-            ("method", format!("{method:?}")),
+            ("method", format!("\"{method}\"")),
             ("num_tokens", num_tokens.to_string()),
-            ("policy", format!("{policy:?}")),
+            ("policy", format!("\"{policy}\"")),
             ("table", format!("[{}]", rows.join(", "))),
             ("ngram_min", ngram_min.to_string()),
             ("ngram_max", ngram_max.to_string()),
@@ -503,8 +529,11 @@ impl Config {
     /// | `server.keep_alive_secs` | 1..=600 | proxies drop idle streams after about a minute |
     /// | `server.header_read_timeout_secs` | 1..=300 | slowloris |
     /// | `server.body_read_timeout_secs`, `stream_write_timeout_secs` | 1..=3600 | |
+    /// | `server.cors_allow_origins` | at most 64; `"*"` alone, or origins `scheme://host[:port]` of at most 256 bytes | a browser's `Origin` is exactly that |
     /// | `model.path`, `draft.path`, `draft.head_tokens` | not empty | |
     /// | `model.tensor_parallel_size` | 1..=64 | |
+    /// | `model.max_model_len` | 1..=16777216 (and at most the model's context, checked at load) | |
+    /// | `model.chat_template` | not empty | |
     /// | `kv.block_size` | 1..=256 | |
     /// | `kv.num_blocks` | 0 (derive from memory) or 1..=4194304 | block ids are u32; 2^22 blocks hold 2^22 * block_size tokens |
     /// | `kv.memory_mib` | 1..=1048576 (0 when `num_blocks` is set) | 1 TiB |
@@ -564,6 +593,7 @@ impl Config {
             s.stream_write_timeout_secs,
             1..=3_600,
         )?;
+        check_cors_origins(&s.cors_allow_origins)?;
 
         let path_ok = |key: &str, p: &Path| {
             if p.as_os_str().is_empty() {
@@ -578,6 +608,12 @@ impl Config {
             self.model.tensor_parallel_size,
             1..=64,
         )?;
+        if let Some(n) = self.model.max_model_len {
+            in_range("model.max_model_len", n, 1..=MAX_MODEL_LEN)?;
+        }
+        if let Some(p) = &self.model.chat_template {
+            path_ok("model.chat_template", p)?;
+        }
         if let Some(p) = &self.draft.path {
             path_ok("draft.path", p)?;
         }
@@ -601,13 +637,13 @@ impl Config {
         )?;
 
         self.speculative.validate()?;
-        if self.speculative.method == "draft" && self.draft.path.is_none() {
+        if self.speculative.method == SpeculativeMethod::Draft && self.draft.path.is_none() {
             return Err(invalid(
                 "draft.path",
                 "speculative.method = \"draft\" needs a draft model",
             ));
         }
-        self.router.validate()?;
+        self.router.validate().map_err(ConfigError::from)?;
         Ok(())
     }
 
@@ -702,13 +738,13 @@ impl Config {
         }
         if file.speculative.method != self.speculative.method {
             return Err(refuse(format!(
-                "speculative.method changed ({:?} -> {:?}); changing the method needs a restart",
+                "speculative.method changed (\"{}\" -> \"{}\"); changing the method needs a restart",
                 self.speculative.method, file.speculative.method
             )));
         }
 
         let speculative = SpeculativeConfig {
-            method: in_force.method.clone(),
+            method: in_force.method,
             ..file.speculative.clone()
         };
         let policy = speculative.policy()?;
@@ -752,3 +788,39 @@ fn speculative_keys(text: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// `server.cors_allow_origins`: `["*"]`, or up to 64 origins as a browser
+/// sends them in `Origin` (`scheme://host[:port]`, no path; a trailing `/`
+/// is tolerated). A path or a wildcard inside a name would never match, so
+/// it is refused rather than silently ignored.
+fn check_cors_origins(origins: &[String]) -> Result<(), ConfigError> {
+    const KEY: &str = "server.cors_allow_origins";
+    in_range("server.cors_allow_origins (count)", origins.len(), 0..=64)?;
+    if origins.iter().any(|o| o == "*") {
+        if origins.len() > 1 {
+            return Err(invalid(KEY, "\"*\" allows every origin; list it alone"));
+        }
+        return Ok(());
+    }
+    for o in origins {
+        let bad = |why: &str| invalid(KEY, format!("{o:?} is not an origin: {why}"));
+        if o.is_empty() || o.len() > 256 || !o.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad("expected 1..=256 visible ASCII characters"));
+        }
+        let Some((scheme, rest)) = o.split_once("://") else {
+            return Err(bad("expected scheme://host[:port]"));
+        };
+        let host = rest.strip_suffix('/').unwrap_or(rest);
+        let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+        if !scheme_ok {
+            return Err(bad("the scheme is not valid"));
+        }
+        if host.is_empty() || host.contains(['/', '*', '?', '#', '@']) {
+            return Err(bad("expected a host with an optional port and no path"));
+        }
+    }
+    Ok(())
+}

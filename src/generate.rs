@@ -91,12 +91,13 @@ impl GenerateArgs {
     }
 }
 
-/// Loads the tokenizer that belongs to a model path.
+/// Loads the tokenizer that belongs to a model path: a GGUF file's metadata, or a
+/// Hugging Face directory's `tokenizer.json` with its `tokenizer_config.json` (chat
+/// template, BOS/EOS, special tokens) and `generation_config.json` (stop ids).
 pub fn load_tokenizer(model: &Path) -> Result<TextTokenizer> {
     if model.is_dir() {
-        let json = model.join("tokenizer.json");
-        TextTokenizer::from_tokenizer_json(&json, None, None)
-            .with_context(|| format!("loading {}", json.display()))
+        TextTokenizer::from_hf_dir(model)
+            .with_context(|| format!("loading the tokenizer of {}", model.display()))
     } else {
         TextTokenizer::from_gguf_file(model)
             .with_context(|| format!("loading the tokenizer of {}", model.display()))
@@ -114,10 +115,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .with_context(|| format!("loading model {}", args.model.display()))?;
     model.warm_up()?;
     let tok = load_tokenizer(&args.model)?;
-    eprintln!(
-        "loaded {} in {:.1}s",
-        args.model.display(),
-        t0.elapsed().as_secs_f64()
+    tracing::info!(
+        model = %args.model.display(),
+        secs = t0.elapsed().as_secs_f64(),
+        kernels_isa = specgate_verify::kernels::Isa::current().name(),
+        "model loaded"
     );
     let text = if args.chat {
         tok.apply_chat_template(&[ChatMessage::new("user", &args.prompt)], true)?
@@ -193,25 +195,25 @@ pub struct GenStats {
 impl GenStats {
     fn report(&self, speculative: bool) {
         let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-        eprintln!(
-            "prefill: {} tokens in {:.2}s, {:.1} tok/s",
-            self.prompt_tokens,
-            self.prefill_secs,
-            rate(self.prompt_tokens, self.prefill_secs)
+        tracing::info!(
+            tokens = self.prompt_tokens,
+            secs = self.prefill_secs,
+            tokens_per_sec = rate(self.prompt_tokens, self.prefill_secs),
+            "prefill"
         );
-        eprintln!(
-            "decode: {} tokens in {:.2}s, {:.1} tok/s",
-            self.decode_tokens,
-            self.decode_secs,
-            rate(self.decode_tokens, self.decode_secs)
+        tracing::info!(
+            tokens = self.decode_tokens,
+            secs = self.decode_secs,
+            tokens_per_sec = rate(self.decode_tokens, self.decode_secs),
+            "decode"
         );
         if speculative {
-            eprintln!(
-                "speculation: acceptance rate {:.1}% ({} of {} drafted), mean accepted length {:.2} tokens per verify pass",
-                100.0 * self.spec.acceptance_rate(),
-                self.spec.accepted_tokens,
-                self.spec.draft_tokens,
-                self.spec.mean_accepted_length()
+            tracing::info!(
+                acceptance_rate = self.spec.acceptance_rate(),
+                accepted_tokens = self.spec.accepted_tokens,
+                drafted_tokens = self.spec.draft_tokens,
+                mean_accepted_length = self.spec.mean_accepted_length(),
+                "speculation"
             );
         }
     }

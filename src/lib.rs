@@ -1,11 +1,13 @@
 //! specgate: an OpenAI-compatible LLM serving gateway built around speculative decoding.
 
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod generate;
 pub mod http;
 pub mod kv;
+pub mod logging;
 pub mod metrics;
 pub mod router;
 pub mod server;

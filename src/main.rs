@@ -2,8 +2,6 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use specgate::config::Config;
-use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -12,131 +10,61 @@ use std::path::PathBuf;
     about = "LLM serving gateway built around speculative decoding"
 )]
 struct Cli {
+    /// Log line format on stderr: `text` (human-readable) or `json` (one
+    /// object per line). The level comes from RUST_LOG (default `info`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "SPECGATE_LOG_FORMAT",
+        default_value_t = specgate::logging::LogFormat::Text
+    )]
+    log_format: specgate::logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
+// Built once per process from argv: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Generate a continuation of one prompt and print it on stdout.
     Generate(specgate::generate::GenerateArgs),
     /// Serve the OpenAI-compatible API.
-    Serve(ServeArgs),
+    Serve(specgate::cli::ServeArgs),
     /// Front several `serve` replicas with the same API (load + prefix affinity).
-    Route(RouteArgs),
+    Route(specgate::cli::RouteArgs),
 }
 
-/// `specgate route`: flags override the config file's `[router]`.
-#[derive(clap::Args)]
-struct RouteArgs {
-    /// TOML config; only its `[router]` section is used.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    #[arg(long)]
-    host: Option<String>,
-    #[arg(long)]
-    port: Option<u16>,
-    /// A replica base URL such as http://10.0.0.7:8000 (repeatable; replaces
-    /// [router] replicas).
-    #[arg(long = "replica")]
-    replicas: Vec<String>,
-    /// Discover replicas from a DNS name, `name:port` (e.g. a headless Service).
-    #[arg(long)]
-    discovery_dns: Option<String>,
-}
-
-fn route(args: RouteArgs) -> anyhow::Result<()> {
-    let mut cfg = match &args.config {
-        Some(p) => Config::load(p)?.router,
-        None => Default::default(),
-    };
-    if let Some(h) = args.host {
-        cfg.host = h;
-    }
-    if let Some(p) = args.port {
-        cfg.port = p;
-    }
-    if !args.replicas.is_empty() {
-        cfg.replicas = args.replicas;
-    }
-    if let Some(d) = args.discovery_dns {
-        cfg.discovery_dns = Some(d);
-    }
-    cfg.validate_for_routing()?;
+/// `specgate route`: the router's settings from the file and the flags,
+/// then the router until SIGTERM/Ctrl-C.
+fn route(args: specgate::cli::RouteArgs) -> anyhow::Result<()> {
+    let cfg = args.resolve()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async {
         let running = specgate::router::start(cfg).await?;
-        eprintln!(
-            "specgate router listening on http://{} ({} of {} replicas healthy)",
-            running.addr,
-            running.pool.healthy(),
-            running.pool.urls().len()
+        tracing::info!(
+            addr = %running.addr,
+            healthy = running.pool.healthy(),
+            replicas = running.pool.urls().len(),
+            "specgate router listening on http://{}",
+            running.addr
         );
         specgate::server::termination().await;
-        eprintln!("shutting down: draining open streams");
+        tracing::info!("shutting down: draining open streams");
         let _ = running.shutdown.send(());
         let _ = running.done.await;
         Ok(())
     })
 }
 
-/// `specgate serve`: flags override the config file.
-#[derive(clap::Args)]
-struct ServeArgs {
-    /// TOML config (default: built-in defaults, i.e. configs/default.toml's values).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    #[arg(long)]
-    host: Option<String>,
-    #[arg(long)]
-    port: Option<u16>,
-    /// Target model file (overrides [model] path).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Draft model file (overrides [draft] path).
-    #[arg(long)]
-    draft: Option<PathBuf>,
-    /// "draft", "ngram" or "off" (overrides [speculative] method).
-    #[arg(long)]
-    speculative_method: Option<String>,
-    /// An accepted API key (repeatable; overrides [server] api_keys).
-    #[arg(long = "api-key")]
-    api_keys: Vec<String>,
-}
-
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let file = match &args.config {
-        Some(p) => Some(specgate::server::ConfigFile {
-            path: p.clone(),
-            as_loaded: Config::load(p)?,
-        }),
-        None => None,
-    };
-    let mut cfg = file
-        .as_ref()
-        .map_or_else(Config::default, |f| f.as_loaded.clone());
-    if let Some(h) = args.host {
-        cfg.server.host = h;
-    }
-    if let Some(p) = args.port {
-        cfg.server.port = p;
-    }
-    if let Some(m) = args.model {
-        cfg.model.path = m;
-    }
-    if let Some(d) = args.draft {
-        cfg.draft.path = Some(d);
-    }
-    if let Some(m) = args.speculative_method {
-        cfg.speculative.method = m;
-    }
-    if !args.api_keys.is_empty() {
-        cfg.server.api_keys = args.api_keys;
-    }
-    cfg.validate()?;
+/// `specgate serve`: the config from the file and the flags, then the
+/// server until SIGTERM/Ctrl-C or the engine's death.
+fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
+    let (cfg, file) = args.resolve()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -144,16 +72,25 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async {
         let running = specgate::server::start(cfg, file).await?;
-        eprintln!("specgate listening on http://{}", running.addr);
+        let addr = running.addr;
+        tracing::info!(%addr, "specgate listening on http://{addr}");
         specgate::server::serve_until_exit(running, specgate::server::termination()).await
     })
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {
+    specgate::logging::init(cli.log_format)?;
+    let result = match cli.command {
         Command::Generate(args) => specgate::generate::run(&args),
         Command::Serve(args) => serve(args),
         Command::Route(args) => route(args),
+    };
+    // A fatal error goes through the log too, so a JSON log stays JSON to
+    // its last line (returning it would print plain text on stderr).
+    if let Err(e) = result {
+        tracing::error!(error = %format!("{e:#}"), "exiting on an error");
+        std::process::exit(1);
     }
+    Ok(())
 }

@@ -3,9 +3,10 @@
 //! and exit; SIGHUP (and a change of the config file) re-reads the
 //! `[speculative]` section and applies it to the next engine step.
 
-use crate::config::Config;
+use crate::config::{Config, SpeculativeMethod};
 use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
+use crate::http::cors::CorsPolicy;
 use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
@@ -69,6 +70,7 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
             write_stall: Duration::from_secs(s.stream_write_timeout_secs),
             max_connections: s.max_connections,
         },
+        cors: CorsPolicy::new(&s.cors_allow_origins),
     };
     // SIGHUP's default action ends the process: take it over before the
     // (long) model load, so a reload signal sent early is only deferred.
@@ -77,7 +79,15 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
         .await
         .with_context(|| format!("binding {}:{}", s.host, s.port))?;
     let addr = listener.local_addr()?;
-    eprintln!("specgate bound to http://{addr} (loading; /health answers 503 until ready)");
+    // The message keeps the address readable in a text log: scripts and
+    // tests find it there (`specgate bound to http://ADDR`).
+    tracing::info!(
+        %addr,
+        "specgate bound to http://{addr} (loading; /health answers 503 until ready)"
+    );
+    // After the address line: a script reading the log for the first
+    // `http://` must not find a URL from the config instead.
+    log_config(&cfg);
     let state = AppState::new(settings, metrics);
     let (tx, rx) = oneshot::channel::<()>();
     let serving = state.clone();
@@ -112,7 +122,7 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
                 let mut hangups = hangups;
                 loop {
                     next_hangup(&mut hangups).await;
-                    eprintln!("SIGHUP: no config file to reload (started without --config)");
+                    tracing::warn!("SIGHUP: no config file to reload (started without --config)");
                 }
             });
         }
@@ -125,22 +135,50 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
     })
 }
 
+/// Logs the configuration in force (after flags), API keys masked: a log
+/// is read by more people than may hold a key.
+fn log_config(cfg: &Config) {
+    let mut shown = cfg.clone();
+    for k in &mut shown.server.api_keys {
+        *k = "<redacted>".into();
+    }
+    tracing::info!(config = ?shown, "effective configuration");
+}
+
 /// Loads the target, the draft and the tokenizer, and starts the engine.
 fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
-    eprintln!("loading target {}", cfg.model.path.display());
+    tracing::info!(model = %cfg.model.path.display(), "loading the target model");
     let target = load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
         .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
     target.warm_up()?;
-    let tokenizer = Arc::new(tokenizer_for(&cfg.model.path)?);
+    let kernels = specgate_verify::kernels::backend();
+    tracing::info!(
+        model = %cfg.model.path.display(),
+        served_model_name = %model_name(cfg),
+        tensor_parallel_size = cfg.model.tensor_parallel_size,
+        kernels = ?kernels,
+        kernels_isa = specgate_verify::kernels::Isa::current().name(),
+        "target model loaded"
+    );
+    let mut tokenizer = tokenizer_for(&cfg.model.path)?;
+    if let Some(file) = &cfg.model.chat_template {
+        let source = std::fs::read_to_string(file)
+            .with_context(|| format!("reading model.chat_template {}", file.display()))?;
+        tokenizer = tokenizer
+            .with_chat_template(source)
+            .with_context(|| format!("model.chat_template {}", file.display()))?;
+    }
+    let tokenizer = Arc::new(tokenizer);
     let sp = &cfg.speculative;
-    let proposer = match sp.method.as_str() {
-        "draft" => {
+    // The one place the config's method becomes the engine's proposer.
+    let proposer = match sp.method {
+        SpeculativeMethod::Draft => {
             let path = cfg
                 .draft
                 .path
                 .as_ref()
                 .context("speculative.method = \"draft\" needs draft.path")?;
-            eprintln!("loading draft {}", path.display());
+            tracing::info!(draft = %path.display(), "loading the draft model");
             let mut d = load_model(path)
                 .with_context(|| format!("loading draft model {}", path.display()))?;
             if let Some(list) = &cfg.draft.head_tokens {
@@ -149,11 +187,11 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
             d.warm_up()?;
             ProposerKind::Draft(d)
         }
-        "ngram" => ProposerKind::Ngram {
+        SpeculativeMethod::Ngram => ProposerKind::Ngram {
             min_n: sp.ngram_min,
             max_n: sp.ngram_max,
         },
-        _ => ProposerKind::None,
+        SpeculativeMethod::Off => ProposerKind::None,
     };
     let kv = if cfg.kv.num_blocks > 0 {
         KvSize::Blocks(cfg.kv.num_blocks)
@@ -169,7 +207,29 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
         },
         policy: sp.policy()?,
     };
+    // Bytes one token takes in the pool: the target's cache plus the
+    // draft's, which share block ids (the engine sizes the pool the same way).
+    let kv_bytes_per_token = target.kv_bytes_per_token()
+        + match &proposer {
+            ProposerKind::Draft(d) => d.kv_bytes_per_token(),
+            _ => 0,
+        };
     let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
+    let blocks = engine.stats().num_blocks;
+    let kv_bytes = blocks * cfg.kv.block_size * kv_bytes_per_token;
+    tracing::info!(
+        kv_blocks = blocks,
+        kv_block_size = cfg.kv.block_size,
+        kv_bytes,
+        kv_mib = kv_bytes as f64 / (1u64 << 20) as f64,
+        "KV pool allocated"
+    );
+    let engine = match cfg.model.max_model_len {
+        Some(n) => engine
+            .with_max_model_len(n)
+            .context("model.max_model_len")?,
+        None => engine,
+    };
     Ok((engine, tokenizer))
 }
 
@@ -228,19 +288,24 @@ async fn watch_config(
         match file.reload(&path, &in_force) {
             Ok(r) => match engine.set_policy(r.policy.clone()) {
                 Ok(()) => {
-                    eprintln!(
-                        "reloaded [speculative] from {}: {}",
-                        path.display(),
-                        r.summary()
+                    tracing::info!(
+                        file = %path.display(),
+                        changes = %r.summary(),
+                        "reloaded [speculative]"
                     );
                     in_force = r.speculative;
                     file = r.file;
                 }
-                Err(e) => eprintln!("refused [speculative] from {}: {e}", path.display()),
+                Err(e) => tracing::warn!(
+                    file = %path.display(),
+                    error = %e,
+                    "refused the [speculative] edit"
+                ),
             },
-            Err(e) => eprintln!(
-                "refused config edit in {}: {e}; keeping the settings in force",
-                path.display()
+            Err(e) => tracing::warn!(
+                file = %path.display(),
+                error = %e,
+                "refused the config edit; keeping the settings in force"
             ),
         }
     }
@@ -260,9 +325,9 @@ pub async fn serve_until_exit(
         _ = running.engine.died() => true,
     };
     if died {
-        eprintln!("the engine died: shutting down so the process can be restarted");
+        tracing::error!("the engine died: shutting down so the process can be restarted");
     } else {
-        eprintln!("shutting down: draining in-flight requests");
+        tracing::info!("shutting down: draining in-flight requests");
     }
     let _ = running.shutdown.send(());
     let _ = running.done.await;

@@ -2,7 +2,8 @@
 //!
 //! Owns everything between request text and token ids: [`TextTokenizer`] builds a
 //! byte-level BPE tokenizer (on the `tokenizers` crate) from GGUF metadata
-//! (`tokenizer.ggml.*`) or from a Hugging Face `tokenizer.json`, encodes and decodes,
+//! (`tokenizer.ggml.*`), from a Hugging Face `tokenizer.json`, or from a whole Hugging
+//! Face model directory ([`hf_dir`]: template, BOS/EOS, stop ids), encodes and decodes,
 //! knows the model's BOS and end-of-generation ids, and renders the model's chat
 //! template ([`chat`], minijinja) and encodes chat prompts so that client text cannot
 //! forge control tokens ([`chat_encode`]). [`IncrementalDecoder`] turns a stream of
@@ -15,7 +16,9 @@
 
 mod chat;
 mod chat_encode;
+pub mod hf_dir;
 mod incremental;
+mod template_override;
 pub mod testing;
 
 pub use chat::ChatMessage;
@@ -83,6 +86,15 @@ pub enum TokenizerError {
         path: PathBuf,
         /// What the `tokenizers` library reported.
         message: String,
+    },
+    /// A file of a Hugging Face model directory (`tokenizer_config.json`,
+    /// `generation_config.json`) is malformed or contradicts the vocabulary.
+    #[error("{path}: {reason}")]
+    HfFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A token string given by the caller is not in the vocabulary.
     #[error("token {0:?} is not in the vocabulary")]
@@ -332,8 +344,10 @@ impl TextTokenizer {
                 _ => {}
             }
         }
-        inner.add_special_tokens(&control);
-        inner.add_tokens(&user);
+        inner
+            .add_special_tokens(control)
+            .and_then(|_| inner.add_tokens(user))
+            .map_err(|e| TokenizerError::Build(format!("adding special tokens: {e}")))?;
 
         let id_key = |key: &'static str| -> Result<Option<u32>, TokenizerError> {
             match md_u32(md, key)? {
@@ -428,19 +442,8 @@ impl TextTokenizer {
                     .ok_or_else(|| TokenizerError::UnknownToken(t.to_owned()))
             })
             .transpose()?;
-        let mut extra: Vec<u32> = inner
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, t)| t.special && END_OF_GENERATION_TEXTS.contains(&t.content.as_str()))
-            .map(|(id, _)| id)
-            .collect();
-        extra.sort_unstable();
         let mut eos_ids: Vec<u32> = eos.into_iter().collect();
-        for id in extra {
-            if !eos_ids.contains(&id) {
-                eos_ids.push(id);
-            }
-        }
+        hf_dir::extend_turn_ends(&inner, &mut eos_ids);
         Ok(Self {
             inner,
             vocab_size,

@@ -4,37 +4,25 @@
 //! receiver frees its blocks within a step, and the pool always returns to
 //! its idle block count.
 
+mod common;
+
 use candle_core::quantized::GgmlDType;
+use common::{real_model, tiny_model, tiny_model_tp};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
     spawn, EngineConfig, EngineHandle, EngineStats, Event, Fault, FinishReason, GenRequest, KvSize,
     ProposerKind,
 };
 use specgate_draft::DraftPolicy;
-use specgate_verify::model::{load_gguf, load_gguf_tp};
+use specgate_verify::model::load_gguf;
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{Model, SamplingParams};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-fn tiny(spec: TinySpec, name: &str) -> Model {
-    tiny_tp(spec, name, 1)
-}
-
-fn tiny_tp(spec: TinySpec, name: &str, world: usize) -> Model {
-    // Tests run in parallel: every call writes its own file.
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("specgate-engine-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(format!("{n}-{name}"));
-    spec.write_gguf(&p, &[]).unwrap();
-    load_gguf_tp(&p, world).unwrap()
-}
-
 fn target() -> Model {
-    tiny(
-        TinySpec {
+    tiny_model(
+        &TinySpec {
             dtype: GgmlDType::Q6K,
             ..TinySpec::qwen2(31)
         },
@@ -63,8 +51,8 @@ fn engine_with(
     let proposer = match spec {
         Spec::Off => ProposerKind::None,
         Spec::Ngram => ProposerKind::Ngram { min_n: 1, max_n: 3 },
-        Spec::Draft => ProposerKind::Draft(tiny(
-            TinySpec {
+        Spec::Draft => ProposerKind::Draft(tiny_model(
+            &TinySpec {
                 dtype: GgmlDType::Q4K,
                 ..TinySpec::qwen2(31)
             },
@@ -154,11 +142,17 @@ fn tp2_target_batched_with_draft_matches_unsharded_alone() {
         ..TinySpec::qwen2(31)
     };
     let n = 8;
-    let h = engine_with(tiny_tp(spec(), "tp1.gguf", 1), Spec::Off, 64, 1, 64);
+    let h = engine_with(tiny_model_tp(&spec(), "tp1.gguf", 1), Spec::Off, 64, 1, 64);
     let reference: Vec<Vec<u32>> = (0..n)
         .map(|i| collect(h.submit(request(i)).unwrap()).0)
         .collect();
-    let h = engine_with(tiny_tp(spec(), "tp2.gguf", 2), Spec::Draft, 64, 4, 64);
+    let h = engine_with(
+        tiny_model_tp(&spec(), "tp2.gguf", 2),
+        Spec::Draft,
+        64,
+        4,
+        64,
+    );
     assert_eq!(together(&h, n), reference);
     wait_idle(&h);
 }
@@ -357,8 +351,8 @@ fn a_faulty_sequence_fails_alone_and_the_batch_goes_on() {
 /// short ones beside it keep drafting.
 #[test]
 fn a_draft_with_a_shorter_context_does_not_fail_the_batch() {
-    let short_draft = tiny(
-        TinySpec {
+    let short_draft = tiny_model(
+        &TinySpec {
             dtype: GgmlDType::Q4K,
             max_position: 48,
             ..TinySpec::qwen2(31)
@@ -432,20 +426,12 @@ fn an_engine_panic_is_reported_not_silent() {
 /// requests emit what each emits alone without speculation.
 #[test]
 fn real_target_concurrent_requests_match_alone() {
-    let dir = std::env::var("SPECGATE_MODELS_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models"));
-    let (tp, dp) = (
-        dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
-        dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
-    );
-    if !tp.exists() || !dp.exists() {
-        eprintln!(
-            "skipping: the Qwen2.5-Coder pair is not in {}",
-            dir.display()
-        );
+    let (Some(tp), Some(dp)) = (
+        real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+        real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ) else {
         return;
-    }
+    };
     let tok = std::sync::Arc::new(specgate::tokenizer::TextTokenizer::from_gguf_file(&tp).unwrap());
     let texts = [
         "Write a haiku about Rust.",
@@ -514,8 +500,8 @@ fn real_target_concurrent_requests_match_alone() {
 fn memory_budget_sets_the_block_count_for_draft_and_target() {
     let t = target();
     let per_token = t.config().kv_bytes_per_token();
-    let d = tiny(
-        TinySpec {
+    let d = tiny_model(
+        &TinySpec {
             dtype: GgmlDType::Q4K,
             ..TinySpec::qwen2(31)
         },

@@ -7,10 +7,10 @@
 
 mod common;
 
-use common::{chat, error_of, post, request, Server, MODEL};
+use common::{chat, closed_by_server, connect, error_of, post, request, Server, MODEL};
 use serde_json::json;
 use specgate::engine::Fault;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -25,22 +25,6 @@ fn quick_server(edit: impl FnOnce(&mut specgate::config::Config)) -> Server {
         }),
         None,
     )
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    s
-}
-
-/// Whether the server closed `s` (EOF or reset) within the read timeout;
-/// a read timeout means it still holds the connection.
-fn closed_by_server(s: &mut TcpStream) -> bool {
-    let mut buf = Vec::new();
-    match s.read_to_end(&mut buf) {
-        Ok(_) => true,
-        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
-    }
 }
 
 #[test]

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{config, Server, MODEL};
+use common::{config, merge, Server, MODEL};
 use serde_json::{json, Value};
 use specgate::config::Config;
 use std::fmt;
@@ -206,18 +206,6 @@ fn completion(extra: Value) -> Value {
         json!({"model": MODEL, "prompt": "hello world", "max_tokens": 4}),
         extra,
     )
-}
-
-fn merge(mut base: Value, extra: Value) -> Value {
-    let m = base.as_object_mut().unwrap();
-    for (k, v) in extra.as_object().unwrap() {
-        if v.is_null() {
-            m.remove(k);
-        } else {
-            m.insert(k.clone(), v.clone());
-        }
-    }
-    base
 }
 
 // ---- expectations ----

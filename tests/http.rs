@@ -350,11 +350,3 @@ fn an_error_after_streaming_began_is_an_sse_error_event_then_done() {
         .expect("no [DONE] after the error");
     assert!(err < done, "{rest}");
 }
-
-/// The body bytes of a chunked stream read mid-way (chunk sizes dropped).
-fn dechunk_lenient(s: &str) -> String {
-    s.split("\r\n")
-        .filter(|l| usize::from_str_radix(l.trim(), 16).is_err() || l.trim().is_empty())
-        .collect::<Vec<_>>()
-        .join("")
-}

@@ -5,11 +5,14 @@
 //! greedy decoding emits, and under continuous batching concurrent requests
 //! emit what each emits alone.
 
+mod common;
+
+use common::tiny_model;
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{spawn, EngineConfig, Event, GenRequest, KvSize, ProposerKind};
 use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
-use specgate_verify::model::{load_gguf, load_safetensors_tp};
+use specgate_verify::model::load_safetensors_tp;
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
 use std::path::Path;
@@ -32,11 +35,7 @@ fn kimi_tp(world: usize) -> Model {
 
 /// A tiny llama with the Kimi fixture's vocabulary (384), as GGUF.
 fn llama_draft(name: &str) -> Model {
-    let dir = std::env::temp_dir().join(format!("specgate-kimi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    TinySpec::llama(21).write_gguf(&p, &[]).unwrap();
-    load_gguf(&p).unwrap()
+    tiny_model(&TinySpec::llama(21), name)
 }
 
 /// Greedy-decodes `max_new` tokens after `prompt` with fixed k (0 = plain).

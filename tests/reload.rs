@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn live_reload_changes_the_draft_length_and_refuses_bad_edits() {
-    let dir = std::env::temp_dir().join(format!("specgate-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("c.toml");
+    let path = scratch_dir("reload").join("c.toml");
     let (t, _) = model_files();
     let write = |k: &str| {
         std::fs::write(

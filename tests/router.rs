@@ -47,10 +47,10 @@ impl Engine {
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
         // Reads the log to the end so the pipe never fills; reports the
-        // bound address from "specgate bound to http://ADDR ...".
+        // bound address from "... specgate bound to http://ADDR ..." (a log line).
         thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("specgate bound to http://") {
+                if let Some(rest) = line.split_once("specgate bound to http://").map(|(_, r)| r) {
                     let addr = rest.split_whitespace().next().unwrap_or("").to_string();
                     let _ = tx.send(addr);
                 }
@@ -90,9 +90,7 @@ impl Drop for Engine {
 }
 
 fn engine_config() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("specgate-router-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("engine.toml");
+    let path = scratch_dir("router").join("engine.toml");
     let (t, _) = model_files();
     std::fs::write(
         &path,
@@ -699,27 +697,6 @@ fn fetch(addr: SocketAddr, stream: bool) -> Raw {
         head: head.to_string(),
         body,
         whole,
-    }
-}
-
-/// De-chunks as much of `s` as is whole; `true` when the terminator came.
-fn dechunk_partial(mut s: &str) -> (String, bool) {
-    let mut out = String::new();
-    loop {
-        let Some((len, rest)) = s.split_once("\r\n") else {
-            return (out, false);
-        };
-        let Ok(n) = usize::from_str_radix(len.trim(), 16) else {
-            return (out, false);
-        };
-        if n == 0 {
-            return (out, true);
-        }
-        if rest.len() < n + 2 {
-            return (out, false);
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
     }
 }
 

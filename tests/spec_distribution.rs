@@ -10,10 +10,12 @@
 //! fails it with probability 1e-6. A broken acceptance rule (always accept,
 //! or resample from p instead of max(0, p - q)) must fail it, and does.
 
+mod common;
+
 use candle_core::quantized::GgmlDType;
+use common::tiny_model;
 use specgate_draft::{ModelDraft, ProposeRequest, Proposer};
 use specgate_verify::accept::{accept_sampled, Verdict};
-use specgate_verify::model::load_gguf;
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
 use std::sync::Arc;
@@ -42,11 +44,7 @@ fn tiny(seed: u64, name: &str) -> Model {
         logit_scale: 0.7,
         ..TinySpec::llama(seed)
     };
-    let dir = std::env::temp_dir().join(format!("specgate-dist-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    spec.write_gguf(&p, &[]).unwrap();
-    load_gguf(&p).unwrap()
+    tiny_model(&spec, name)
 }
 
 type Rule = fn(&[Vec<f32>], &[u32], Option<&[Vec<f32>]>, &mut Sampler) -> Verdict;

@@ -2,14 +2,17 @@
 //! for both proposers and k = 1..8, on tiny generated models always and on
 //! the real Qwen2.5-Coder 0.5B -> 1.5B pair when `models/` holds it.
 
+mod common;
+
 use candle_core::quantized::GgmlDType;
+use common::{real_model, tiny_gguf, tiny_model};
 use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use specgate::tokenizer::{ChatMessage, TextTokenizer};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
 use specgate_verify::model::{load_gguf, load_gguf_tp};
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 const BS: usize = 16;
@@ -88,14 +91,6 @@ fn decode_with<P: Proposer + ?Sized>(
     seq.tokens[prompt.len()..].to_vec()
 }
 
-fn tiny(spec: TinySpec, name: &str) -> Model {
-    let dir = std::env::temp_dir().join(format!("specgate-spec-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    spec.write_gguf(&p, &[]).unwrap();
-    load_gguf(&p).unwrap()
-}
-
 /// A tensor-parallel target (2 ranks) speculates exactly as the unsharded
 /// target decodes: with an n-gram proposer and with an unsharded draft.
 #[test]
@@ -105,14 +100,11 @@ fn tp2_target_speculation_equals_unsharded_plain_decoding() {
         dtype: GgmlDType::Q8_0,
         ..TinySpec::qwen2(21)
     };
-    let dir = std::env::temp_dir().join(format!("specgate-spec-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join("tp-target.gguf");
-    spec.write_gguf(&p, &[]).unwrap();
+    let p = tiny_gguf(&spec, "tp-target.gguf", &[]);
     let unsharded = load_gguf(&p).unwrap();
     let sharded = load_gguf_tp(&p, 2).unwrap();
     assert_eq!(sharded.world_size(), 2);
-    let draft = Arc::new(tiny(TinySpec::qwen2(21), "tp-draft.gguf"));
+    let draft = Arc::new(tiny_model(&TinySpec::qwen2(21), "tp-draft.gguf"));
     let prompt: Vec<u32> = vec![5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 40, 41];
     let max_new = 32;
     let plain = decode::<NgramProposer>(
@@ -157,8 +149,8 @@ fn tp2_target_speculation_equals_unsharded_plain_decoding() {
 fn tiny_greedy_speculation_equals_plain_decoding() {
     // Q6_K target: the format whose single-row kernel differs from its
     // multi-row one, so batch invariance is exercised.
-    let target = tiny(
-        TinySpec {
+    let target = tiny_model(
+        &TinySpec {
             dtype: GgmlDType::Q6K,
             ..TinySpec::qwen2(11)
         },
@@ -166,18 +158,18 @@ fn tiny_greedy_speculation_equals_plain_decoding() {
     );
     // A close draft (same weights, coarser format) accepts often; an
     // unrelated one rarely. Both must leave the output unchanged.
-    let close = Arc::new(tiny(
-        TinySpec {
+    let close = Arc::new(tiny_model(
+        &TinySpec {
             dtype: GgmlDType::Q4K,
             ..TinySpec::qwen2(11)
         },
         "d1.gguf",
     ));
-    let far = Arc::new(tiny(TinySpec::qwen2(12), "d2.gguf"));
+    let far = Arc::new(tiny_model(&TinySpec::qwen2(12), "d2.gguf"));
     // The close draft with its head restricted to two thirds of the
     // vocabulary: tokens outside are never proposed, output unchanged.
-    let mut cut = tiny(
-        TinySpec {
+    let mut cut = tiny_model(
+        &TinySpec {
             dtype: GgmlDType::Q4K,
             ..TinySpec::qwen2(11)
         },
@@ -220,15 +212,15 @@ fn tiny_greedy_speculation_equals_plain_decoding() {
 
 #[test]
 fn seeded_sampling_with_speculation_is_reproducible() {
-    let target = tiny(
-        TinySpec {
+    let target = tiny_model(
+        &TinySpec {
             logit_scale: 1.0,
             ..TinySpec::llama(13)
         },
         "rt.gguf",
     );
-    let draft = Arc::new(tiny(
-        TinySpec {
+    let draft = Arc::new(tiny_model(
+        &TinySpec {
             logit_scale: 1.0,
             ..TinySpec::llama(14)
         },
@@ -283,12 +275,6 @@ fn seeded_sampling_with_speculation_is_reproducible() {
 
 // ---- the real pair ----
 
-fn models_dir() -> PathBuf {
-    std::env::var("SPECGATE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
-}
-
 const PROMPTS: [&str; 8] = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "Implement binary search in Rust.",
@@ -302,18 +288,12 @@ const PROMPTS: [&str; 8] = [
 
 #[test]
 fn real_pair_greedy_speculation_equals_plain_decoding() {
-    let dir = models_dir();
-    let (tp, dp) = (
-        dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
-        dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
-    );
-    if !tp.exists() || !dp.exists() {
-        eprintln!(
-            "skipping: the Qwen2.5-Coder pair is not in {}",
-            dir.display()
-        );
+    let (Some(tp), Some(dp)) = (
+        real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+        real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ) else {
         return;
-    }
+    };
     let target = load_gguf(&tp).unwrap();
     let draft = Arc::new(load_gguf(&dp).unwrap());
     // The draft with the shipped reduced head (configs/), on one prompt.

@@ -2,10 +2,13 @@
 //! `tests/fixtures/tokenizer-vectors.json` (ids from llama.cpp reading the same files),
 //! chat templates, end-of-generation ids and streaming detokenization.
 //!
-//! Models are looked up in `$SPECGATE_MODELS_DIR` (default `<crate>/models`, filled by
-//! `scripts/fetch-models.sh`); a test whose file is absent prints a line and passes.
+//! Models are looked up by `common::real_model` (`$SPECGATE_MODELS_DIR`, default
+//! `models/` in the workspace root, filled by `scripts/fetch-models.sh`); a test whose
+//! file is absent prints a line and passes.
 
-use std::path::PathBuf;
+mod common;
+
+use common::{models_dir, real_model};
 use std::sync::OnceLock;
 
 use serde::Deserialize;
@@ -36,12 +39,6 @@ fn vectors() -> &'static Vectors {
     })
 }
 
-fn models_dir() -> PathBuf {
-    std::env::var_os("SPECGATE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
-}
-
 /// Loads (once per test binary) the tokenizer of `file`, or `None` when it is absent.
 fn load(file: &'static str) -> Option<&'static TextTokenizer> {
     static QWEN_LARGE: OnceLock<Option<TextTokenizer>> = OnceLock::new();
@@ -54,8 +51,7 @@ fn load(file: &'static str) -> Option<&'static TextTokenizer> {
         other => panic!("no cache slot for {other}"),
     };
     cell.get_or_init(|| {
-        let path = models_dir().join(file);
-        path.exists().then(|| {
+        real_model(file).map(|path| {
             TextTokenizer::from_gguf_file(&path)
                 .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
         })

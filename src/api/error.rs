@@ -2,10 +2,10 @@
 //! produced. Every layer that refuses a request (validation, auth, routing,
 //! admission, the engine) turns its reason into an `ApiError`; the HTTP layer
 //! only copies [`ApiError::status`] and [`ApiError::to_json`] onto the wire.
+//! Engine errors are mapped in the http layer (`http::convert`), so this
+//! module knows no engine type.
 
 use serde::Serialize;
-
-use crate::engine::EngineError;
 
 /// The class of an error: decides the HTTP status and the OpenAI `type` string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -229,16 +229,5 @@ impl ApiError {
             },
         };
         serde_json::to_string(&body).expect("serializing strings cannot fail")
-    }
-}
-
-impl From<EngineError> for ApiError {
-    /// `Invalid` (a request the model cannot run: too long, empty prompt)
-    /// is a 400; `Stopped` is a 503.
-    fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::Invalid(m) => Self::bad_request(m),
-            EngineError::Stopped => Self::unavailable("The engine has stopped."),
-        }
     }
 }

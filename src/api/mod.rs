@@ -10,7 +10,12 @@
 //!   (`{"error":{"message","type","param","code"}}`) are produced.
 //! - Response types ([`ChatCompletion`], [`ChatCompletionChunk`],
 //!   [`Completion`], [`CompletionChunk`], [`ModelList`]) that serialize
-//!   byte-compatibly with OpenAI's.
+//!   byte-compatibly with OpenAI's, and [`VersionInfo`].
+//! - [`parse_tokenize`] / [`parse_detokenize`] and their responses: vLLM's
+//!   `POST /tokenize` and `POST /detokenize`.
+//!
+//! The wire types here are the API's own: no engine type appears in them
+//! (the `http` module maps between the two).
 
 mod error;
 mod request;
@@ -19,6 +24,7 @@ mod request_tests;
 mod response;
 #[cfg(test)]
 mod response_tests;
+mod tokenize;
 
 pub use error::{ApiError, ErrorKind};
 pub use request::{
@@ -27,7 +33,11 @@ pub use request::{
     MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
 };
 pub use response::{
-    response_id, unix_now, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
-    ChunkChoice, Completion, CompletionChoice, CompletionChunk, Delta, FinishReason, ModelCard,
-    ModelList, Usage,
+    response_id, unix_now, AssistantMessage, BuildInfo, ChatChoice, ChatCompletion,
+    ChatCompletionChunk, ChunkChoice, Completion, CompletionChoice, CompletionChunk, Delta,
+    FinishReason, ModelCard, ModelList, ModelSpeculative, Usage, VersionInfo,
+};
+pub use tokenize::{
+    parse_detokenize, parse_tokenize, DetokenizeRequest, DetokenizeResponse, TokenizeInput,
+    TokenizeRequest, TokenizeResponse,
 };

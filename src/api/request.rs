@@ -6,16 +6,49 @@
 //! with an [`ApiError`] whose `param` names the field. JSON `null` is the same
 //! as an absent field. Unknown top-level fields are ignored (as vLLM does).
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 use specgate_verify::SamplingParams;
 
 use super::error::ApiError;
 use crate::tokenizer::ChatMessage;
 
-/// The proposer `speculative.method` names (`"off"`, `"ngram"`, `"draft"`)
-/// and the largest `speculative.num_tokens`: the engine's own, so a
-/// [`SpecOverride`] maps onto `GenRequest` without conversion.
-pub use crate::engine::{SpecMethod, MAX_SPECULATIVE_TOKENS};
+/// A proposer as the wire names it: `"off"`, `"ngram"` or `"draft"` (the
+/// request's `speculative.method`, a model card's `speculative.method`).
+/// A wire type of its own: the http layer maps it onto the engine's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecMethod {
+    /// No drafting: plain decoding.
+    Off,
+    /// Prompt lookup (n-gram) drafting.
+    Ngram,
+    /// A small draft model.
+    Draft,
+}
+
+impl SpecMethod {
+    /// Every method, in the order error messages and schemas list them.
+    pub const ALL: [SpecMethod; 3] = [SpecMethod::Draft, SpecMethod::Ngram, SpecMethod::Off];
+
+    /// The wire name (`"draft"`, `"ngram"`, `"off"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpecMethod::Off => "off",
+            SpecMethod::Ngram => "ngram",
+            SpecMethod::Draft => "draft",
+        }
+    }
+
+    /// The method a wire name stands for; `None` for any other text.
+    pub fn from_wire(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
+/// Largest `speculative.num_tokens` a request may ask for. The engine has
+/// the same cap; the http layer checks at compile time that they agree.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 /// Most stop sequences a request may give (OpenAI's limit).
 pub const MAX_STOP_SEQUENCES: usize = 4;
@@ -186,7 +219,7 @@ pub fn parse_completion(body: &[u8]) -> Result<ValidRequest, ApiError> {
     )
 }
 
-fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub(super) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!(
             "We could not parse the JSON body of your request: {e}."
@@ -265,7 +298,7 @@ fn parse_model(map: &Map<String, Value>) -> Result<String, ApiError> {
     }
 }
 
-fn parse_messages(map: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(super) fn parse_messages(map: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let v = get(map, "messages").ok_or_else(|| missing("messages"))?;
     let items = v
         .as_array()
@@ -524,17 +557,15 @@ fn parse_speculative(map: &Map<String, Value>) -> Result<Option<SpecOverride>, A
     }
     let method = match get(obj, "method") {
         None => None,
-        Some(v) => Some(match as_str(v, "speculative.method")? {
-            "off" => SpecMethod::Off,
-            "ngram" => SpecMethod::Ngram,
-            "draft" => SpecMethod::Draft,
-            other => {
-                return Err(ApiError::invalid(
+        Some(v) => {
+            let name = as_str(v, "speculative.method")?;
+            Some(SpecMethod::from_wire(name).ok_or_else(|| {
+                ApiError::invalid(
                     "speculative.method",
-                    format!("Invalid value '{other}' for 'speculative.method': expected 'draft', 'ngram' or 'off'."),
-                ))
-            }
-        }),
+                    format!("Invalid value '{name}' for 'speculative.method': expected 'draft', 'ngram' or 'off'."),
+                )
+            })?)
+        }
     };
     let num_tokens = match get(obj, "num_tokens") {
         None => None,
@@ -566,11 +597,11 @@ fn parse_speculative(map: &Map<String, Value>) -> Result<Option<SpecOverride>, A
 // ---- field helpers: every error names `param` ----
 
 /// The field's value; `null` counts as absent.
-fn get<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(super) fn get<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     map.get(key).filter(|v| !v.is_null())
 }
 
-fn kind_of(v: &Value) -> &'static str {
+pub(super) fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -582,7 +613,7 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-fn type_err(param: &str, expected: &str, got: &Value) -> ApiError {
+pub(super) fn type_err(param: &str, expected: &str, got: &Value) -> ApiError {
     ApiError::invalid(
         param,
         format!(
@@ -592,7 +623,7 @@ fn type_err(param: &str, expected: &str, got: &Value) -> ApiError {
     )
 }
 
-fn missing(param: &str) -> ApiError {
+pub(super) fn missing(param: &str) -> ApiError {
     ApiError::invalid(param, format!("Missing required parameter: '{param}'."))
 }
 
@@ -603,11 +634,11 @@ fn below_min(param: &str, min: i128, got: i128) -> ApiError {
     )
 }
 
-fn as_bool(v: &Value, param: &str) -> Result<bool, ApiError> {
+pub(super) fn as_bool(v: &Value, param: &str) -> Result<bool, ApiError> {
     v.as_bool().ok_or_else(|| type_err(param, "a boolean", v))
 }
 
-fn as_str<'a>(v: &'a Value, param: &str) -> Result<&'a str, ApiError> {
+pub(super) fn as_str<'a>(v: &'a Value, param: &str) -> Result<&'a str, ApiError> {
     v.as_str().ok_or_else(|| type_err(param, "a string", v))
 }
 
@@ -618,7 +649,7 @@ fn as_number(v: &Value, param: &str) -> Result<f64, ApiError> {
 }
 
 /// An integer (a decimal such as `1.5` or `2.0` is refused).
-fn as_int(v: &Value, param: &str) -> Result<i128, ApiError> {
+pub(super) fn as_int(v: &Value, param: &str) -> Result<i128, ApiError> {
     v.as_i64()
         .map(i128::from)
         .or_else(|| v.as_u64().map(i128::from))

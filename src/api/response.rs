@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::engine;
+use super::request::SpecMethod;
 
 /// Why a choice ended, as OpenAI spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -18,15 +18,6 @@ pub enum FinishReason {
     Stop,
     /// The `max_tokens` limit.
     Length,
-}
-
-impl From<engine::FinishReason> for FinishReason {
-    fn from(r: engine::FinishReason) -> Self {
-        match r {
-            engine::FinishReason::Stop => FinishReason::Stop,
-            engine::FinishReason::Length => FinishReason::Length,
-        }
-    }
 }
 
 /// Token counts. Invariant: `total_tokens == prompt_tokens + completion_tokens`
@@ -45,12 +36,6 @@ impl Usage {
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
         }
-    }
-}
-
-impl From<engine::Usage> for Usage {
-    fn from(u: engine::Usage) -> Self {
-        Self::new(u.prompt_tokens, u.completion_tokens)
     }
 }
 
@@ -341,7 +326,10 @@ impl CompletionChunk {
     }
 }
 
-/// One entry of `GET /v1/models`.
+/// One entry of `GET /v1/models`: OpenAI's four fields, then (as vLLM
+/// does) what a client needs to size its requests: the context length and
+/// the server's speculative method. Those two are omitted while the model
+/// is still loading.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ModelCard {
     pub id: String,
@@ -349,16 +337,40 @@ pub struct ModelCard {
     pub object: &'static str,
     pub created: u64,
     pub owned_by: String,
+    /// The most tokens a request may use, prompt and output together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<usize>,
+    /// How the server drafts when a request does not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<ModelSpeculative>,
+}
+
+/// The `speculative` object of a [`ModelCard`] (the same shape as the
+/// request extension of that name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ModelSpeculative {
+    pub method: SpecMethod,
 }
 
 impl ModelCard {
+    /// A card with OpenAI's fields only.
     pub fn new(id: &str, created: u64, owned_by: &str) -> Self {
         Self {
             id: id.to_owned(),
             object: "model",
             created,
             owned_by: owned_by.to_owned(),
+            max_model_len: None,
+            speculative: None,
         }
+    }
+
+    /// Adds what the loaded model serves: its context length and the
+    /// server's speculative method.
+    pub fn serving(mut self, max_model_len: usize, method: SpecMethod) -> Self {
+        self.max_model_len = Some(max_model_len);
+        self.speculative = Some(ModelSpeculative { method });
+        self
     }
 }
 
@@ -375,6 +387,43 @@ impl ModelList {
         Self {
             object: "list",
             data,
+        }
+    }
+}
+
+/// The body of `GET /version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VersionInfo {
+    /// The crate version (`CARGO_PKG_VERSION`).
+    pub version: &'static str,
+    pub build: BuildInfo,
+}
+
+/// How the running binary was built; known at compile time, no git needed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BuildInfo {
+    /// `"release"` or `"debug"` (whether debug assertions are on).
+    pub profile: &'static str,
+    /// The CPU architecture (`std::env::consts::ARCH`, e.g. `"x86_64"`).
+    pub arch: &'static str,
+    /// The operating system (`std::env::consts::OS`, e.g. `"linux"`).
+    pub os: &'static str,
+}
+
+impl VersionInfo {
+    /// This binary's version and build.
+    pub fn current() -> Self {
+        Self {
+            version: env!("CARGO_PKG_VERSION"),
+            build: BuildInfo {
+                profile: if cfg!(debug_assertions) {
+                    "debug"
+                } else {
+                    "release"
+                },
+                arch: std::env::consts::ARCH,
+                os: std::env::consts::OS,
+            },
         }
     }
 }

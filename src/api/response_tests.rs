@@ -76,10 +76,6 @@ fn error_kinds_statuses_and_types() {
         ApiError::authentication("x").code.as_deref(),
         Some("invalid_api_key")
     );
-    let e: ApiError = crate::engine::EngineError::Invalid("too long".into()).into();
-    assert_eq!((e.status(), e.message.as_str()), (400, "too long"));
-    let e: ApiError = crate::engine::EngineError::Stopped.into();
-    assert_eq!(e.status(), 503);
     assert_eq!(ApiError::invalid("p", "msg").to_string(), "msg");
 }
 
@@ -205,6 +201,30 @@ fn model_list_json() {
         to_value(&ModelList::new(vec![])),
         json!({"object": "list", "data": []})
     );
+    // A loaded model adds its context length and method after OpenAI's keys.
+    let card = ModelCard::new("tiny", 7, "specgate").serving(2048, SpecMethod::Ngram);
+    let text = serde_json::to_string(&card).unwrap();
+    assert_eq!(
+        text,
+        r#"{"id":"tiny","object":"model","created":7,"owned_by":"specgate","max_model_len":2048,"speculative":{"method":"ngram"}}"#
+    );
+}
+
+#[test]
+fn version_json() {
+    let v = to_value(&VersionInfo::current());
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["build"]["arch"], std::env::consts::ARCH);
+    assert!(["release", "debug"].contains(&v["build"]["profile"].as_str().unwrap()));
+}
+
+#[test]
+fn spec_method_wire_names_round_trip() {
+    for m in SpecMethod::ALL {
+        assert_eq!(SpecMethod::from_wire(m.as_str()), Some(m));
+        assert_eq!(to_value(&m), json!(m.as_str()));
+    }
+    assert_eq!(SpecMethod::from_wire("Draft"), None);
 }
 
 #[test]
@@ -217,14 +237,6 @@ fn helpers() {
     );
     assert_ne!(a, b);
     assert!(unix_now() > 1_600_000_000);
-    let u: Usage = crate::engine::Usage {
-        prompt_tokens: 2,
-        completion_tokens: 3,
-    }
-    .into();
-    assert_eq!(u, Usage::new(2, 3));
-    assert_eq!(
-        FinishReason::from(crate::engine::FinishReason::Length),
-        FinishReason::Length
-    );
+    let u = Usage::new(2, 3);
+    assert_eq!(u.total_tokens, 5);
 }

@@ -29,7 +29,24 @@ fn unknown_keys_and_bad_values_are_named() {
     let e = parse("[speculative]\nmethod = \"magic\"")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("speculative.method"), "{e}");
+    assert!(
+        e.contains("speculative.method") && e.contains("'magic' is not one of draft, ngram, off"),
+        "{e}"
+    );
+    let e = parse("[speculative]\npolicy = \"Fixed\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("speculative.policy") && e.contains("not one of fixed, table, adaptive"),
+        "{e}"
+    );
+    // The same names as before the types: the TOML syntax did not change.
+    let c = parse("[speculative]\nmethod = \"ngram\"\npolicy = \"adaptive\"").unwrap();
+    assert_eq!(
+        (c.speculative.method, c.speculative.policy),
+        (SpeculativeMethod::Ngram, DraftPolicyKind::Adaptive)
+    );
+    assert_eq!(c.speculative.method.to_string(), "ngram");
     let e =
         parse("[speculative]\nmethod = \"ngram\"\npolicy = \"table\"\ntable = [[4, 1], [2, 3]]")
             .unwrap_err()
@@ -176,6 +193,16 @@ fn every_number_is_bounded_and_errors_name_key_and_range() {
             "model.tensor_parallel_size",
             "1..=64",
         ),
+        (
+            "[model]\nmax_model_len = 0",
+            "model.max_model_len",
+            "1..=16777216",
+        ),
+        (
+            "[model]\nchat_template = \"\"",
+            "model.chat_template",
+            "empty",
+        ),
         ("[draft]\nhead_tokens = \"\"", "draft.head_tokens", "empty"),
         (
             "[scheduler]\nmax_num_seqs = 64\nmax_num_batched_tokens = 32",
@@ -315,15 +342,64 @@ fn reload_refuses_a_truncated_file() {
 #[test]
 fn reload_keeps_the_method_in_force() {
     let mut in_force = parse(BASE).unwrap().speculative;
-    in_force.method = "off".into();
+    in_force.method = SpeculativeMethod::Off;
     let r = reload(
         "cli",
         &BASE.replace("num_tokens = 12", "num_tokens = 4"),
         Some(&in_force),
     )
     .unwrap();
-    assert_eq!(r.speculative.method, "off");
+    assert_eq!(r.speculative.method, SpeculativeMethod::Off);
     assert_eq!(r.policy, DraftPolicy::Fixed { k: 0 });
     assert_eq!(r.changes, ["speculative.num_tokens: 12 -> 4"]);
-    assert_eq!(r.file.speculative.method, "draft");
+    assert_eq!(r.file.speculative.method, SpeculativeMethod::Draft);
+}
+
+/// A bad `[router]` value in a whole file is refused with its key (the
+/// router's own error, carried into this module's).
+#[test]
+fn router_errors_name_their_key_in_a_whole_file() {
+    let e = parse("[router]\nmax_attempts = 0").unwrap_err().to_string();
+    assert!(
+        e.contains("router.max_attempts") && e.contains("1..=16"),
+        "{e}"
+    );
+    let e = parse("[router]\nreplica = []").unwrap_err().to_string();
+    assert!(e.contains("replica"), "{e}");
+}
+
+/// The block scalar `key: |` of a YAML file, dedented (enough YAML for the
+/// ConfigMaps in deploy/k8s).
+fn yaml_block(yaml: &str, key: &str) -> String {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}: |"));
+    let head = lines.next().unwrap_or_else(|| panic!("no {key} block"));
+    let indent = head.len() - head.trim_start().len();
+    lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+        .map(|l| l.get(indent + 2..).unwrap_or("").to_string() + "\n")
+        .collect()
+}
+
+/// The configs the Kubernetes manifests ship parse and validate.
+#[test]
+fn manifest_configs_are_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s");
+    let engine = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
+    let c = Config::from_toml(
+        &yaml_block(&engine, "engine.toml"),
+        Path::new("engine.toml"),
+    )
+    .unwrap();
+    assert_eq!((c.server.host.as_str(), c.server.port), ("0.0.0.0", 8000));
+    let router = std::fs::read_to_string(dir.join("router.yaml")).unwrap();
+    let c = Config::from_toml(
+        &yaml_block(&router, "router.toml"),
+        Path::new("router.toml"),
+    )
+    .unwrap();
+    c.router.validate_for_routing().unwrap();
+    assert_eq!(
+        c.router.discovery_dns.as_deref(),
+        Some("specgate-engine:8000")
+    );
 }

@@ -79,17 +79,41 @@ pub enum Event {
         /// Drafted and accepted tokens of this request.
         drafted: u64,
         accepted: u64,
+        /// How it drafted at the end (the request's or the server's
+        /// proposer; `Off` if drafting failed for it and was turned off).
+        method: SpecMethod,
+        /// From submission to its first admission into a batch.
+        queue_time: std::time::Duration,
     },
     Error(String),
 }
 
-/// Errors of submitting to the engine.
+/// Errors of starting, configuring or submitting to the engine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
     #[error("the engine has stopped")]
     Stopped,
+    /// A setting the engine cannot run with (pool size, policy, proposer).
     #[error("{0}")]
     Invalid(String),
+    /// A request this model cannot run; `part` says which of its inputs is
+    /// at fault, so a front end can name its own field for it.
+    #[error("{message}")]
+    Rejected { part: RequestPart, message: String },
+}
+
+/// The input of a [`GenRequest`] that [`EngineError::Rejected`] refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestPart {
+    /// `prompt`: empty, a token outside the vocabulary.
+    Prompt,
+    /// `max_new_tokens`: zero, or too many for the context or the KV pool
+    /// with this prompt.
+    MaxNewTokens,
+    /// `method`: a proposer this engine has not loaded.
+    Method,
+    /// `num_speculative_tokens`: above [`MAX_SPECULATIVE_TOKENS`].
+    NumSpeculativeTokens,
 }
 
 /// Which proposer the engine drafts with.
@@ -184,6 +208,7 @@ struct Limits {
     max_position: usize,
     max_slots: usize,
     has_draft: bool,
+    default_method: SpecMethod,
 }
 
 /// Drafts a request may ask for at most.
@@ -193,36 +218,42 @@ impl EngineHandle {
     /// Queues a request; its events arrive on the returned receiver.
     /// Dropping the receiver cancels the request.
     ///
-    /// Errors: `Invalid` for an empty prompt, a token outside the
-    /// vocabulary, `max_new_tokens` of 0, prompt + max_new_tokens beyond the
-    /// model's context or the KV pool; `Stopped` after shutdown.
+    /// Errors: `Rejected` (naming the [`RequestPart`]) for an empty
+    /// prompt, a token outside the vocabulary, `max_new_tokens` of 0,
+    /// prompt + max_new_tokens beyond the context or the KV pool, a method
+    /// not loaded, too many speculative tokens; `Stopped` after shutdown.
     pub fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<Event>, EngineError> {
         let l = &self.limits;
-        let bad = |m: String| Err(EngineError::Invalid(m));
+        let bad = |part, message: String| Err(EngineError::Rejected { part, message });
         if req.prompt.is_empty() {
-            return bad("the prompt is empty".into());
+            return bad(RequestPart::Prompt, "the prompt is empty".into());
         }
         if req.max_new_tokens == 0 {
-            return bad("max_new_tokens must be at least 1".into());
+            return bad(
+                RequestPart::MaxNewTokens,
+                "max_new_tokens must be at least 1".into(),
+            );
         }
         if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
-            return bad(format!(
-                "token id {t} is outside the vocabulary of {}",
-                l.vocab_size
-            ));
+            return bad(
+                RequestPart::Prompt,
+                format!("token id {t} is outside the vocabulary of {}", l.vocab_size),
+            );
         }
         // Client-supplied sizes: checked, since a wrapped sum would pass.
         let total = req.prompt.len().saturating_add(req.max_new_tokens);
         if total > l.max_position {
-            return bad(format!(
+            let message = format!(
                 "prompt ({} tokens) + max_new_tokens ({}) = {total} exceeds the context length of {}",
                 req.prompt.len(),
                 req.max_new_tokens,
                 l.max_position
-            ));
+            );
+            return bad(RequestPart::MaxNewTokens, message);
         }
         if req.method == Some(SpecMethod::Draft) && !l.has_draft {
             return bad(
+                RequestPart::Method,
                 "speculative method 'draft' needs a draft model, and none is loaded".into(),
             );
         }
@@ -230,17 +261,21 @@ impl EngineHandle {
             .num_speculative_tokens
             .is_some_and(|k| k > MAX_SPECULATIVE_TOKENS)
         {
-            return bad(format!(
-                "at most {MAX_SPECULATIVE_TOKENS} speculative tokens"
-            ));
+            return bad(
+                RequestPart::NumSpeculativeTokens,
+                format!("at most {MAX_SPECULATIVE_TOKENS} speculative tokens"),
+            );
         }
         // Lookahead is capped by what the pool holds, so only the sequence
         // itself (plus one verify row) must fit.
         if total.saturating_add(1) > l.max_slots {
-            return bad(format!(
-                "prompt + max_new_tokens ({total}) does not fit the KV cache of {} tokens",
-                l.max_slots
-            ));
+            return bad(
+                RequestPart::MaxNewTokens,
+                format!(
+                    "prompt + max_new_tokens ({total}) does not fit the KV cache of {} tokens",
+                    l.max_slots
+                ),
+            );
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
@@ -283,9 +318,41 @@ impl EngineHandle {
         }
     }
 
-    /// The model's context length (prompt + output).
+    /// The context length a request may use (prompt + output): the model's,
+    /// or the smaller cap set by [`with_max_model_len`](Self::with_max_model_len).
     pub fn max_position(&self) -> usize {
         self.limits.max_position
+    }
+
+    /// How a request drafts when it does not say: the proposer this engine
+    /// was started with (fixed for its life; a reload changes only the
+    /// draft length).
+    pub fn speculative_method(&self) -> SpecMethod {
+        self.limits.default_method
+    }
+
+    /// This handle with the context a request may use capped at
+    /// `max_model_len` (`[model] max_model_len`): `submit` and
+    /// [`max_position`](Self::max_position) use it from then on. Call it on
+    /// the handle `spawn` returned, before cloning it: clones made earlier
+    /// keep the model's length.
+    ///
+    /// Errors: `Invalid` when `max_model_len` is 0 or above the model's
+    /// context length (a longer context than the model was trained for
+    /// would be accepted and then fail or degrade in the middle of a
+    /// request).
+    pub fn with_max_model_len(mut self, max_model_len: usize) -> Result<Self, EngineError> {
+        let model = self.limits.max_position;
+        if max_model_len == 0 || max_model_len > model {
+            return Err(EngineError::Invalid(format!(
+                "max_model_len {max_model_len} is out of range; allowed 1..={model} (the model's context length)"
+            )));
+        }
+        self.limits = Arc::new(Limits {
+            max_position: max_model_len,
+            ..*self.limits
+        });
+        Ok(self)
     }
 
     /// The latest published counters.
@@ -315,6 +382,7 @@ pub fn spawn(
         max_position: engine.max_position(),
         max_slots: engine.num_blocks() * cfg.block_size,
         has_draft: engine.has_draft(),
+        default_method: engine.default_method(),
     });
     let stats = engine.shared_stats();
     let (tx, rx) = mpsc::channel();
@@ -346,7 +414,7 @@ struct DeathNotice(tokio::sync::watch::Sender<bool>);
 impl Drop for DeathNotice {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("specgate: the engine thread panicked; the server cannot serve any more");
+            tracing::error!("the engine thread panicked; the server cannot serve any more");
             self.0.send_replace(true);
         }
     }

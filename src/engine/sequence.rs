@@ -26,6 +26,8 @@ pub struct Sequence {
     pub arrived: Instant,
     /// Whether it has been admitted once (for the queue-time metric).
     pub admitted: bool,
+    /// From arrival to its first admission (zero until admitted).
+    pub queued: std::time::Duration,
 }
 
 impl Sequence {
@@ -46,6 +48,7 @@ impl Sequence {
             method: SpecMethod::Off,
             arrived: Instant::now(),
             admitted: false,
+            queued: std::time::Duration::ZERO,
         }
     }
 

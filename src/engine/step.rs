@@ -134,6 +134,10 @@ impl Engine {
         self.draft.is_some()
     }
 
+    pub(crate) fn default_method(&self) -> SpecMethod {
+        self.default_method
+    }
+
     pub(crate) fn shared_stats(&self) -> Arc<Mutex<EngineStats>> {
         self.shared.clone()
     }
@@ -322,7 +326,8 @@ impl Engine {
         }
         for s in self.running.iter_mut().filter(|s| !s.admitted) {
             s.admitted = true;
-            m::histogram!(names::QUEUE_TIME).record(s.arrived.elapsed().as_secs_f64());
+            s.queued = s.arrived.elapsed();
+            m::histogram!(names::QUEUE_TIME).record(s.queued.as_secs_f64());
         }
         if plan.is_empty() {
             return None;
@@ -365,7 +370,7 @@ impl Engine {
             let Err(e) = self.try_propose(method, decodes, &sel, &mut out) else {
                 continue;
             };
-            eprintln!("specgate: batched {method:?} drafting failed ({e}); retrying per sequence");
+            tracing::warn!(?method, error = %e, "batched drafting failed; retrying per sequence");
             for (i, d) in decodes.iter().enumerate().filter(|(i, _)| sel[*i]) {
                 // The failed batch may have left the draft's view of any of
                 // them half-advanced: it starts over from the tokens.
@@ -376,9 +381,11 @@ impl Engine {
                 let mut one = vec![false; decodes.len()];
                 one[i] = true;
                 if let Err(e) = self.try_propose(method, decodes, &one, &mut out) {
-                    eprintln!(
-                        "specgate: request {id}: {method:?} drafting failed ({e}); \
-                         it continues without speculation"
+                    tracing::warn!(
+                        engine_request = id,
+                        ?method,
+                        error = %e,
+                        "drafting failed for one sequence; it continues without speculation"
                     );
                     self.running[d.idx].method = SpecMethod::Off;
                     out[i] = Proposal::default();
@@ -417,9 +424,7 @@ impl Engine {
                 work.prefills.iter().map(|_| Ok(())).collect(),
             ),
             Err(e) => {
-                eprintln!(
-                    "specgate: a batched verifier forward failed ({e}); retrying per sequence"
-                );
+                tracing::warn!(error = %e, "a batched verifier forward failed; retrying per sequence");
                 let prefilled = work
                     .prefills
                     .iter()
@@ -519,7 +524,7 @@ impl Engine {
     fn fail_seq(&mut self, idx: usize, e: &StepError) {
         let s = &self.running[idx];
         let id = s.spec.id;
-        eprintln!("specgate: request {id} failed: {e}");
+        tracing::error!(engine_request = id, error = %e, "request failed in the engine");
         self.stats.failed += 1;
         let _ = s.tx.send(Event::Error(format!(
             "internal error: the server could not process this request (engine request {id}); \
@@ -571,6 +576,8 @@ fn emit(
             },
             drafted: s.drafted,
             accepted: s.accepted,
+            method: s.method,
+            queue_time: s.queued,
         });
     }
 }

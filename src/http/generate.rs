@@ -4,13 +4,15 @@
 //! as Server-Sent Events. Stop strings are applied to the text here; when
 //! one appears the engine receiver is dropped, which cancels the sequence.
 
+use super::convert::EngineFailure;
+use super::request_log::RequestLog;
 use super::stop::StopMatcher;
 use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
 use crate::api::{
     self, ApiError, ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, FinishReason,
     Input, Usage, ValidRequest,
 };
-use crate::engine::{EngineError, Event, GenRequest, SpecMethod};
+use crate::engine::{Event, GenRequest, SpecMethod};
 use crate::metrics as names;
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -51,12 +53,22 @@ struct Driver {
     pending: Option<Piece>,
     /// Turns true when the server's drain timeout has passed.
     cut: tokio::sync::watch::Receiver<bool>,
+    /// The request's log record (TTFT, engine counters, how it ended).
+    log: RequestLog,
 }
 
 impl Driver {
     /// The next piece; `None` after `Done` or `Error`. Cancel-safe: its
     /// only await point is the channel receive.
     async fn next(&mut self) -> Option<Piece> {
+        let p = self.next_piece().await;
+        if let Some(Piece::Error(e)) = &p {
+            self.log.failed(e, self.completion_tokens);
+        }
+        p
+    }
+
+    async fn next_piece(&mut self) -> Option<Piece> {
         if let Some(p) = self.pending.take() {
             return Some(p);
         }
@@ -94,8 +106,17 @@ impl Driver {
                         return Some(Piece::Text(m.emit));
                     }
                 }
-                Event::Finished { reason, usage, .. } => {
+                Event::Finished {
+                    reason,
+                    usage,
+                    drafted,
+                    accepted,
+                    method,
+                    queue_time,
+                } => {
                     self.rx = None;
+                    self.log
+                        .engine_finished(method, drafted, accepted, queue_time);
                     self.completion_tokens = usage.completion_tokens;
                     let rest = self.stop.finish();
                     return Some(self.finish_piece(rest, reason.into()));
@@ -113,6 +134,11 @@ impl Driver {
         let elapsed = self.arrived.elapsed().as_secs_f64();
         metrics::histogram!(names::E2E).record(elapsed);
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+        let label = match reason {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        };
+        self.log.finished(label, self.completion_tokens);
         if text.is_empty() {
             Piece::Done(reason, usage)
         } else {
@@ -125,6 +151,7 @@ impl Driver {
         if n == 0 {
             return;
         }
+        self.log.tokens_arrived();
         let now = Instant::now();
         match self.last {
             None => metrics::histogram!(names::TTFT).record((now - self.arrived).as_secs_f64()),
@@ -153,6 +180,7 @@ pub(super) async fn handle(
     chat: bool,
 ) -> Result<Response<ResBody>, ApiError> {
     let arrived = Instant::now();
+    let log = RequestLog::of(&req);
     if state.draining.load(Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
@@ -172,6 +200,7 @@ pub(super) async fn handle(
         api::parse_completion(&body)?
     };
     drop(body);
+    log.set_model(&v.model);
     if v.model != state.settings.model_name {
         return Err(ApiError::model_not_found(&v.model));
     }
@@ -186,10 +215,12 @@ pub(super) async fn handle(
     .map_err(|e| ApiError::internal(format!("tokenizing the request failed: {e}")))?;
     let (gen, param) = built?;
     let prompt_tokens = gen.prompt.len();
-    let rx = backend.engine.submit(gen).map_err(|e| match e {
-        EngineError::Invalid(m) => ApiError::invalid(param, m),
-        EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
+    let method = gen.method;
+    let rx = backend.engine.submit(gen).map_err(|error| EngineFailure {
+        error,
+        prompt_param: param,
     })?;
+    log.submitted(prompt_tokens, method);
     let driver = Driver {
         rx: Some(rx),
         stop: StopMatcher::new(&v.stop),
@@ -200,9 +231,11 @@ pub(super) async fn handle(
         last: None,
         pending: None,
         cut: state.cut.subscribe(),
+        log: log.clone(),
     };
     let labels = Labels {
-        id: api::response_id(if chat { "chatcmpl" } else { "cmpl" }),
+        // The request id, so a client's response id names its log line.
+        id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, log.id()),
         created: api::unix_now(),
         model: state.settings.model_name.clone(),
         chat,
@@ -265,11 +298,7 @@ fn build_request(
         ));
     }
     let spec = v.speculative.as_ref();
-    let method = spec.and_then(|s| s.method).map(|m| match m {
-        api::SpecMethod::Off => SpecMethod::Off,
-        api::SpecMethod::Ngram => SpecMethod::Ngram,
-        api::SpecMethod::Draft => SpecMethod::Draft,
-    });
+    let method = spec.and_then(|s| s.method).map(SpecMethod::from);
     Ok((
         GenRequest {
             prompt,
@@ -425,6 +454,7 @@ mod tests {
                 write_stall: write_timeout,
                 ..ConnLimits::default()
             },
+            cors: Default::default(),
         };
         AppState::new(settings, crate::metrics::install())
     }
@@ -450,6 +480,11 @@ mod tests {
             last: None,
             pending: None,
             cut: state.cut.subscribe(),
+            log: RequestLog::new(
+                crate::http::request_id::RequestId::generate(),
+                &hyper::Method::POST,
+                "/v1/completions",
+            ),
         };
         let labels = Labels {
             id: "x".into(),

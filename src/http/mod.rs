@@ -1,19 +1,27 @@
 //! The HTTP front: a hyper 1 accept loop, routing, authentication, body
-//! limits, admission control, and the two generation endpoints in both
-//! response shapes (whole JSON or Server-Sent Events). Errors become HTTP
-//! responses in exactly one place, [`error_response`], from `api::ApiError`.
+//! limits, admission control, CORS, and the routes of [`ROUTES`]: the two
+//! generation endpoints in both response shapes (whole JSON or Server-Sent
+//! Events), models, tokenize/detokenize, version and the OpenAPI document.
+//! Errors become HTTP responses in exactly one place, [`error_response`],
+//! from `api::ApiError`.
 
+mod convert;
+pub mod cors;
+mod endpoints;
 mod generate;
+pub mod openapi;
+mod request_id;
+mod request_log;
 pub mod stop;
 mod timed_io;
 
-use crate::api::{ApiError, ModelCard, ModelList};
+use crate::api::ApiError;
 use crate::engine::EngineHandle;
 use crate::tokenizer::TextTokenizer;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::convert::Infallible;
@@ -41,6 +49,9 @@ pub struct HttpSettings {
     /// Per-connection bounds; `conn.write_stall` also bounds each SSE event
     /// the client does not take (the stream then ends, and its request).
     pub conn: ConnLimits,
+    /// Which browser origins may call the API (`[server]
+    /// cors_allow_origins`); off by default.
+    pub cors: cors::CorsPolicy,
 }
 
 /// Bounds on one connection's life, so no client holds a socket, a task or
@@ -182,7 +193,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let limits = state.settings.conn;
-    let graceful = accept_with(&listener, state.clone(), route, shutdown, limits).await;
+    // Every request goes through the request-id wrapper, which calls `route`.
+    let graceful = accept_with(
+        &listener,
+        state.clone(),
+        request_id::handle,
+        shutdown,
+        limits,
+    )
+    .await;
     state.draining.store(true, Ordering::SeqCst);
     drop(listener);
     let drained = graceful.shutdown();
@@ -241,7 +260,7 @@ where
             Ok((stream, _)) => stream,
             Err(e) => {
                 if !std::mem::replace(&mut logged_accept_error, true) {
-                    eprintln!("specgate: accept failed ({e}); pausing accepts briefly");
+                    tracing::warn!(error = %e, "accept failed; pausing accepts briefly");
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
@@ -312,29 +331,62 @@ async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> 
     }
 }
 
+/// Every route the server answers: its path and method. `/openapi.json`
+/// documents exactly these; with CORS on, each also answers an `OPTIONS`
+/// preflight.
+pub const ROUTES: [(&str, Method); 9] = [
+    ("/health", Method::GET),
+    ("/metrics", Method::GET),
+    ("/version", Method::GET),
+    ("/openapi.json", Method::GET),
+    ("/v1/models", Method::GET),
+    ("/v1/chat/completions", Method::POST),
+    ("/v1/completions", Method::POST),
+    ("/tokenize", Method::POST),
+    ("/detokenize", Method::POST),
+];
+
+/// Routes `req` and adds the CORS headers (when on) to whatever answers it.
 async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResBody> {
+    let allow = state.settings.cors.allow_origin(req.headers());
+    let mut res = dispatch(state.clone(), req).await;
+    state.settings.cors.apply(allow, &mut res);
+    res
+}
+
+async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResBody> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    const ROUTES: [(&str, Method); 5] = [
-        ("/health", Method::GET),
-        ("/metrics", Method::GET),
-        ("/v1/models", Method::GET),
-        ("/v1/chat/completions", Method::POST),
-        ("/v1/completions", Method::POST),
-    ];
     let Some((_, want)) = ROUTES.iter().find(|(p, _)| *p == path) else {
         return error_response(&ApiError::not_found(format!("no route for {path}")));
     };
+    if method == Method::OPTIONS && state.settings.cors.is_enabled() {
+        return cors::preflight(want);
+    }
     if method != *want {
-        return error_response(&ApiError::method_not_allowed(method.as_str(), &path));
+        let mut r = error_response(&ApiError::method_not_allowed(method.as_str(), &path));
+        // A 405 names what the route does serve (RFC 9110).
+        let allow = if state.settings.cors.is_enabled() {
+            format!("{want}, OPTIONS")
+        } else {
+            want.to_string()
+        };
+        if let Ok(v) = HeaderValue::from_str(&allow) {
+            r.headers_mut().insert(ALLOW, v);
+        }
+        return r;
     }
     let result = match path.as_str() {
         "/health" => Ok(health(&state)),
         "/metrics" => Ok(metrics(&state)),
+        "/version" => Ok(endpoints::version()),
+        "/openapi.json" => Ok(openapi::response(&state)),
         _ if !authorized(&state, &req) => Err(ApiError::authentication(
             "missing or invalid API key (send Authorization: Bearer <key>)",
         )),
-        "/v1/models" => Ok(models(&state)),
+        "/v1/models" => Ok(endpoints::models(&state)),
+        "/tokenize" => endpoints::tokenize(state.clone(), req).await,
+        "/detokenize" => endpoints::detokenize(state.clone(), req).await,
         "/v1/chat/completions" => generate::handle(state.clone(), req, true).await,
         _ => generate::handle(state.clone(), req, false).await,
     };
@@ -364,16 +416,4 @@ fn metrics(state: &AppState) -> Response<ResBody> {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     r
-}
-
-fn models(state: &AppState) -> Response<ResBody> {
-    let list = ModelList::new(vec![ModelCard::new(
-        &state.settings.model_name,
-        state.created,
-        "specgate",
-    )]);
-    json_response(
-        StatusCode::OK,
-        serde_json::to_string(&list).expect("model list serializes"),
-    )
 }

@@ -1,9 +1,21 @@
 //! `[router]`: the settings of `specgate route` (listen address, where the
 //! replicas are, health/load polling and its hysteresis, affinity, retries,
 //! and the limits on waiting for a replica).
+//!
+//! This module stands alone: it has its own error type and knows nothing of
+//! the server's config file, which embeds [`RouterConfig`] as `[router]` and
+//! turns a [`RouterConfigError`] into its own error (dependencies run one
+//! way, config -> router).
 
-use crate::config::ConfigError;
 use serde::Deserialize;
+
+/// A `[router]` value out of its bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouterConfigError {
+    /// `key` is the full config key (`router.max_attempts`).
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
 
 /// `[router]` of the config file. Replicas come from `replicas` (static base
 /// URLs), from `discovery_dns` (a `host:port` whose every resolved address
@@ -85,8 +97,8 @@ impl Default for RouterConfig {
     }
 }
 
-fn invalid(key: &str, message: &str) -> ConfigError {
-    ConfigError::Invalid {
+fn invalid(key: &str, message: &str) -> RouterConfigError {
+    RouterConfigError::Invalid {
         key: format!("router.{key}"),
         message: message.into(),
     }
@@ -111,7 +123,7 @@ impl RouterConfig {
     /// [`MAX_ATTEMPTS`]; another zero size or count; a negative slack; a
     /// replica URL that is not `http://host:port`; a discovery name without
     /// a port.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), RouterConfigError> {
         for (key, v) in [
             ("discovery_interval_ms", self.discovery_interval_ms),
             ("health_interval_ms", self.health_interval_ms),
@@ -122,7 +134,10 @@ impl RouterConfig {
             ("body_idle_timeout_ms", self.body_idle_timeout_ms),
         ] {
             if v == 0 || v > MAX_MS {
-                return Err(invalid(key, &format!("must be 1..={MAX_MS} ms")));
+                return Err(invalid(
+                    key,
+                    &format!("{v} is out of range; allowed 1..={MAX_MS} (milliseconds)"),
+                ));
             }
         }
         for (key, v) in [
@@ -143,14 +158,17 @@ impl RouterConfig {
             if v == 0 || v > MAX_HEALTH_THRESHOLD {
                 return Err(invalid(
                     key,
-                    &format!("must be 1..={MAX_HEALTH_THRESHOLD} polls"),
+                    &format!("{v} is out of range; allowed 1..={MAX_HEALTH_THRESHOLD} (polls)"),
                 ));
             }
         }
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
             return Err(invalid(
                 "max_attempts",
-                &format!("must be 1..={MAX_ATTEMPTS}"),
+                &format!(
+                    "{} is out of range; allowed 1..={MAX_ATTEMPTS}",
+                    self.max_attempts
+                ),
             ));
         }
         for (key, v) in [
@@ -159,11 +177,14 @@ impl RouterConfig {
             ("max_body_bytes", self.max_body_bytes),
         ] {
             if v == 0 {
-                return Err(invalid(key, "must be positive"));
+                return Err(invalid(key, "0 is out of range; allowed 1 or more"));
             }
         }
         if self.affinity_slack.is_nan() || self.affinity_slack < 0.0 {
-            return Err(invalid("affinity_slack", "must be 0 or more"));
+            return Err(invalid(
+                "affinity_slack",
+                &format!("{} is out of range; allowed 0 or more", self.affinity_slack),
+            ));
         }
         for r in &self.replicas {
             let ok = r
@@ -192,7 +213,7 @@ impl RouterConfig {
     /// Checks that there is somewhere to route to.
     ///
     /// Errors: neither `replicas` nor `discovery_dns` is set.
-    pub fn validate_for_routing(&self) -> Result<(), ConfigError> {
+    pub fn validate_for_routing(&self) -> Result<(), RouterConfigError> {
         self.validate()?;
         if self.replicas.is_empty() && self.discovery_dns.is_none() {
             return Err(invalid(
@@ -206,32 +227,31 @@ impl RouterConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
-    use std::path::Path;
+    use super::{RouterConfig, RouterConfigError};
 
-    fn parse(s: &str) -> Result<Config, crate::config::ConfigError> {
-        Config::from_toml(s, Path::new("t.toml"))
+    /// The section as `[router]` of a file holds it (unknown keys refused),
+    /// checked; errors as text.
+    fn parse(s: &str) -> Result<RouterConfig, String> {
+        let c: RouterConfig = toml::from_str(s).map_err(|e| e.to_string())?;
+        c.validate().map_err(|e| e.to_string())?;
+        Ok(c)
     }
 
     #[test]
     fn router_section_parses_and_is_checked() {
         let c = parse(
-            "[router]\nport = 9000\nreplicas = [\"http://10.0.0.1:8000\"]\ndiscovery_dns = \"engines.default.svc:8000\"",
+            "port = 9000\nreplicas = [\"http://10.0.0.1:8000\"]\ndiscovery_dns = \"engines.default.svc:8000\"",
         )
         .unwrap();
-        assert_eq!(c.router.port, 9000);
-        c.router.validate_for_routing().unwrap();
-        let e = parse("[router]\nreplica = []").unwrap_err().to_string();
+        assert_eq!(c.port, 9000);
+        c.validate_for_routing().unwrap();
+        let e = parse("replica = []").unwrap_err();
         assert!(e.contains("replica"), "{e}");
-        let e = parse("[router]\nreplicas = [\"https://x:1\"]")
-            .unwrap_err()
-            .to_string();
+        let e = parse("replicas = [\"https://x:1\"]").unwrap_err();
         assert!(e.contains("router.replicas"), "{e}");
-        let e = parse("[router]\ndiscovery_dns = \"engines\"")
-            .unwrap_err()
-            .to_string();
+        let e = parse("discovery_dns = \"engines\"").unwrap_err();
         assert!(e.contains("router.discovery_dns"), "{e}");
-        let e = parse("[router]\nmax_attempts = 0").unwrap_err().to_string();
+        let e = parse("max_attempts = 0").unwrap_err();
         assert!(e.contains("router.max_attempts"), "{e}");
         for bad in [
             "head_timeout_ms = 0",
@@ -242,10 +262,10 @@ mod tests {
             "max_attempts = 17",
         ] {
             let key = bad.split(' ').next().unwrap();
-            let e = parse(&format!("[router]\n{bad}")).unwrap_err().to_string();
+            let e = parse(bad).unwrap_err();
             assert!(e.contains(&format!("router.{key}")), "{bad}: {e}");
         }
-        let d = super::RouterConfig::default();
+        let d = RouterConfig::default();
         assert_eq!(
             (d.health_failure_threshold, d.health_success_threshold),
             (3, 2)
@@ -254,47 +274,8 @@ mod tests {
             d.body_idle_timeout_ms >= 30_000,
             "above the replicas' keep-alive"
         );
-        let e = parse("")
-            .unwrap()
-            .router
-            .validate_for_routing()
-            .unwrap_err();
-        assert!(e.to_string().contains("router.replicas"), "{e}");
-    }
-}
-
-#[cfg(test)]
-mod deployed {
-    use crate::config::Config;
-    use std::path::Path;
-
-    /// The block scalar `key: |` of a YAML file, dedented (enough YAML for
-    /// the ConfigMaps in deploy/k8s).
-    fn block(yaml: &str, key: &str) -> String {
-        let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}: |"));
-        let head = lines.next().unwrap_or_else(|| panic!("no {key} block"));
-        let indent = head.len() - head.trim_start().len();
-        lines
-            .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
-            .map(|l| l.get(indent + 2..).unwrap_or("").to_string() + "\n")
-            .collect()
-    }
-
-    /// The configs the Kubernetes manifests ship parse and validate.
-    #[test]
-    fn manifest_configs_are_valid() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s");
-        let engine = std::fs::read_to_string(dir.join("engine.yaml")).unwrap();
-        let c =
-            Config::from_toml(&block(&engine, "engine.toml"), Path::new("engine.toml")).unwrap();
-        assert_eq!((c.server.host.as_str(), c.server.port), ("0.0.0.0", 8000));
-        let router = std::fs::read_to_string(dir.join("router.yaml")).unwrap();
-        let c =
-            Config::from_toml(&block(&router, "router.toml"), Path::new("router.toml")).unwrap();
-        c.router.validate_for_routing().unwrap();
-        assert_eq!(
-            c.router.discovery_dns.as_deref(),
-            Some("specgate-engine:8000")
-        );
+        let RouterConfigError::Invalid { key, .. } =
+            parse("").unwrap().validate_for_routing().unwrap_err();
+        assert_eq!(key, "router.replicas");
     }
 }

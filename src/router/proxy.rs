@@ -204,9 +204,10 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
             Err(_) => {
                 // Not retried: the replica may be computing the answer.
                 errors();
-                eprintln!(
-                    "router: replica {replica} sent no response head within {} ms",
-                    head_limit.as_millis()
+                tracing::warn!(
+                    %replica,
+                    limit_ms = head_limit.as_millis() as u64,
+                    "replica sent no response head in time"
                 );
                 return local_error(&ApiError::gateway_timeout(format!(
                     "the replica did not answer within {} ms",

@@ -142,7 +142,7 @@ impl Relay {
         match (&self.sse, failure) {
             (None, None) => Poll::Ready(None),
             (None, Some(e)) => {
-                eprintln!("router: {e}; closing the client's connection");
+                tracing::warn!(error = %e, "relay failed; closing the client's connection");
                 count(&self.replica);
                 Poll::Ready(Some(Err(e)))
             }
@@ -156,7 +156,7 @@ impl Relay {
                         self.replica
                     ),
                 };
-                eprintln!("router: {why}; the client gets an error event");
+                tracing::warn!(error = %why, "relay cut off; the client gets an error event");
                 count(&self.replica);
                 let e = ApiError::bad_gateway(format!("the answer was cut off: {why}"));
                 Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(

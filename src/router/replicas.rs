@@ -157,8 +157,9 @@ impl Pool {
         let mut st = self.lock();
         if let Some(r) = st.replicas.iter_mut().find(|r| &*r.url == url) {
             if r.healthy {
-                eprintln!(
-                    "router: replica {url} refused a request's connection; taken out until healthy"
+                tracing::warn!(
+                    replica = %url,
+                    "replica refused a request's connection; taken out until healthy"
                 );
             }
             r.healthy = false;
@@ -181,7 +182,7 @@ impl Pool {
                     r.polled = l;
                     r.inflight_at_poll = r.inflight.load(Ordering::Relaxed);
                     if !r.healthy && (!r.was_healthy || r.successes >= rise) {
-                        eprintln!("router: replica {url} is healthy");
+                        tracing::info!(replica = %url, "replica is healthy");
                         r.healthy = true;
                         r.was_healthy = true;
                     }
@@ -190,9 +191,10 @@ impl Pool {
                     r.successes = 0;
                     r.failures = r.failures.saturating_add(1);
                     if r.healthy && r.failures >= fall {
-                        eprintln!(
-                            "router: replica {url} failed {} health checks in a row; taken out",
-                            r.failures
+                        tracing::warn!(
+                            replica = %url,
+                            failures = r.failures,
+                            "replica failed health checks in a row; taken out"
                         );
                         r.healthy = false;
                     }
@@ -210,7 +212,7 @@ impl Pool {
             .retain(|r| r.fixed || urls.iter().any(|u| **u == *r.url));
         for u in urls {
             if !st.replicas.iter().any(|r| *r.url == **u) {
-                eprintln!("router: discovered replica {u}");
+                tracing::info!(replica = %u, "discovered a replica");
                 st.replicas.push(Replica::new(u.as_str().into(), false));
             }
         }
@@ -324,7 +326,11 @@ pub async fn resolve(name_port: &str) -> Option<Vec<String>> {
             Some(urls)
         }
         Err(e) => {
-            eprintln!("router: resolving {name_port} failed: {e}; keeping the known replicas");
+            tracing::warn!(
+                name = %name_port,
+                error = %e,
+                "resolving replicas failed; keeping the known replicas"
+            );
             None
         }
     }

@@ -1,49 +1,58 @@
-//! Helpers shared by the HTTP integration tests: a tiny generated model with
-//! an in-code ChatML tokenizer, a server started in-process on 127.0.0.1:0,
-//! and a minimal HTTP/1.1 client over a TcpStream.
-#![allow(dead_code)]
+//! The one support module of the root package's integration tests (and of
+//! loadgen/tests, which includes it by path): where the real weights are
+//! ([`models`]), tiny generated models ([`tiny`]), the HTTP/1.1 client
+//! ([`client`]), and here a tiny model with an in-code ChatML tokenizer and
+//! a server started in-process on 127.0.0.1:0. Everything is re-exported at
+//! this level, so `use common::*` reaches it all.
+// Each test binary uses a different part of this module.
+#![allow(dead_code, unused_imports)]
+
+pub mod client;
+pub mod models;
+pub mod tiny;
+
+pub use client::*;
+pub use models::*;
+pub use tiny::*;
 
 use candle_core::quantized::GgmlDType;
-use serde_json::{json, Value};
 use specgate::config::Config;
 use specgate::server::{start, Running};
 use specgate::tokenizer::testing::tiny_chatml_metadata;
 use specgate_verify::tiny::TinySpec;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The served model name of the tiny test server.
 pub const MODEL: &str = "tiny";
 
-/// The tiny target and draft files, written once per test process (tests
-/// run in parallel and must never read a half-written or stale file; a
-/// leftover directory of an earlier process with the same pid is rewritten).
+/// The tiny target and draft files (llama, vocabulary 384, with the ChatML
+/// tokenizer), written once per test process by [`tiny_gguf`], which never
+/// hands out a half-written or stale file.
 pub fn model_files() -> (PathBuf, PathBuf) {
     static FILES: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
     FILES
         .get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("specgate-http-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let (t, d) = (dir.join("target.gguf"), dir.join("draft.gguf"));
             let md = tiny_chatml_metadata(384);
             let md: Vec<(&str, _)> = md.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
             let spec = TinySpec {
                 logit_scale: 1.5,
                 ..TinySpec::llama(41)
             };
-            spec.write_gguf(&t, &md).unwrap();
-            TinySpec {
+            let t = tiny_gguf(&spec, "target.gguf", &md);
+            let draft = TinySpec {
                 dtype: GgmlDType::Q8_0,
                 ..spec
-            }
-            .write_gguf(&d, &md)
-            .unwrap();
-            (t, d)
+            };
+            (t, tiny_gguf(&draft, "draft.gguf", &md))
         })
         .clone()
 }
 
+/// A config for the tiny server: any port, [`MODEL`] as the served name,
+/// the [`model_files`] pair, n-gram speculation with a fixed length, 64 KV
+/// blocks; then `edit`. Panics when the edited config does not validate.
 pub fn config(edit: impl FnOnce(&mut Config)) -> Config {
     let (t, d) = model_files();
     let mut c = Config::default();
@@ -51,14 +60,16 @@ pub fn config(edit: impl FnOnce(&mut Config)) -> Config {
     c.server.served_model_name = Some(MODEL.into());
     c.model.path = t;
     c.draft.path = Some(d);
-    c.speculative.method = "ngram".into();
-    c.speculative.policy = "fixed".into();
+    c.speculative.method = specgate::config::SpeculativeMethod::Ngram;
+    c.speculative.policy = specgate::config::DraftPolicyKind::Fixed;
     c.kv.num_blocks = 64;
     edit(&mut c);
     c.validate().unwrap();
     c
 }
 
+/// A specgate server running in this process on its own tokio runtime;
+/// dropping it shuts the server down and waits for it.
 pub struct Server {
     pub rt: tokio::runtime::Runtime,
     pub running: Option<Running>,
@@ -66,6 +77,8 @@ pub struct Server {
 }
 
 impl Server {
+    /// Starts `cfg`; `path` is the file it came from (for live reload), as
+    /// loaded. Panics when the server does not start.
     pub fn start(cfg: Config, path: Option<PathBuf>) -> Server {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -86,10 +99,13 @@ impl Server {
         }
     }
 
+    /// The running engine.
     pub fn engine(&self) -> &specgate::engine::EngineHandle {
         &self.running.as_ref().unwrap().engine
     }
 
+    /// Waits until nothing runs or waits and every KV block is free; panics
+    /// after 20 s (a leak, not a slow machine).
     pub fn wait_idle(&self) {
         let t = Instant::now();
         loop {
@@ -111,146 +127,4 @@ impl Drop for Server {
             r.engine.shutdown();
         }
     }
-}
-
-/// A response read to the end of the connection.
-pub struct Resp {
-    pub status: u16,
-    pub headers: String,
-    pub body: String,
-}
-
-pub fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    s
-}
-
-pub fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Resp {
-    let mut s = send(addr, method, path, headers, body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let raw = String::from_utf8(raw).expect("responses are UTF-8");
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Resp {
-        status,
-        headers: head.to_string(),
-        body,
-    }
-}
-
-pub fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (len, rest) = s.split_once("\r\n").unwrap();
-        let n = usize::from_str_radix(len.trim(), 16).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-}
-
-pub fn post(addr: SocketAddr, path: &str, body: Value) -> Resp {
-    request(
-        addr,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        &body.to_string(),
-    )
-}
-
-pub fn chat(extra: Value) -> Value {
-    let mut b = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 24, "temperature": 0});
-    b.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    b
-}
-
-/// SSE events of a stream body: the JSON of every `data:` line, then
-/// whether it ended with `[DONE]`.
-pub fn events(body: &str) -> (Vec<Value>, bool) {
-    let mut out = Vec::new();
-    let mut done = false;
-    for ev in body.split("\n\n").filter(|e| !e.is_empty()) {
-        if ev.starts_with(':') {
-            continue; // keep-alive comment
-        }
-        let data = ev
-            .strip_prefix("data: ")
-            .unwrap_or_else(|| panic!("bad SSE event {ev:?}"));
-        assert!(!done, "data after [DONE]");
-        if data == "[DONE]" {
-            done = true;
-        } else {
-            out.push(serde_json::from_str(data).unwrap());
-        }
-    }
-    (out, done)
-}
-
-pub fn error_of(r: &Resp) -> Value {
-    let v: Value = serde_json::from_str(&r.body).unwrap();
-    let e = v["error"].clone();
-    for k in ["message", "type", "param", "code"] {
-        assert!(e.get(k).is_some(), "error body lacks {k}: {}", r.body);
-    }
-    e
-}
-
-/// Reads SSE events from a live stream until `n` data events arrived.
-pub fn read_events(reader: &mut BufReader<TcpStream>, n: usize) {
-    let mut seen = 0;
-    let mut line = String::new();
-    while seen < n {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "stream closed early"
-        );
-        if line.contains("data: ") {
-            seen += 1;
-        }
-    }
-}
-
-pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }

@@ -169,6 +169,19 @@ impl TinySpec {
         Ok(())
     }
 
+    /// Writes `config.json` and the weights split over `files` safetensors
+    /// files named as Hugging Face shards them
+    /// (`model-00001-of-00002.safetensors`, ...) with the
+    /// `model.safetensors.index.json` that maps each tensor to its file.
+    ///
+    /// Errors: `files` 0 or more than the tensors, or a write failure.
+    pub fn write_safetensors_sharded(&self, dir: &Path, files: usize) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let cfg_path = dir.join("config.json");
+        std::fs::write(&cfg_path, self.hf_config().to_string()).map_err(|e| io(&cfg_path, e))?;
+        write_sharded(dir, self.hf_tensors()?, files)
+    }
+
     /// Writes a GGUF file the way llama.cpp converts the same weights: GGUF
     /// tensor names, llama's q/k rows permuted to interleaved RoPE pairs,
     /// matrices in `self.dtype`. `extra` metadata (e.g. a tokenizer) is added.
@@ -220,6 +233,52 @@ impl TinySpec {
         gguf_file::write(&mut file, &md_refs, &t_refs)?;
         Ok(())
     }
+}
+
+/// Copies the Hugging Face directory `src` (its `config.json` and
+/// `model.safetensors`) to `dst` with the weights split over `files`
+/// sharded files and an index, as [`TinySpec::write_safetensors_sharded`]
+/// writes them: for checking that any model, e.g. the committed tiny Kimi
+/// fixture, loads the same from shards.
+///
+/// Errors: unreadable `src` files, `files` 0 or more than the tensors, or a
+/// write failure.
+pub fn reshard_safetensors_dir(src: &Path, dst: &Path, files: usize) -> Result<()> {
+    std::fs::create_dir_all(dst).map_err(|e| io(dst, e))?;
+    let (from, to) = (src.join("config.json"), dst.join("config.json"));
+    std::fs::copy(&from, &to).map_err(|e| io(&from, e))?;
+    let tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu)?;
+    write_sharded(dst, tensors.into_iter().collect(), files)
+}
+
+/// Writes `tensors` (sorted by name, then cut into `files` runs of equal
+/// count, give or take one) as `model-0000i-of-0000n.safetensors` plus the index.
+fn write_sharded(dir: &Path, mut tensors: Vec<(String, Tensor)>, files: usize) -> Result<()> {
+    if files == 0 || files > tensors.len() {
+        return Err(VerifyError::BadConfig(format!(
+            "cannot split {} tensors into {files} files",
+            tensors.len()
+        )));
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let n = tensors.len();
+    let mut weight_map = serde_json::Map::new();
+    for i in 0..files {
+        let name = format!("model-{:05}-of-{files:05}.safetensors", i + 1);
+        let part: std::collections::HashMap<&str, Tensor> = tensors
+            [i * n / files..(i + 1) * n / files]
+            .iter()
+            .map(|(k, v)| {
+                weight_map.insert(k.clone(), name.clone().into());
+                (k.as_str(), v.clone())
+            })
+            .collect();
+        candle_core::safetensors::save(&part, dir.join(&name))?;
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    let path = dir.join("model.safetensors.index.json");
+    std::fs::write(&path, index.to_string()).map_err(|e| io(&path, e))?;
+    Ok(())
 }
 
 fn io(path: &Path, source: std::io::Error) -> VerifyError {

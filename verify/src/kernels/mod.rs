@@ -163,6 +163,16 @@ impl Isa {
         }
     }
 
+    /// A short stable name for logs: `scalar`, `avx2` or `avx512-vnni`
+    /// (the first two are also `SPECGATE_KERNEL_ISA`'s values).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
     /// The best instruction set this CPU supports.
     pub fn detect() -> Isa {
         [Isa::Avx512Vnni, Isa::Avx2]

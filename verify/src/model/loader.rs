@@ -1,19 +1,29 @@
 //! Weight loading: GGUF files (weights stay quantized as candle `QTensor`s)
-//! and safetensors + config.json (dense, used by generated test models) for
-//! the llama family. A missing tensor or metadata key is an error naming it.
-//! Each loader reads a matrix whole and cuts it at once into the ranks'
-//! shards (`shard.rs`), so at most one unsharded matrix is in memory extra.
+//! and Hugging Face safetensors directories + config.json (dense) for the
+//! llama family, and the directory reading the DeepSeek-V3 family shares. A
+//! missing tensor or metadata key is an error naming it. The llama loaders
+//! read a matrix whole and cut it at once into the ranks' shards
+//! (`shard.rs`), so at most one unsharded matrix is in memory extra.
+//!
+//! Safetensors are memory-mapped (`safetensors_weights.rs`): one
+//! `model.safetensors`, or the `model-0000x-of-0000y.safetensors` files of
+//! `model.safetensors.index.json`. A tensor, or a block of its rows or
+//! columns, is copied out of the mapping when a loader asks for it, so no
+//! file is read whole and a rank that asks for its shard pages in only that.
 
 use super::shard::{rank_parts, FullLayer, Matrix, ShardPlan, SplitLimits};
 use super::{Arch, Embedding, Model, ModelConfig, RopeStyle};
 use crate::error::{Result, VerifyError};
 use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::quantized::{gguf_file, QTensor};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 use std::sync::Arc;
+
+mod safetensors_weights;
+pub(crate) use safetensors_weights::SafetensorsWeights;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VerifyError + '_ {
     move |source| VerifyError::Io {
@@ -276,46 +286,45 @@ pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
     Ok(config)
 }
 
-/// Reads `config.json` of a Hugging Face directory and finds its
-/// `model.safetensors`.
-fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, std::path::PathBuf)> {
+/// Reads `config.json` of a Hugging Face directory and maps its weights.
+fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, SafetensorsWeights)> {
     let cfg_path = dir.join("config.json");
     let raw = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path))?;
     let json: serde_json::Value = serde_json::from_str(&raw)
         .map_err(|e| VerifyError::BadConfig(format!("{}: {e}", cfg_path.display())))?;
     let cfg = config_from_hf_json(&json)?;
-    let st_path = dir.join("model.safetensors");
-    if !st_path.exists() {
-        return Err(io_err(&st_path)(std::io::ErrorKind::NotFound.into()));
-    }
-    Ok((json, cfg, st_path))
+    let weights = SafetensorsWeights::open(dir)?;
+    Ok((json, cfg, weights))
 }
 
 /// Loads one tensor-parallel rank's shard of a DeepSeek-V3-family model
 /// (`deepseek_v3`, `kimi_k2`) from a safetensors directory: this rank's
 /// attention heads, its experts (expert `e` lives on rank `e % world`), its
 /// slices of the dense and shared MLPs and of the vocabulary. Every rank of
-/// `comm`'s group loads its own shard and runs the same forwards.
+/// `comm`'s group loads its own shard and runs the same forwards; a rank
+/// reads only its shard's bytes of the (memory-mapped) files.
 ///
 /// Errors: those of [`load_safetensors`], a shape that does not split
 /// across the group (the error names the tensor and the world sizes that
 /// work), or a llama/qwen2 directory (not sharded by this loader).
 pub fn load_safetensors_shard(dir: &Path, comm: Box<dyn Communicator>) -> Result<Model> {
-    let (_, cfg, st_path) = read_hf_dir(dir)?;
+    let (_, cfg, weights) = read_hf_dir(dir)?;
     if cfg.arch != Arch::DeepseekV3 {
         return Err(VerifyError::BadConfig(format!(
             "sharded safetensors loading serves the DeepSeek-V3 family, not {:?}",
             cfg.arch
         )));
     }
-    super::deepseek::load(&st_path, cfg, vec![comm])
+    super::deepseek::load(&weights, cfg, vec![comm])
 }
 
 /// Loads a model from a directory holding `config.json` and
-/// `model.safetensors` in Hugging Face tensor names (llama, qwen2, or the
+/// `model.safetensors` (or `model.safetensors.index.json` and the sharded
+/// files it names) in Hugging Face tensor names (llama, qwen2, or the
 /// DeepSeek-V3 family), unsharded. Weights become dense f32.
 ///
-/// Errors: missing files, unknown `model_type`, missing or misshapen tensors.
+/// Errors: missing files, a malformed index, unknown `model_type`, missing
+/// or misshapen tensors.
 pub fn load_safetensors(dir: &Path) -> Result<Model> {
     load_safetensors_tp(dir, 1)
 }
@@ -327,7 +336,7 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
 /// impossible ([`VerifyError::ImpossibleSplit`], or for the DeepSeek family
 /// an error naming the tensor and the world sizes that work).
 pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
-    let (json, cfg, st_path) = read_hf_dir(dir)?;
+    let (json, cfg, weights) = read_hf_dir(dir)?;
     if cfg.arch == Arch::DeepseekV3 {
         let comms: Vec<Box<dyn Communicator>> = match world {
             0 => {
@@ -341,7 +350,7 @@ pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
                 .map(|c| Box::new(c) as Box<dyn Communicator>)
                 .collect(),
         };
-        return super::deepseek::load(&st_path, cfg, comms);
+        return super::deepseek::load(&weights, cfg, comms);
     }
     let tied = json
         .get("tie_word_embeddings")
@@ -360,8 +369,9 @@ pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
         vocab_tensor: head_name.into(),
     };
     let plan = ShardPlan::new(&cfg, &limits, world)?;
-    let mut tensors = candle_core::safetensors::load(&st_path, &Device::Cpu)?;
-    let mut take = |name: &str, shape: &[usize]| take_f32(&mut tensors, name, shape);
+    // One matrix at a time out of the mapping, cut into the ranks' shards
+    // right away (FullLayer::split): the file is never in memory whole.
+    let mut take = |name: &str, shape: &[usize]| weights.tensor(name, shape);
     let (h, hd) = (cfg.hidden_size, cfg.head_dim);
     let (qd, kvd, ff) = (
         cfg.num_heads * hd,
@@ -433,23 +443,104 @@ pub fn load_model_tp(path: &Path, world: usize) -> Result<Model> {
     }
 }
 
-/// Removes safetensors tensor `name` from `map` as f32, checking its shape.
-///
-/// Errors: [`VerifyError::MissingTensor`], [`VerifyError::BadTensorShape`].
-pub(crate) fn take_f32(
-    map: &mut std::collections::HashMap<String, Tensor>,
-    name: &str,
-    shape: &[usize],
-) -> Result<Tensor> {
-    let t = map
-        .remove(name)
-        .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
-    if t.dims() != shape {
-        return Err(VerifyError::BadTensorShape {
-            name: name.to_string(),
-            got: t.dims().to_vec(),
-            expected: shape.to_vec(),
-        });
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LogitsWanted;
+    use crate::tiny::{reshard_safetensors_dir, TinySpec};
+    use crate::KvPool;
+    use std::path::PathBuf;
+
+    const PROMPT: [u32; 7] = [1, 5, 9, 200, 33, 7, 64];
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("specgate-loader-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
     }
-    Ok(t.to_dtype(DType::F32)?)
+
+    fn logits(m: &Model) -> Vec<Vec<f32>> {
+        let mut pool = KvPool::for_model(m, 1, 16).unwrap();
+        m.forward_one(&mut pool, &PROMPT, 0, &[0], LogitsWanted::All)
+            .unwrap()
+    }
+
+    /// Largest |a - b| relative to the largest |a|.
+    fn rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let scale = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+        let d = a
+            .iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        d / scale.max(1e-6)
+    }
+
+    fn kimi_fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-kimi")
+    }
+
+    fn shard_files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".safetensors"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn sharded_llama_loads_like_one_file_and_tp_2_matches_tp_1() {
+        let spec = TinySpec::qwen2(7); // biases and tied embeddings
+        let (one, two) = (tmp("qwen-one"), tmp("qwen-two"));
+        spec.write_safetensors(&one).unwrap();
+        spec.write_safetensors_sharded(&two, 2).unwrap();
+        assert_eq!(
+            shard_files(&two),
+            [
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors"
+            ]
+        );
+        let single = logits(&load_safetensors(&one).unwrap());
+        let sharded = load_safetensors(&two).unwrap();
+        // The same f32 values from other files: bit-identical logits.
+        assert_eq!(logits(&sharded), single);
+        let tp2 = load_safetensors_tp(&two, 2).unwrap();
+        assert_eq!(tp2.world_size(), 2);
+        let d = rel_diff(&single, &logits(&tp2));
+        assert!(d < 1e-4, "tp 2 vs 1: {d}");
+        std::fs::remove_dir_all(&one).ok();
+        std::fs::remove_dir_all(&two).ok();
+    }
+
+    #[test]
+    fn sharded_kimi_loads_like_one_file_and_each_rank_reads_its_shard() {
+        let two = tmp("kimi-two");
+        reshard_safetensors_dir(&kimi_fixture(), &two, 2).unwrap();
+        assert_eq!(shard_files(&two).len(), 2);
+        let single = logits(&load_safetensors(&kimi_fixture()).unwrap());
+        assert_eq!(logits(&load_safetensors(&two).unwrap()), single);
+        // One Model running both ranks, and each rank loaded on its own
+        // (as a process per rank would): both equal world 1.
+        let d = rel_diff(&single, &logits(&load_safetensors_tp(&two, 2).unwrap()));
+        assert!(d < 1e-4, "in-process tp 2 vs 1: {d}");
+        let ranks: Vec<_> = ThreadComm::group(2)
+            .unwrap()
+            .into_iter()
+            .map(|comm| {
+                let dir = two.clone();
+                std::thread::spawn(move || {
+                    logits(&load_safetensors_shard(&dir, Box::new(comm)).unwrap())
+                })
+            })
+            .collect();
+        for (rank, h) in ranks.into_iter().enumerate() {
+            let d = rel_diff(&single, &h.join().unwrap());
+            assert!(d < 1e-4, "rank {rank} of 2 vs world 1: {d}");
+        }
+        std::fs::remove_dir_all(&two).ok();
+    }
 }

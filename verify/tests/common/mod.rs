@@ -1,22 +1,9 @@
-//! Helpers shared by the verify crate's integration tests.
+//! Helpers shared by the verify crate's integration tests. The models
+//! directory lookup is the workspace's one (`SPECGATE_MODELS_DIR`, else
+//! `models/` in the workspace root), included from the root package's test
+//! support so every crate skips or finds the same files.
 
-use std::path::{Path, PathBuf};
+#[path = "../../../tests/common/models.rs"]
+mod models;
 
-/// A real GGUF file from the models directory (`SPECGATE_MODELS_DIR`, else
-/// the workspace's `models/`), or `None` with a note when
-/// scripts/fetch-models.sh has not fetched it.
-pub fn real_model(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var("SPECGATE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models"));
-    let p = dir.join(name);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipping: {} not present (run scripts/fetch-models.sh)",
-            p.display()
-        );
-        None
-    }
-}
+pub use models::real_model;

@@ -7,13 +7,10 @@ use super::{
     yarn_mscale, Attention, Dense, DsLayer, Ffn, MlaPrefill, Mlp, Moe, Query, Rope, Weights,
 };
 use crate::error::{Result, VerifyError};
-use crate::model::loader::{json_usize, take_f32};
+use crate::model::loader::{json_usize, SafetensorsWeights};
 use crate::model::{Arch, Body, MlaConfig, Model, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
 use crate::tp::Communicator;
-use candle_core::{Device, Tensor};
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::Path;
 
 /// Family-specific checks of [`ModelConfig::validate`].
 pub(crate) fn validate(cfg: &ModelConfig) -> Result<()> {
@@ -231,54 +228,45 @@ fn split(name: &str, n: usize, world: usize, rank: usize) -> Result<std::ops::Ra
     Ok(rank * per..(rank + 1) * per)
 }
 
-struct Tensors {
-    map: HashMap<String, Tensor>,
+/// Reads f32 weights (whole, or one rank's rows or columns) out of the
+/// memory-mapped files: only the bytes asked for are touched.
+struct Tensors<'a> {
+    st: &'a SafetensorsWeights,
 }
 
-impl Tensors {
-    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        Ok(take_f32(&mut self.map, name, shape)?
+impl Tensors<'_> {
+    fn take(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self
+            .st
+            .tensor(name, shape)?
             .flatten_all()?
             .to_vec1::<f32>()?)
     }
 
     /// Rows `r` of the `[out, inp]` matrix `name`.
-    fn rows(
-        &mut self,
-        name: &str,
-        out: usize,
-        inp: usize,
-        r: std::ops::Range<usize>,
-    ) -> Result<Dense> {
-        let w = self.take(&format!("{name}.weight"), &[out, inp])?;
+    fn rows(&self, name: &str, out: usize, inp: usize, r: std::ops::Range<usize>) -> Result<Dense> {
+        let name = format!("{name}.weight");
+        let w = self.st.rows(&name, (out, inp), r.clone())?;
         Ok(Dense {
-            w: w[r.start * inp..r.end * inp].to_vec(),
+            w: w.flatten_all()?.to_vec1::<f32>()?,
             out: r.len(),
             inp,
         })
     }
 
     /// Columns `c` of the `[out, inp]` matrix `name`.
-    fn cols(
-        &mut self,
-        name: &str,
-        out: usize,
-        inp: usize,
-        c: std::ops::Range<usize>,
-    ) -> Result<Dense> {
-        let w = self.take(&format!("{name}.weight"), &[out, inp])?;
+    fn cols(&self, name: &str, out: usize, inp: usize, c: std::ops::Range<usize>) -> Result<Dense> {
+        let name = format!("{name}.weight");
+        let w = self.st.cols(&name, (out, inp), c.clone())?;
         Ok(Dense {
-            w: w.chunks_exact(inp)
-                .flat_map(|row| &row[c.clone()])
-                .copied()
-                .collect(),
+            w: w.flatten_all()?.to_vec1::<f32>()?,
             out,
             inp: c.len(),
         })
     }
 
     /// Column-parallel gate/up, row-parallel down, over `f` of `ff`.
-    fn mlp(&mut self, p: &str, h: usize, ff: usize, f: std::ops::Range<usize>) -> Result<Mlp> {
+    fn mlp(&self, p: &str, h: usize, ff: usize, f: std::ops::Range<usize>) -> Result<Mlp> {
         Ok(Mlp {
             gate: self.rows(&format!("{p}.gate_proj"), ff, h, f.clone())?,
             up: self.rows(&format!("{p}.up_proj"), ff, h, f.clone())?,
@@ -289,15 +277,16 @@ impl Tensors {
 
 /// Loads a model whose ranks are `comms` (one `Communicator` per rank
 /// this model runs, in rank order: the whole group of a model sharded in
-/// one process, or a single rank of a group its caller drives).
+/// one process, or a single rank of a group its caller drives). Every rank
+/// reads its own shard out of the one mapping of `weights`.
 pub(crate) fn load(
-    st_path: &Path,
+    weights: &SafetensorsWeights,
     cfg: ModelConfig,
     comms: Vec<Box<dyn Communicator>>,
 ) -> Result<Model> {
     let ranks = comms
         .into_iter()
-        .map(|c| load_rank(st_path, &cfg, c))
+        .map(|c| load_rank(weights, &cfg, c))
         .collect::<Result<Vec<_>>>()?;
     let weight_bytes = decode_weight_bytes(&cfg);
     Ok(Model {
@@ -311,13 +300,15 @@ pub(crate) fn load(
     })
 }
 
-/// Loads `comm`'s rank's shard (see the module docs) from `st_path`.
-fn load_rank(st_path: &Path, cfg: &ModelConfig, comm: Box<dyn Communicator>) -> Result<Weights> {
+/// Loads `comm`'s rank's shard (see the module docs) from `weights`.
+fn load_rank(
+    weights: &SafetensorsWeights,
+    cfg: &ModelConfig,
+    comm: Box<dyn Communicator>,
+) -> Result<Weights> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let mla = cfg.mla.clone().expect("validated DeepSeek config has mla");
-    let mut t = Tensors {
-        map: candle_core::safetensors::load(st_path, &Device::Cpu)?,
-    };
+    let t = Tensors { st: weights };
     let (h, nh) = (cfg.hidden_size, cfg.num_heads);
     let (nope, rope, vd, kvr) = (
         mla.qk_nope_head_dim,
@@ -382,11 +373,15 @@ fn load_rank(st_path: &Path, cfg: &ModelConfig, comm: Box<dyn Communicator>) -> 
                     if x % world == rank {
                         experts.push((x, t.mlp(&format!("{m}.experts.{x}"), h, ff, 0..ff)?));
                     } else {
-                        for w in ["gate_proj", "up_proj", "down_proj"] {
-                            let name = format!("{m}.experts.{x}.{w}.weight");
-                            t.map
-                                .remove(&name)
-                                .ok_or(VerifyError::MissingTensor(name))?;
+                        // Another rank's expert: its header must be right
+                        // (a broken file fails on every rank alike), its
+                        // data is never read here.
+                        for (w, shape) in [
+                            ("gate_proj", [ff, h]),
+                            ("up_proj", [ff, h]),
+                            ("down_proj", [h, ff]),
+                        ] {
+                            t.st.check(&format!("{m}.experts.{x}.{w}.weight"), &shape)?;
                         }
                     }
                 }

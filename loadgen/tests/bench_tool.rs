@@ -4,6 +4,9 @@
 //! runs; failures are counted by reason; `report` combines labelled
 //! results files into a table and SVG charts.
 
+// The root package's test support (tiny model, in-process server, HTTP
+// helpers): one copy for every crate that starts a specgate server.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::*;

@@ -1,0 +1,307 @@
+//! The one log line per HTTP request, written when the request is over:
+//! for a whole response when it is handed to hyper, for a stream when the
+//! stream ends, however it ends (done, error event, timeout, or the client
+//! going away), because the line is written by the record's `Drop`.
+//!
+//! The record is shared (`Arc`) between the request wrapper
+//! ([`super::request_id::handle`]), the generation handler and its stream
+//! task; each fills in what it knows. Fields: `request_id`, `http_method`,
+//! `route`, `status`, then for generations `model`, `prompt_tokens`,
+//! `completion_tokens`, `spec_method`, `drafted_tokens`, `accepted_tokens`,
+//! `queue_ms`, `ttft_ms`, `finish` (`stop`, `length`, `error`, or
+//! `cancelled` when the client left first) and `error`; always `total_ms`.
+//! A field the request never reached is left out.
+
+use super::request_id::RequestId;
+use crate::engine::SpecMethod;
+use crate::logging::REQUEST_TARGET;
+use hyper::{Method, Request};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The longest route logged (a hostile client may send a very long path).
+const MAX_ROUTE: usize = 256;
+
+/// A request's log record. Cloning shares it; the line is written once,
+/// when the last clone is dropped.
+#[derive(Clone)]
+pub struct RequestLog(Arc<Record>);
+
+struct Record {
+    id: RequestId,
+    http_method: Method,
+    route: String,
+    started: Instant,
+    fields: Mutex<Fields>,
+}
+
+#[derive(Default)]
+struct Fields {
+    status: Option<u16>,
+    model: Option<String>,
+    prompt_tokens: Option<usize>,
+    completion_tokens: Option<usize>,
+    spec_method: Option<SpecMethod>,
+    drafted: Option<u64>,
+    accepted: Option<u64>,
+    queue: Option<Duration>,
+    ttft: Option<Duration>,
+    finish: Option<&'static str>,
+    error: Option<String>,
+    /// Whether the engine took the request (a finish is then expected).
+    submitted: bool,
+}
+
+impl RequestLog {
+    /// A record for a request that started now.
+    pub fn new(id: RequestId, http_method: &Method, path: &str) -> Self {
+        let mut route = path.to_owned();
+        if route.len() > MAX_ROUTE {
+            // A URI path is ASCII, so any byte index is a char boundary.
+            route.truncate(MAX_ROUTE);
+            route.push_str("...");
+        }
+        RequestLog(Arc::new(Record {
+            id,
+            http_method: http_method.clone(),
+            route,
+            started: Instant::now(),
+            fields: Mutex::new(Fields::default()),
+        }))
+    }
+
+    /// The record the request wrapper attached to `req`, or a new one (with
+    /// the request's id) for a handler reached some other way.
+    pub fn of<B>(req: &Request<B>) -> Self {
+        req.extensions()
+            .get::<RequestLog>()
+            .cloned()
+            .unwrap_or_else(|| {
+                RequestLog::new(
+                    RequestId::for_headers(req.headers()),
+                    req.method(),
+                    req.uri().path(),
+                )
+            })
+    }
+
+    /// The request's id.
+    pub fn id(&self) -> &RequestId {
+        &self.0.id
+    }
+
+    fn fields(&self) -> MutexGuard<'_, Fields> {
+        self.0.fields.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The HTTP status sent (for a stream: the one in its head).
+    pub fn set_status(&self, status: u16) {
+        self.fields().status = Some(status);
+    }
+
+    /// The model the request named.
+    pub fn set_model(&self, model: &str) {
+        self.fields().model = Some(model.to_owned());
+    }
+
+    /// The engine accepted the request with this many prompt tokens and
+    /// this requested proposer (`None`: the server's).
+    pub fn submitted(&self, prompt_tokens: usize, method: Option<SpecMethod>) {
+        let mut f = self.fields();
+        f.submitted = true;
+        f.prompt_tokens = Some(prompt_tokens);
+        f.spec_method = method;
+    }
+
+    /// Output tokens arrived; the first call fixes the time to first token.
+    pub fn tokens_arrived(&self) {
+        let ttft = self.0.started.elapsed();
+        self.fields().ttft.get_or_insert(ttft);
+    }
+
+    /// The engine's account of a finished sequence.
+    pub fn engine_finished(
+        &self,
+        method: SpecMethod,
+        drafted: u64,
+        accepted: u64,
+        queue_time: Duration,
+    ) {
+        let mut f = self.fields();
+        f.spec_method = Some(method);
+        f.drafted = Some(drafted);
+        f.accepted = Some(accepted);
+        f.queue = Some(queue_time);
+    }
+
+    /// The answer ended normally (`"stop"` or `"length"`).
+    pub fn finished(&self, finish: &'static str, completion_tokens: usize) {
+        let mut f = self.fields();
+        f.finish = Some(finish);
+        f.completion_tokens = Some(completion_tokens);
+    }
+
+    /// The answer ended with an error (after its head, for a stream).
+    pub fn failed(&self, error: &str, completion_tokens: usize) {
+        let mut f = self.fields();
+        f.finish = Some("error");
+        f.error = Some(error.to_owned());
+        f.completion_tokens = Some(completion_tokens);
+    }
+}
+
+fn method_name(m: SpecMethod) -> &'static str {
+    match m {
+        SpecMethod::Off => "off",
+        SpecMethod::Ngram => "ngram",
+        SpecMethod::Draft => "draft",
+    }
+}
+
+fn ms(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64() * 1e3)
+}
+
+/// The line, at `$level`: the same fields whatever the level.
+macro_rules! request_line {
+    ($level:ident, $r:expr, $f:expr, $finish:expr, $total:expr) => {
+        tracing::$level!(
+            target: REQUEST_TARGET,
+            request_id = %$r.id,
+            http_method = %$r.http_method,
+            route = %$r.route,
+            status = $f.status,
+            model = $f.model.as_deref(),
+            prompt_tokens = $f.prompt_tokens,
+            completion_tokens = $f.completion_tokens,
+            spec_method = $f.spec_method.map(method_name),
+            drafted_tokens = $f.drafted,
+            accepted_tokens = $f.accepted,
+            queue_ms = ms($f.queue),
+            ttft_ms = ms($f.ttft),
+            total_ms = $total,
+            finish = $finish,
+            error = $f.error.as_deref(),
+            "request"
+        )
+    };
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        let f = self.fields.get_mut().unwrap_or_else(|e| e.into_inner());
+        let total = self.started.elapsed().as_secs_f64() * 1e3;
+        // Taken by the engine but never finished: the client went away (or
+        // the stream was abandoned) first.
+        let finish = f.finish.or(f.submitted.then_some("cancelled"));
+        // Probes hit /health and /metrics every few seconds: at info they
+        // would drown the request lines an operator looks for.
+        let probe = self.http_method == Method::GET
+            && matches!(self.route.as_str(), "/health" | "/metrics")
+            && f.status == Some(200);
+        if probe {
+            request_line!(debug, self, f, finish, total);
+        } else {
+            request_line!(info, self, f, finish, total);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::logging::{subscriber, Captured, LogFormat};
+    use serde_json::Value;
+    use tracing_subscriber::EnvFilter;
+
+    fn lines(filter: &str, f: impl FnOnce()) -> Vec<Value> {
+        let out = Captured::default();
+        let sub = subscriber(LogFormat::Json, EnvFilter::new(filter), out.clone());
+        tracing::subscriber::with_default(sub, f);
+        out.contents()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn id(s: &str) -> RequestId {
+        RequestId::from_client(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn one_line_when_the_last_holder_lets_go() {
+        let got = lines("info", || {
+            let log = RequestLog::new(id("r1"), &Method::POST, "/v1/completions");
+            let stream_task = log.clone();
+            log.set_status(200);
+            log.set_model("m");
+            log.submitted(7, None);
+            drop(log);
+            stream_task.tokens_arrived();
+            stream_task.engine_finished(SpecMethod::Ngram, 10, 6, Duration::from_millis(3));
+            stream_task.finished("length", 5);
+            drop(stream_task);
+        });
+        assert_eq!(got.len(), 1, "{got:?}");
+        let l = &got[0];
+        assert_eq!(l["target"], REQUEST_TARGET);
+        assert_eq!(l["request_id"], "r1");
+        assert_eq!(l["route"], "/v1/completions");
+        assert_eq!(l["http_method"], "POST");
+        assert_eq!(l["status"], 200);
+        assert_eq!(l["model"], "m");
+        assert_eq!(l["prompt_tokens"], 7);
+        assert_eq!(l["completion_tokens"], 5);
+        assert_eq!(l["spec_method"], "ngram");
+        assert_eq!(l["drafted_tokens"], 10);
+        assert_eq!(l["accepted_tokens"], 6);
+        assert_eq!(l["queue_ms"], 3.0);
+        assert_eq!(l["finish"], "length");
+        assert!(l["ttft_ms"].is_f64() && l["total_ms"].is_f64(), "{l}");
+        assert!(l.get("error").is_none(), "{l}");
+    }
+
+    #[test]
+    fn a_submitted_request_that_never_finished_is_cancelled() {
+        let got = lines("info", || {
+            let log = RequestLog::new(id("r2"), &Method::POST, "/v1/chat/completions");
+            log.set_status(200);
+            log.submitted(3, Some(SpecMethod::Draft));
+        });
+        assert_eq!(got[0]["finish"], "cancelled");
+        assert_eq!(got[0]["spec_method"], "draft");
+        assert!(got[0].get("completion_tokens").is_none());
+    }
+
+    #[test]
+    fn an_error_before_the_engine_has_no_finish() {
+        let got = lines("info", || {
+            let log = RequestLog::new(id("r3"), &Method::GET, "/nowhere");
+            log.set_status(404);
+        });
+        assert_eq!(got[0]["status"], 404);
+        assert!(got[0].get("finish").is_none());
+        assert!(got[0].get("prompt_tokens").is_none());
+    }
+
+    #[test]
+    fn healthy_probes_log_at_debug_and_failed_ones_at_info() {
+        let probe = |status| {
+            let log = RequestLog::new(id("p"), &Method::GET, "/health");
+            log.set_status(status);
+        };
+        assert!(lines("info", || probe(200)).is_empty());
+        assert_eq!(lines("debug", || probe(200)).len(), 1);
+        assert_eq!(lines("info", || probe(503))[0]["status"], 503);
+    }
+
+    #[test]
+    fn a_long_route_is_cut() {
+        let path = format!("/{}", "a".repeat(1000));
+        let got = lines("info", || {
+            RequestLog::new(id("r4"), &Method::GET, &path);
+        });
+        assert_eq!(got[0]["route"].as_str().unwrap().len(), MAX_ROUTE + 3);
+    }
+}
