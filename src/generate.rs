@@ -21,7 +21,9 @@ const PREFILL_CHUNK: usize = 512;
 /// Arguments of `specgate generate`.
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// A .gguf file, or a directory with config.json, model.safetensors and tokenizer.json.
+    /// A .gguf file, or a Hugging Face directory: config.json, model.safetensors
+    /// (or model-0000x-of-0000y.safetensors with model.safetensors.index.json),
+    /// tokenizer.json, and optionally tokenizer_config.json / generation_config.json.
     #[arg(long)]
     pub model: PathBuf,
     /// The prompt text.

@@ -899,3 +899,232 @@ fn health_changes_only_after_consecutive_polls() {
     assert!(step(true), "2 good polls in a row bring it back");
     assert_eq!(fetch(addr, false).status, 200);
 }
+
+// ---------------------------------------------------------------------------
+// The routes and request ids a replica has, through the router: one
+// in-process `specgate serve` (tiny model) behind a router. The router's
+// log lines are captured by a global subscriber (it logs from its runtime's
+// threads) that keeps only the router's request target.
+
+use specgate::logging::{subscriber, Captured, LogFormat};
+use std::sync::OnceLock;
+use tracing_subscriber::EnvFilter;
+
+/// The router's request lines of this test binary (installed once).
+fn router_log() -> &'static Captured {
+    static LOG: OnceLock<Captured> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let out = Captured::default();
+        let filter = EnvFilter::new("specgate::router::request=info");
+        let sub = subscriber(LogFormat::Json, filter, out.clone());
+        tracing::subscriber::set_global_default(sub).expect("the only subscriber of this binary");
+        out
+    })
+}
+
+/// The router's request line for `id`, waiting a bounded time for it (it
+/// is written when the response body has been handed over, just after the
+/// client read it). Panics when there is more than one.
+fn router_line_of(id: &str) -> Value {
+    let t = Instant::now();
+    loop {
+        let found: Vec<Value> = router_log()
+            .contents()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .filter(|v| v["request_id"] == id)
+            .collect();
+        assert!(found.len() <= 1, "more than one line for {id}: {found:?}");
+        if let Some(v) = found.into_iter().next() {
+            return v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no router line for {id} in:\n{}",
+            router_log().contents()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn header_of(r: &Resp, name: &str) -> Option<String> {
+    r.headers.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_string())
+    })
+}
+
+/// One in-process replica and a router in front of it.
+fn replica_and_router() -> (Server, Router) {
+    let replica = Server::start(config(|_| {}), None);
+    let router = Router::start(vec![format!("http://{}", replica.addr)]);
+    router.wait_healthy(1);
+    (replica, router)
+}
+
+#[test]
+fn the_router_answers_every_route_a_replica_answers() {
+    let mut server: Vec<(&str, String)> = specgate::http::ROUTES
+        .iter()
+        .map(|(p, m)| (*p, m.to_string()))
+        .collect();
+    let mut routed: Vec<(&str, String)> = router::ROUTES
+        .iter()
+        .map(|(p, m, _)| (*p, m.to_string()))
+        .collect();
+    server.sort();
+    routed.sort();
+    assert_eq!(routed, server);
+    // Only the router's own health and metrics are answered locally.
+    for (path, _, how) in router::ROUTES {
+        let local = matches!(how, router::Handling::Health | router::Handling::Metrics);
+        assert_eq!(local, ["/health", "/metrics"].contains(&path), "{path}");
+    }
+}
+
+#[test]
+fn tokenize_version_and_openapi_through_the_router_equal_the_replicas() {
+    let (replica, r) = replica_and_router();
+    let both = |method: &str, path: &str, body: &str| {
+        let json = [("Content-Type", "application/json")];
+        let direct = request(replica.addr, method, path, &json, body);
+        let routed = request(r.addr, method, path, &json, body);
+        assert_eq!(direct.status, 200, "{path}: {}", direct.body);
+        assert_eq!(routed.status, 200, "{path}: {}", routed.body);
+        let d: Value = serde_json::from_str(&direct.body).unwrap();
+        let t: Value = serde_json::from_str(&routed.body).unwrap();
+        assert_eq!(t, d, "{path}");
+        t
+    };
+    let tok = both(
+        "POST",
+        "/tokenize",
+        &json!({"model": MODEL, "prompt": "hello world", "add_special_tokens": false}).to_string(),
+    );
+    assert!(tok["count"].as_u64().unwrap() > 0, "{tok}");
+    let detok = both(
+        "POST",
+        "/detokenize",
+        &json!({"model": MODEL, "tokens": tok["tokens"]}).to_string(),
+    );
+    assert_eq!(detok["prompt"], "hello world");
+    both("GET", "/version", "");
+    let doc = both("GET", "/openapi.json", "");
+    assert!(doc["paths"]["/tokenize"].is_object(), "{doc}");
+    // A route's other method is refused by the router itself, naming the
+    // one it serves.
+    let wrong = request(r.addr, "GET", "/tokenize", &[], "");
+    assert_eq!(wrong.status, 405, "{}", wrong.body);
+    assert_eq!(header_of(&wrong, "allow").as_deref(), Some("POST"));
+}
+
+#[test]
+fn forwarded_routes_without_a_healthy_replica_are_503s() {
+    // A port that was just free: the replica is down from the start.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let r = Router::start(vec![url]);
+    assert_eq!(r.healthy(), 0);
+    for (method, path) in [("GET", "/version"), ("POST", "/tokenize")] {
+        let resp = request(r.addr, method, path, &[], "{}");
+        assert_eq!(resp.status, 503, "{path}: {}", resp.body);
+        let e = error_of(&resp);
+        assert_eq!(e["type"], "server_error", "{path}: {e}");
+        assert!(header_of(&resp, "x-request-id").is_some(), "{path}");
+    }
+}
+
+#[test]
+fn request_ids_go_through_the_router() {
+    // Installed before the first request, whose line would be lost.
+    router_log();
+    let (replica, r) = replica_and_router();
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 3, "temperature": 0})
+    .to_string();
+    let chat = |id: Option<&str>| {
+        let mut h = vec![("Content-Type", "application/json")];
+        h.extend(id.map(|id| ("X-Request-Id", id)));
+        let resp = request(r.addr, "POST", "/v1/chat/completions", &h, &body);
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        let v: Value = serde_json::from_str(&resp.body).unwrap();
+        let echoed = header_of(&resp, "x-request-id").expect("no x-request-id");
+        (echoed, v["id"].as_str().unwrap().to_string())
+    };
+
+    // The client's id comes back and names the replica's answer: the
+    // replica was sent the same id.
+    let (echoed, answer) = chat(Some("client-id-7"));
+    assert_eq!(echoed, "client-id-7");
+    assert_eq!(answer, "chatcmpl-client-id-7");
+    let line = router_line_of("client-id-7");
+    assert_eq!(line["route"], "/v1/chat/completions");
+    assert_eq!(line["http_method"], "POST");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["replica"], format!("http://{}", replica.addr));
+    assert_eq!(line["attempts"], 1);
+    assert!(line["total_ms"].is_f64(), "{line}");
+
+    // None sent, or one the server would not accept: the router makes one,
+    // the replica uses it, and each request gets its own.
+    let mut seen = Vec::new();
+    for id in [None, Some("two words"), None] {
+        let (echoed, answer) = chat(id);
+        assert_eq!(echoed.len(), 16, "{echoed}");
+        assert!(echoed.bytes().all(|b| b.is_ascii_hexdigit()), "{echoed}");
+        assert_eq!(answer, format!("chatcmpl-{echoed}"));
+        assert_eq!(router_line_of(&echoed)["status"], 200);
+        seen.push(echoed);
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+
+    // The router's own answers carry an id and are logged too.
+    let missing = request(r.addr, "GET", "/nowhere", &[("X-Request-Id", "lost-1")], "");
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        header_of(&missing, "x-request-id").as_deref(),
+        Some("lost-1")
+    );
+    let line = router_line_of("lost-1");
+    assert_eq!(line["status"], 404);
+    assert!(line.get("replica").is_none(), "{line}");
+    let health = request(r.addr, "GET", "/health", &[], "");
+    assert!(header_of(&health, "x-request-id").is_some());
+}
+
+#[test]
+fn a_cut_stream_is_logged_once_with_its_error() {
+    router_log();
+    let mut h = Harness::new();
+    let dies = h.fake(
+        Fake::Stream {
+            items: vec!["data: {\"n\":1}\n\n"],
+            gap: Duration::ZERO,
+            end: End::Die,
+        },
+        None,
+    );
+    let addr = h.route(&[&dies], |_| {});
+    let r = fetch(addr, true);
+    assert_eq!(r.status, 200);
+    // The fake sends no id: the router's own is on the relayed answer.
+    let id = r
+        .head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-request-id:")
+                .map(|v| v.trim().to_string())
+        })
+        .expect("no x-request-id on a relayed answer");
+    let line = router_line_of(&id);
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["replica"], dies.url);
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(error.contains(&dies.url), "{line}");
+}

@@ -70,12 +70,27 @@ impl From<EngineFailure> for ApiError {
                     RequestPart::Method => "speculative.method",
                     RequestPart::NumSpeculativeTokens => "speculative.num_tokens",
                 };
-                ApiError::invalid(param, message)
+                ApiError::invalid(param, sentence(&message))
             }
-            EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
-            EngineError::Invalid(message) => ApiError::internal(message),
+            EngineError::Stopped => ApiError::unavailable("The engine has stopped."),
+            EngineError::Invalid(message) => ApiError::internal(sentence(&message)),
         }
     }
+}
+
+/// An engine message (a lowercase clause, as Rust errors are written) in
+/// the style of the API's own messages (OpenAI's): capitalized, ending with
+/// a period.
+fn sentence(message: &str) -> String {
+    let mut chars = message.chars();
+    let mut out: String = match chars.next() {
+        Some(c) => c.to_uppercase().chain(chars).collect(),
+        None => return String::new(),
+    };
+    if !out.ends_with(['.', '!', '?']) {
+        out.push('.');
+    }
+    out
 }
 
 #[cfg(test)]
@@ -105,7 +120,7 @@ mod tests {
             let e = failure(rejected(part));
             assert_eq!(e.status(), 400);
             assert_eq!(e.param.as_deref(), Some(param), "{part:?}");
-            assert_eq!(e.message, "too long");
+            assert_eq!(e.message, "Too long.", "engine text in the API's style");
         }
         assert_eq!(failure(EngineError::Stopped).status(), 503);
         assert_eq!(failure(EngineError::Invalid("x".into())).status(), 500);

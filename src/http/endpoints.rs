@@ -106,7 +106,7 @@ async fn off_runtime<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(move || state.backend().and_then(work))
         .await
-        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
+        .map_err(|e| ApiError::internal(format!("Tokenizing failed: {e}.")))?
 }
 
 /// The ids of `t`, as generation would build its prompt: a raw prompt gets

@@ -78,17 +78,17 @@ impl Driver {
                 r = tokio::time::timeout_at(self.deadline, rx.recv()) => r,
                 _ = until_cut(&mut self.cut) => {
                     self.rx = None;
-                    return Some(Piece::Error("the server is shutting down".into()));
+                    return Some(Piece::Error("The server is shutting down.".into()));
                 }
             };
             let ev = match received {
                 Err(_) => {
                     self.rx = None;
-                    return Some(Piece::Error("the request timed out".into()));
+                    return Some(Piece::Error("The request timed out.".into()));
                 }
                 Ok(None) => {
                     self.rx = None;
-                    return Some(Piece::Error("the engine stopped".into()));
+                    return Some(Piece::Error("The engine stopped.".into()));
                 }
                 Ok(Some(ev)) => ev,
             };
@@ -182,14 +182,14 @@ pub(super) async fn handle(
     let arrived = Instant::now();
     let log = RequestLog::of(&req);
     if state.draining.load(Ordering::SeqCst) {
-        return Err(ApiError::unavailable("the server is shutting down"));
+        return Err(ApiError::unavailable("The server is shutting down."));
     }
     let backend = state.backend()?;
     // Shed load before doing any work for the request: the permit is taken
     // before the body is read, parsed, templated and tokenized.
     let permit = state.admission.clone().try_acquire_owned().map_err(|_| {
         ApiError::rate_limited(format!(
-            "too many requests in flight (limit {}); retry later",
+            "Too many requests in flight (limit {}); retry later.",
             state.settings.max_concurrent_requests
         ))
     })?;
@@ -212,7 +212,7 @@ pub(super) async fn handle(
         (v, built)
     })
     .await
-    .map_err(|e| ApiError::internal(format!("tokenizing the request failed: {e}")))?;
+    .map_err(|e| ApiError::internal(format!("Tokenizing the request failed: {e}.")))?;
     let (gen, param) = built?;
     let prompt_tokens = gen.prompt.len();
     let method = gen.method;
@@ -271,14 +271,14 @@ fn build_request(
         ),
     };
     if prompt.is_empty() {
-        return Err(ApiError::invalid(param, "the prompt encodes to no tokens"));
+        return Err(ApiError::invalid(param, "The prompt encodes to no tokens."));
     }
     let ctx = backend.engine.max_position();
     if prompt.len() >= ctx {
         return Err(ApiError::invalid(
             param,
             format!(
-                "the prompt has {} tokens; this model's context length is {ctx}",
+                "The prompt has {} tokens; this model's context length is {ctx}.",
                 prompt.len()
             ),
         ));
@@ -291,8 +291,8 @@ fn build_request(
         return Err(ApiError::invalid(
             "max_tokens",
             format!(
-                "max_tokens is {max_tokens}, but the prompt has {} tokens and this model's \
-                 context length is {ctx}: at most {room} tokens can be generated",
+                "'max_tokens' is {max_tokens}, but the prompt has {} tokens and this model's \
+                 context length is {ctx}: at most {room} tokens can be generated.",
                 prompt.len()
             ),
         ));
@@ -339,7 +339,7 @@ async fn whole(
             Piece::Error(e) => return Err(ApiError::unavailable(e)),
         }
     }
-    Err(ApiError::internal("the response ended without a finish"))
+    Err(ApiError::internal("The response ended without a finish."))
 }
 
 fn sse<T: serde::Serialize>(v: &T) -> Bytes {

@@ -10,8 +10,8 @@ pub mod cors;
 mod endpoints;
 mod generate;
 pub mod openapi;
-mod request_id;
-mod request_log;
+pub(crate) mod request_id;
+pub(crate) mod request_log;
 pub mod stop;
 mod timed_io;
 
@@ -119,9 +119,9 @@ impl AppState {
     }
 
     fn backend(&self) -> Result<&Backend, ApiError> {
-        self.backend
-            .get()
-            .ok_or_else(|| ApiError::unavailable("the model is still loading"))
+        self.backend.get().ok_or_else(|| {
+            ApiError::unavailable("The model is still loading; retry when /health answers 200.")
+        })
     }
 }
 
@@ -316,7 +316,7 @@ async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> 
     let read = Limited::new(body, state.settings.max_body_bytes).collect();
     let Ok(read) = tokio::time::timeout(limit, read).await else {
         return Err(ApiError::request_timeout(format!(
-            "the request body did not arrive within {} s",
+            "The request body did not arrive within {} s.",
             limit.as_secs_f64()
         )));
     };
@@ -326,7 +326,7 @@ async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> 
             Err(ApiError::payload_too_large(state.settings.max_body_bytes))
         }
         Err(e) => Err(ApiError::bad_request(format!(
-            "could not read the request body: {e}"
+            "Could not read the request body: {e}."
         ))),
     }
 }
@@ -358,7 +358,7 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResB
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let Some((_, want)) = ROUTES.iter().find(|(p, _)| *p == path) else {
-        return error_response(&ApiError::not_found(format!("no route for {path}")));
+        return error_response(&ApiError::not_found(format!("No route for {path}.")));
     };
     if method == Method::OPTIONS && state.settings.cors.is_enabled() {
         return cors::preflight(want);
@@ -382,7 +382,7 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResB
         "/version" => Ok(endpoints::version()),
         "/openapi.json" => Ok(openapi::response(&state)),
         _ if !authorized(&state, &req) => Err(ApiError::authentication(
-            "missing or invalid API key (send Authorization: Bearer <key>)",
+            "Missing or invalid API key (send 'Authorization: Bearer <key>').",
         )),
         "/v1/models" => Ok(endpoints::models(&state)),
         "/tokenize" => endpoints::tokenize(state.clone(), req).await,
@@ -402,7 +402,7 @@ fn health(state: &AppState) -> Response<ResBody> {
         json_response(StatusCode::OK, r#"{"status":"ok"}"#.into())
     } else {
         error_response(&ApiError::unavailable(
-            "the server is not ready or is shutting down",
+            "The server is not ready or is shutting down.",
         ))
     }
 }

@@ -4,7 +4,9 @@
 //! /health included), prefixes the generation response ids
 //! (`chatcmpl-<id>`, `cmpl-<id>`) and is the `request_id` of the request's
 //! log line ([`super::request_log`]), so a client's report, a proxy's log
-//! and this server's log can be joined on it.
+//! and this server's log can be joined on it. The router (`specgate route`)
+//! assigns ids with the same [`RequestId`] and sends its id on to the
+//! replica, so one id names the request in both logs.
 
 use super::request_log::RequestLog;
 use super::{route, AppState, ResBody};

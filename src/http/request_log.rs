@@ -23,6 +23,18 @@ use tokio::time::Instant;
 /// The longest route logged (a hostile client may send a very long path).
 const MAX_ROUTE: usize = 256;
 
+/// `path` as logged: cut to [`MAX_ROUTE`] bytes (then `...` follows). Also
+/// the router's `route` field.
+pub(crate) fn loggable_route(path: &str) -> String {
+    let mut route = path.to_owned();
+    if route.len() > MAX_ROUTE {
+        // A URI path is ASCII, so any byte index is a char boundary.
+        route.truncate(MAX_ROUTE);
+        route.push_str("...");
+    }
+    route
+}
+
 /// A request's log record. Cloning shares it; the line is written once,
 /// when the last clone is dropped.
 #[derive(Clone)]
@@ -56,16 +68,10 @@ struct Fields {
 impl RequestLog {
     /// A record for a request that started now.
     pub fn new(id: RequestId, http_method: &Method, path: &str) -> Self {
-        let mut route = path.to_owned();
-        if route.len() > MAX_ROUTE {
-            // A URI path is ASCII, so any byte index is a char boundary.
-            route.truncate(MAX_ROUTE);
-            route.push_str("...");
-        }
         RequestLog(Arc::new(Record {
             id,
             http_method: http_method.clone(),
-            route,
+            route: loggable_route(path),
             started: Instant::now(),
             fields: Mutex::new(Fields::default()),
         }))

@@ -6,33 +6,41 @@
 //! replica's response body (idle limit, an error event for a cut stream) in
 //! [`relay`].
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` and
-//! `GET /v1/models` are forwarded; `GET /health` is the router's own (200
-//! while at least one replica is healthy, else 503) and `GET /metrics` its
-//! own Prometheus text. Authentication is left to the replicas: the
-//! `Authorization` header is passed through.
+//! Routes ([`ROUTES`], the same paths and methods as a replica's): the
+//! generation routes are forwarded with prefix affinity; `/v1/models`,
+//! `/tokenize`, `/detokenize`, `/version` and `/openapi.json` to any healthy
+//! replica; `GET /health` is the router's own (200 while at least one
+//! replica is healthy, else 503) and `GET /metrics` its own Prometheus
+//! text. Authentication is left to the replicas: the `Authorization` header
+//! is passed through. Every request gets an id as on a replica
+//! ([`crate::http::request_id`]), which is sent upstream and returned, and
+//! one log line when it ends ([`request_log`]). CORS is not the router's:
+//! a preflight through it is a 405.
 
 pub mod balancer;
 pub mod config;
 pub mod proxy;
 pub mod relay;
 pub mod replicas;
+mod request_log;
 
 pub use config::RouterConfig;
 
 use crate::api::ApiError;
+use crate::http::request_id::{self, RequestId};
 use crate::http::ResBody;
 use anyhow::{Context, Result};
 use balancer::Balancer;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use metrics_exporter_prometheus::PrometheusHandle;
 use proxy::{forward, local_error, RouterBody};
 use replicas::{Hysteresis, Pool};
+use request_log::RouteLog;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -149,7 +157,7 @@ async fn serve(
     let graceful = crate::http::accept_with(
         &listener,
         state,
-        route,
+        handle,
         shutdown,
         crate::http::ConnLimits::default(),
     )
@@ -158,24 +166,76 @@ async fn serve(
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
 }
 
-async fn route(state: Arc<RouterState>, req: Request<Incoming>) -> Response<RouterBody> {
+/// How the router answers one of its [`ROUTES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handling {
+    /// The router's own health: 200 while a replica is healthy.
+    Health,
+    /// The router's own Prometheus text.
+    Metrics,
+    /// Forwarded to a replica chosen by load and the prompt's prefix (its
+    /// KV cache may hold it), under the generation head timeouts.
+    Generation,
+    /// Forwarded to the least loaded healthy replica: nothing to keep
+    /// together, and the answer is the same from any replica of one model
+    /// (503 with an OpenAI error body when none is healthy).
+    AnyReplica,
+}
+
+/// Every route the router answers: path, method, and how. The paths and
+/// methods are exactly those of [`crate::http::ROUTES`] (a test holds
+/// them equal), so whatever a replica serves is reachable through the
+/// router; `/health` and `/metrics` are the router's own.
+pub const ROUTES: [(&str, Method, Handling); 9] = [
+    ("/health", Method::GET, Handling::Health),
+    ("/metrics", Method::GET, Handling::Metrics),
+    ("/version", Method::GET, Handling::AnyReplica),
+    ("/openapi.json", Method::GET, Handling::AnyReplica),
+    ("/v1/models", Method::GET, Handling::AnyReplica),
+    ("/v1/chat/completions", Method::POST, Handling::Generation),
+    ("/v1/completions", Method::POST, Handling::Generation),
+    ("/tokenize", Method::POST, Handling::AnyReplica),
+    ("/detokenize", Method::POST, Handling::AnyReplica),
+];
+
+/// The router's request handler: assigns the request its id (the client's
+/// `X-Request-Id` when acceptable, else a new one, as the server does),
+/// sends that id upstream in place of whatever came in, so the replica's
+/// log line and response ids carry it, stamps it on every response (local
+/// errors included), and keeps the request's log record (written when the
+/// answer ends).
+async fn handle(state: Arc<RouterState>, mut req: Request<Incoming>) -> Response<RouterBody> {
+    let id = RequestId::for_headers(req.headers());
+    req.headers_mut()
+        .insert(request_id::HEADER, id.header_value());
+    let log = RouteLog::new(id, req.method(), req.uri().path());
+    let mut res = route(state, req, &log).await;
+    log.set_status(res.status().as_u16());
+    res.headers_mut()
+        .insert(request_id::HEADER, log.id().header_value());
+    res
+}
+
+async fn route(
+    state: Arc<RouterState>,
+    req: Request<Incoming>,
+    log: &RouteLog,
+) -> Response<RouterBody> {
     let path = req.uri().path().to_string();
-    const ROUTES: [(&str, Method); 5] = [
-        ("/health", Method::GET),
-        ("/metrics", Method::GET),
-        ("/v1/models", Method::GET),
-        ("/v1/chat/completions", Method::POST),
-        ("/v1/completions", Method::POST),
-    ];
-    let Some((_, want)) = ROUTES.iter().find(|(p, _)| *p == path) else {
-        return local_error(&ApiError::not_found(format!("no route for {path}")));
+    let Some((_, want, handling)) = ROUTES.iter().find(|(p, ..)| *p == path) else {
+        return local_error(&ApiError::not_found(format!("No route for {path}.")));
     };
     if req.method() != want {
-        return local_error(&ApiError::method_not_allowed(req.method().as_str(), &path));
+        let mut r = local_error(&ApiError::method_not_allowed(req.method().as_str(), &path));
+        // A 405 names what the route does serve (RFC 9110), as a replica's does.
+        if let Ok(v) = HeaderValue::from_str(want.as_str()) {
+            r.headers_mut().insert(ALLOW, v);
+        }
+        return r;
     }
-    match path.as_str() {
-        "/health" => health(&state),
-        "/metrics" => {
+    match handling {
+        Handling::Health => health(&state),
+        Handling::Metrics => {
             let mut r = Response::new(RouterBody::Local(ResBody::Full(Full::new(Bytes::from(
                 state.metrics.render(),
             )))));
@@ -185,14 +245,15 @@ async fn route(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Rout
             );
             r
         }
-        _ => forward(state, req).await,
+        Handling::Generation => forward(state, req, true, log).await,
+        Handling::AnyReplica => forward(state, req, false, log).await,
     }
 }
 
 fn health(state: &RouterState) -> Response<RouterBody> {
     let n = state.pool.healthy();
     if n == 0 {
-        return local_error(&ApiError::unavailable("no healthy replica"));
+        return local_error(&ApiError::unavailable("No healthy replica is available."));
     }
     let mut r = Response::new(RouterBody::Local(ResBody::Full(Full::new(Bytes::from(
         format!(r#"{{"status":"ok","healthy_replicas":{n}}}"#),

@@ -1,5 +1,5 @@
 //! Forwarding one client request to a replica: pick (load + prefix
-//! affinity), send, and pass the answer through (status, headers less
+//! affinity for a generation, load alone otherwise), send, and pass the answer through (status, headers less
 //! hop-by-hop ones, body bytes as they arrive through a [`Relay`], so SSE
 //! streams flow).
 //!
@@ -15,6 +15,7 @@
 
 use super::balancer::{prefix_hashes, Reason};
 use super::relay::{Relay, RelayError};
+use super::request_log::RouteLog;
 use super::RouterState;
 use crate::api::ApiError;
 use crate::http::{error_response, ResBody};
@@ -140,13 +141,23 @@ pub fn inspect(body: &[u8]) -> Inspected {
 
 /// Forwards `req` to a replica, retrying elsewhere only what is safe (see
 /// the module doc) and only while nothing has been sent to the client.
+/// With `prompt_affinity` (the generation routes) the replica is chosen by
+/// load and the prompt's prefix and the head timeout depends on `stream`;
+/// without it (tokenize, version: no KV cache to reuse) by load alone, under
+/// the non-streamed head timeout. What happened is noted in `log`, which the
+/// relay holds until the answer's end.
 ///
 /// Errors (as OpenAI error responses): 413 for a body over the limit, 503
 /// when no replica is healthy, 502 when every replica tried failed to
 /// answer, 504 when the chosen replica sent no response head within the
 /// head timeout; a replica's own error status is passed through (a 503
 /// only when it was the last try).
-pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Response<RouterBody> {
+pub(crate) async fn forward(
+    state: Arc<RouterState>,
+    req: Request<Incoming>,
+    prompt_affinity: bool,
+    log: &RouteLog,
+) -> Response<RouterBody> {
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, state.cfg.max_body_bytes).collect().await {
         Ok(c) => c.to_bytes(),
@@ -155,11 +166,17 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
         }
         Err(e) => {
             return local_error(&ApiError::bad_request(format!(
-                "could not read the request body: {e}"
+                "Could not read the request body: {e}."
             )))
         }
     };
-    let seen = inspect(&body);
+    // Not inspected without affinity: a tokenize body's prompt must not
+    // take up affinity entries, nor its `stream` key pick a timeout.
+    let seen = if prompt_affinity {
+        inspect(&body)
+    } else {
+        Inspected::default()
+    };
     let hashes = prefix_hashes(&seen.prompt, state.cfg.prefix_chunk_bytes);
     let head_limit = Duration::from_millis(if seen.stream {
         state.cfg.stream_head_timeout_ms
@@ -183,6 +200,7 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
             metrics::counter!(names::ROUTER_RETRIES).increment(1);
         }
         tried.push(lease.url.clone());
+        log.tried(tried.len());
         let uri: Uri = match format!("{}{path}", lease.url).parse() {
             Ok(u) => u,
             Err(e) => {
@@ -204,13 +222,15 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
             Err(_) => {
                 // Not retried: the replica may be computing the answer.
                 errors();
+                log.answered_by(&lease.url);
                 tracing::warn!(
+                    request_id = %log.id(),
                     %replica,
                     limit_ms = head_limit.as_millis() as u64,
                     "replica sent no response head in time"
                 );
                 return local_error(&ApiError::gateway_timeout(format!(
-                    "the replica did not answer within {} ms",
+                    "The replica did not answer within {} ms.",
                     head_limit.as_millis()
                 )));
             }
@@ -226,6 +246,9 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
             Ok(Ok(resp)) => resp,
         };
         metrics::histogram!(names::ROUTER_UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
+        // Every answer but a 503 returns below, so the last replica noted
+        // is the one whose answer the client gets.
+        log.answered_by(&lease.url);
         let status = resp.status();
         metrics::counter!(names::ROUTER_REQUESTS, "replica" => replica.clone(), "status" => status.as_str().to_string())
             .increment(1);
@@ -238,7 +261,13 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-        let mut out = Response::new(RouterBody::Upstream(Relay::new(rbody, lease, idle, sse)));
+        let mut out = Response::new(RouterBody::Upstream(Relay::new(
+            rbody,
+            lease,
+            idle,
+            sse,
+            log.clone(),
+        )));
         *out.status_mut() = status;
         copy_headers(&rparts.headers, out.headers_mut());
         if sse {
@@ -259,10 +288,10 @@ pub async fn forward(state: Arc<RouterState>, req: Request<Incoming>) -> Respons
     }
     metrics::counter!(names::ROUTER_UNROUTABLE).increment(1);
     if tried.is_empty() {
-        local_error(&ApiError::unavailable("no healthy replica is available"))
+        local_error(&ApiError::unavailable("No healthy replica is available."))
     } else {
         local_error(&ApiError::bad_gateway(format!(
-            "no replica answered ({} tried; last: {last_error})",
+            "No replica answered ({} tried; last: {last_error}).",
             tried.len()
         )))
     }

@@ -15,6 +15,7 @@
 //!   client reading a `content-length` or chunked body sees it incomplete.
 
 use super::replicas::Lease;
+use super::request_log::RouteLog;
 use crate::api::ApiError;
 use crate::metrics as names;
 use bytes::{Bytes, BytesMut};
@@ -100,7 +101,8 @@ impl Sse {
 }
 
 /// A replica's response body on its way to the client; keeps the replica's
-/// [`Lease`] (counted in flight) until it ends or the client goes away.
+/// [`Lease`] (counted in flight) and the request's log record (its line is
+/// written when the relay is dropped) until it ends or the client goes away.
 pub struct Relay {
     body: Incoming,
     replica: Arc<str>,
@@ -110,13 +112,21 @@ pub struct Relay {
     sse: Option<Sse>,
     /// Nothing more goes to the client.
     ended: bool,
+    log: RouteLog,
     _lease: Lease,
 }
 
 impl Relay {
     /// Relays `body` from `lease`'s replica, failing it when no frame comes
-    /// for `idle`; `sse` marks a `text/event-stream` response.
-    pub fn new(body: Incoming, lease: Lease, idle: Duration, sse: bool) -> Self {
+    /// for `idle`; `sse` marks a `text/event-stream` response. A cut is
+    /// noted in `log`.
+    pub(crate) fn new(
+        body: Incoming,
+        lease: Lease,
+        idle: Duration,
+        sse: bool,
+        log: RouteLog,
+    ) -> Self {
         Self {
             body,
             replica: lease.url.clone(),
@@ -124,6 +134,7 @@ impl Relay {
             timer: Box::pin(tokio::time::sleep(idle)),
             sse: sse.then(Sse::default),
             ended: false,
+            log,
             _lease: lease,
         }
     }
@@ -142,7 +153,12 @@ impl Relay {
         match (&self.sse, failure) {
             (None, None) => Poll::Ready(None),
             (None, Some(e)) => {
-                tracing::warn!(error = %e, "relay failed; closing the client's connection");
+                tracing::warn!(
+                    request_id = %self.log.id(),
+                    error = %e,
+                    "relay failed; closing the client's connection"
+                );
+                self.log.failed(&e.to_string());
                 count(&self.replica);
                 Poll::Ready(Some(Err(e)))
             }
@@ -156,9 +172,14 @@ impl Relay {
                         self.replica
                     ),
                 };
-                tracing::warn!(error = %why, "relay cut off; the client gets an error event");
+                tracing::warn!(
+                    request_id = %self.log.id(),
+                    error = %why,
+                    "relay cut off; the client gets an error event"
+                );
+                self.log.failed(&why);
                 count(&self.replica);
-                let e = ApiError::bad_gateway(format!("the answer was cut off: {why}"));
+                let e = ApiError::bad_gateway(format!("The answer was cut off: {why}."));
                 Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
                     "data: {}\n\ndata: [DONE]\n\n",
                     e.to_json()
