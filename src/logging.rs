@@ -119,6 +119,22 @@ where
     }
 }
 
+/// Installs the process-wide subscriber as JSON lines into a fresh
+/// [`Captured`] buffer, filtered by `filter` (directives as in `RUST_LOG`):
+/// for tests that check what a server logs from its runtime's threads.
+///
+/// Errors: `filter` does not parse; a subscriber is already installed.
+pub fn capture_globally(filter: &str) -> Result<Captured, LoggingError> {
+    let parsed = EnvFilter::try_new(filter).map_err(|source| LoggingError::Filter {
+        value: filter.to_owned(),
+        source,
+    })?;
+    let out = Captured::default();
+    tracing::subscriber::set_global_default(subscriber(LogFormat::Json, parsed, out.clone()))
+        .map_err(|_| LoggingError::AlreadyInstalled)?;
+    Ok(out)
+}
+
 /// An in-memory log destination: every line written through it is kept
 /// (cloning shares the buffer). For tests that check what was logged.
 #[derive(Clone, Default)]
@@ -154,7 +170,7 @@ impl<'a> MakeWriter<'a> for Captured {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn capture(format: LogFormat, filter: &str, log: impl FnOnce()) -> String {
@@ -162,6 +178,14 @@ mod tests {
         let sub = subscriber(format, EnvFilter::new(filter), out.clone());
         tracing::subscriber::with_default(sub, log);
         out.contents()
+    }
+
+    /// The JSON lines `log` writes at `filter` (for the request-line tests).
+    pub(crate) fn json_lines(filter: &str, log: impl FnOnce()) -> Vec<serde_json::Value> {
+        capture(LogFormat::Json, filter, log)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON log line"))
+            .collect()
     }
 
     #[test]

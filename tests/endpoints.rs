@@ -13,16 +13,6 @@ const KEY: &str = "sk-endpoints";
 const AUTH: (&str, &str) = ("Authorization", "Bearer sk-endpoints");
 const JSON: (&str, &str) = ("Content-Type", "application/json");
 
-/// The value of header `name` in a raw response head (case-insensitive).
-fn header(r: &Resp, name: &str) -> Option<String> {
-    r.headers.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case(name)
-            .then(|| v.trim().to_string())
-    })
-}
-
 fn json_of(r: &Resp) -> Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
 }

@@ -10,62 +10,17 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use specgate::logging::{subscriber, Captured, LogFormat, REQUEST_TARGET};
+use specgate::logging::{Captured, REQUEST_TARGET};
 use std::io::BufReader;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
-use tracing_subscriber::EnvFilter;
 
 /// The log of this test binary (installed once, shared by its tests).
 fn log() -> &'static Captured {
-    static LOG: OnceLock<Captured> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let out = Captured::default();
-        let sub = subscriber(LogFormat::Json, EnvFilter::new("info"), out.clone());
-        tracing::subscriber::set_global_default(sub).expect("the only subscriber of this binary");
-        out
-    })
+    captured_log("info")
 }
 
-/// Every request line logged so far (each log line must be JSON).
-fn request_lines() -> Vec<Value> {
-    log()
-        .contents()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .filter(|v| v["target"] == REQUEST_TARGET)
-        .collect()
-}
-
-/// The request line of `id`, waiting for it a bounded time (a stream's
-/// line is written when its task ends, just after the client saw the end).
+/// The request line of `id` (waiting for it a bounded time).
 fn line_of(id: &str) -> Value {
-    let t = Instant::now();
-    loop {
-        let found: Vec<Value> = request_lines()
-            .into_iter()
-            .filter(|v| v["request_id"] == id)
-            .collect();
-        assert!(found.len() <= 1, "more than one line for {id}: {found:?}");
-        if let Some(v) = found.into_iter().next() {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "no request line for {id} in:\n{}",
-            log().contents()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn header(r: &Resp, name: &str) -> Option<String> {
-    r.headers.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case(name)
-            .then(|| v.trim().to_string())
-    })
+    common::line_of(log(), REQUEST_TARGET, id)
 }
 
 fn post_with_id(s: &Server, path: &str, id: &str, body: &Value) -> Resp {

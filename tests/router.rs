@@ -906,54 +906,18 @@ fn health_changes_only_after_consecutive_polls() {
 // log lines are captured by a global subscriber (it logs from its runtime's
 // threads) that keeps only the router's request target.
 
-use specgate::logging::{subscriber, Captured, LogFormat};
-use std::sync::OnceLock;
-use tracing_subscriber::EnvFilter;
+use specgate::logging::Captured;
 
 /// The router's request lines of this test binary (installed once).
 fn router_log() -> &'static Captured {
-    static LOG: OnceLock<Captured> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let out = Captured::default();
-        let filter = EnvFilter::new("specgate::router::request=info");
-        let sub = subscriber(LogFormat::Json, filter, out.clone());
-        tracing::subscriber::set_global_default(sub).expect("the only subscriber of this binary");
-        out
-    })
+    captured_log("specgate::router::request=info")
 }
 
 /// The router's request line for `id`, waiting a bounded time for it (it
 /// is written when the response body has been handed over, just after the
 /// client read it). Panics when there is more than one.
 fn router_line_of(id: &str) -> Value {
-    let t = Instant::now();
-    loop {
-        let found: Vec<Value> = router_log()
-            .contents()
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .filter(|v| v["request_id"] == id)
-            .collect();
-        assert!(found.len() <= 1, "more than one line for {id}: {found:?}");
-        if let Some(v) = found.into_iter().next() {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "no router line for {id} in:\n{}",
-            router_log().contents()
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn header_of(r: &Resp, name: &str) -> Option<String> {
-    r.headers.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case(name)
-            .then(|| v.trim().to_string())
-    })
+    line_of(router_log(), "specgate::router::request", id)
 }
 
 /// One in-process replica and a router in front of it.
@@ -1017,7 +981,7 @@ fn tokenize_version_and_openapi_through_the_router_equal_the_replicas() {
     // one it serves.
     let wrong = request(r.addr, "GET", "/tokenize", &[], "");
     assert_eq!(wrong.status, 405, "{}", wrong.body);
-    assert_eq!(header_of(&wrong, "allow").as_deref(), Some("POST"));
+    assert_eq!(header(&wrong, "allow").as_deref(), Some("POST"));
 }
 
 #[test]
@@ -1033,7 +997,7 @@ fn forwarded_routes_without_a_healthy_replica_are_503s() {
         assert_eq!(resp.status, 503, "{path}: {}", resp.body);
         let e = error_of(&resp);
         assert_eq!(e["type"], "server_error", "{path}: {e}");
-        assert!(header_of(&resp, "x-request-id").is_some(), "{path}");
+        assert!(header(&resp, "x-request-id").is_some(), "{path}");
     }
 }
 
@@ -1051,7 +1015,7 @@ fn request_ids_go_through_the_router() {
         let resp = request(r.addr, "POST", "/v1/chat/completions", &h, &body);
         assert_eq!(resp.status, 200, "{}", resp.body);
         let v: Value = serde_json::from_str(&resp.body).unwrap();
-        let echoed = header_of(&resp, "x-request-id").expect("no x-request-id");
+        let echoed = header(&resp, "x-request-id").expect("no x-request-id");
         (echoed, v["id"].as_str().unwrap().to_string())
     };
 
@@ -1086,15 +1050,12 @@ fn request_ids_go_through_the_router() {
     // The router's own answers carry an id and are logged too.
     let missing = request(r.addr, "GET", "/nowhere", &[("X-Request-Id", "lost-1")], "");
     assert_eq!(missing.status, 404);
-    assert_eq!(
-        header_of(&missing, "x-request-id").as_deref(),
-        Some("lost-1")
-    );
+    assert_eq!(header(&missing, "x-request-id").as_deref(), Some("lost-1"));
     let line = router_line_of("lost-1");
     assert_eq!(line["status"], 404);
     assert!(line.get("replica").is_none(), "{line}");
     let health = request(r.addr, "GET", "/health", &[], "");
-    assert!(header_of(&health, "x-request-id").is_some());
+    assert!(header(&health, "x-request-id").is_some());
 }
 
 #[test]

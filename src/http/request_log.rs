@@ -35,18 +35,86 @@ pub(crate) fn loggable_route(path: &str) -> String {
     route
 }
 
-/// A request's log record. Cloning shares it; the line is written once,
-/// when the last clone is dropped.
-#[derive(Clone)]
-pub struct RequestLog(Arc<Record>);
-
-struct Record {
-    id: RequestId,
-    http_method: Method,
-    route: String,
+/// What every request line starts with (the server's and the router's).
+pub(crate) struct LineHead {
+    pub(crate) id: RequestId,
+    pub(crate) http_method: Method,
+    pub(crate) route: String,
     started: Instant,
-    fields: Mutex<Fields>,
 }
+
+/// The fields one kind of request line adds to [`LineHead`], and how that
+/// line is written.
+pub(crate) trait LineFields: Default {
+    /// The status sent to the client, if one was.
+    fn status(&self) -> Option<u16>;
+    /// Writes the line at info, or at debug when `quiet`.
+    fn write(&self, head: &LineHead, total_ms: f64, quiet: bool);
+}
+
+/// A shared log record: cloning shares it; the line is written once, by
+/// `Drop`, when the last clone goes (so a request is logged however it
+/// ends: answered, streamed, cut, or abandoned by its client).
+pub(crate) struct SharedLine<F: LineFields>(Arc<Record<F>>);
+
+impl<F: LineFields> Clone for SharedLine<F> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+struct Record<F: LineFields> {
+    head: LineHead,
+    fields: Mutex<F>,
+}
+
+impl<F: LineFields> SharedLine<F> {
+    /// A record for a request that started now.
+    pub(crate) fn new(id: RequestId, http_method: &Method, path: &str) -> Self {
+        Self(Arc::new(Record {
+            head: LineHead {
+                id,
+                http_method: http_method.clone(),
+                route: loggable_route(path),
+                started: Instant::now(),
+            },
+            fields: Mutex::new(F::default()),
+        }))
+    }
+
+    /// The request's id.
+    pub(crate) fn id(&self) -> &RequestId {
+        &self.0.head.id
+    }
+
+    /// When the request arrived.
+    pub(crate) fn started(&self) -> Instant {
+        self.0.head.started
+    }
+
+    /// The fields, to fill in (a poisoned lock still logs).
+    pub(crate) fn fields(&self) -> MutexGuard<'_, F> {
+        self.0.fields.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<F: LineFields> Drop for Record<F> {
+    fn drop(&mut self) {
+        let f = self.fields.get_mut().unwrap_or_else(|e| e.into_inner());
+        let total = self.head.started.elapsed().as_secs_f64() * 1e3;
+        // Orchestrators probe /health and Prometheus scrapes /metrics every
+        // few seconds: at info those lines would drown the requests.
+        let probe = self.head.http_method == Method::GET
+            && matches!(self.head.route.as_str(), "/health" | "/metrics")
+            && f.status() == Some(200);
+        f.write(&self.head, total, probe);
+    }
+}
+
+/// A request's log record (the server's line). Cloning shares it; the line
+/// is written once, when the last clone is dropped.
+#[derive(Clone)]
+pub struct RequestLog(SharedLine<Fields>);
 
 #[derive(Default)]
 struct Fields {
@@ -68,13 +136,7 @@ struct Fields {
 impl RequestLog {
     /// A record for a request that started now.
     pub fn new(id: RequestId, http_method: &Method, path: &str) -> Self {
-        RequestLog(Arc::new(Record {
-            id,
-            http_method: http_method.clone(),
-            route: loggable_route(path),
-            started: Instant::now(),
-            fields: Mutex::new(Fields::default()),
-        }))
+        RequestLog(SharedLine::new(id, http_method, path))
     }
 
     /// The record the request wrapper attached to `req`, or a new one (with
@@ -94,11 +156,11 @@ impl RequestLog {
 
     /// The request's id.
     pub fn id(&self) -> &RequestId {
-        &self.0.id
+        self.0.id()
     }
 
     fn fields(&self) -> MutexGuard<'_, Fields> {
-        self.0.fields.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.fields()
     }
 
     /// The HTTP status sent (for a stream: the one in its head).
@@ -122,7 +184,7 @@ impl RequestLog {
 
     /// Output tokens arrived; the first call fixes the time to first token.
     pub fn tokens_arrived(&self) {
-        let ttft = self.0.started.elapsed();
+        let ttft = self.0.started().elapsed();
         self.fields().ttft.get_or_insert(ttft);
     }
 
@@ -171,12 +233,12 @@ fn ms(d: Option<Duration>) -> Option<f64> {
 
 /// The line, at `$level`: the same fields whatever the level.
 macro_rules! request_line {
-    ($level:ident, $r:expr, $f:expr, $finish:expr, $total:expr) => {
+    ($level:ident, $h:expr, $f:expr, $finish:expr, $total:expr) => {
         tracing::$level!(
             target: REQUEST_TARGET,
-            request_id = %$r.id,
-            http_method = %$r.http_method,
-            route = %$r.route,
+            request_id = %$h.id,
+            http_method = %$h.http_method,
+            route = %$h.route,
             status = $f.status,
             model = $f.model.as_deref(),
             prompt_tokens = $f.prompt_tokens,
@@ -194,44 +256,30 @@ macro_rules! request_line {
     };
 }
 
-impl Drop for Record {
-    fn drop(&mut self) {
-        let f = self.fields.get_mut().unwrap_or_else(|e| e.into_inner());
-        let total = self.started.elapsed().as_secs_f64() * 1e3;
+impl LineFields for Fields {
+    fn status(&self) -> Option<u16> {
+        self.status
+    }
+
+    fn write(&self, head: &LineHead, total_ms: f64, quiet: bool) {
         // Taken by the engine but never finished: the client went away (or
         // the stream was abandoned) first.
-        let finish = f.finish.or(f.submitted.then_some("cancelled"));
-        // Probes hit /health and /metrics every few seconds: at info they
-        // would drown the request lines an operator looks for.
-        let probe = self.http_method == Method::GET
-            && matches!(self.route.as_str(), "/health" | "/metrics")
-            && f.status == Some(200);
-        if probe {
-            request_line!(debug, self, f, finish, total);
+        let finish = self.finish.or(self.submitted.then_some("cancelled"));
+        if quiet {
+            request_line!(debug, head, self, finish, total_ms);
         } else {
-            request_line!(info, self, f, finish, total);
+            request_line!(info, head, self, finish, total_ms);
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::logging::{subscriber, Captured, LogFormat};
-    use serde_json::Value;
-    use tracing_subscriber::EnvFilter;
+    pub(crate) use crate::logging::tests::json_lines as lines;
 
-    fn lines(filter: &str, f: impl FnOnce()) -> Vec<Value> {
-        let out = Captured::default();
-        let sub = subscriber(LogFormat::Json, EnvFilter::new(filter), out.clone());
-        tracing::subscriber::with_default(sub, f);
-        out.contents()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn id(s: &str) -> RequestId {
+    /// A client-sent id (test helper shared with the router's line).
+    pub(crate) fn id(s: &str) -> RequestId {
         RequestId::from_client(s.as_bytes()).unwrap()
     }
 

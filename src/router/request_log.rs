@@ -13,10 +13,9 @@
 //! `total_ms`. The replica logs its own line for the same `request_id`.
 
 use crate::http::request_id::RequestId;
-use crate::http::request_log::loggable_route;
+use crate::http::request_log::{LineFields, LineHead, SharedLine};
 use hyper::Method;
-use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::time::Instant;
+use std::sync::{Arc, MutexGuard};
 
 /// The target of the router's per-request line
 /// (`RUST_LOG=specgate::router::request=warn` silences it).
@@ -25,18 +24,10 @@ pub const TARGET: &str = "specgate::router::request";
 /// A request's log record. Cloning shares it; the line is written once,
 /// when the last clone is dropped.
 #[derive(Clone)]
-pub struct RouteLog(Arc<Record>);
-
-struct Record {
-    id: RequestId,
-    http_method: Method,
-    route: String,
-    started: Instant,
-    fields: Mutex<Fields>,
-}
+pub struct RouteLog(SharedLine<Fields>);
 
 #[derive(Default)]
-struct Fields {
+pub(crate) struct Fields {
     status: Option<u16>,
     replica: Option<Arc<str>>,
     attempts: Option<usize>,
@@ -46,22 +37,16 @@ struct Fields {
 impl RouteLog {
     /// A record for a request that started now.
     pub fn new(id: RequestId, http_method: &Method, path: &str) -> Self {
-        RouteLog(Arc::new(Record {
-            id,
-            http_method: http_method.clone(),
-            route: loggable_route(path),
-            started: Instant::now(),
-            fields: Mutex::new(Fields::default()),
-        }))
+        RouteLog(SharedLine::new(id, http_method, path))
     }
 
     /// The request's id.
     pub fn id(&self) -> &RequestId {
-        &self.0.id
+        self.0.id()
     }
 
     fn fields(&self) -> MutexGuard<'_, Fields> {
-        self.0.fields.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.fields()
     }
 
     /// The status sent to the client (for a stream: the one in its head).
@@ -88,12 +73,12 @@ impl RouteLog {
 
 /// The line, at `$level`: the same fields whatever the level.
 macro_rules! route_line {
-    ($level:ident, $r:expr, $f:expr, $total:expr) => {
+    ($level:ident, $h:expr, $f:expr, $total:expr) => {
         tracing::$level!(
             target: TARGET,
-            request_id = %$r.id,
-            http_method = %$r.http_method,
-            route = %$r.route,
+            request_id = %$h.id,
+            http_method = %$h.http_method,
+            route = %$h.route,
             status = $f.status,
             replica = $f.replica.as_deref(),
             attempts = $f.attempts,
@@ -104,19 +89,16 @@ macro_rules! route_line {
     };
 }
 
-impl Drop for Record {
-    fn drop(&mut self) {
-        let f = self.fields.get_mut().unwrap_or_else(|e| e.into_inner());
-        let total = self.started.elapsed().as_secs_f64() * 1e3;
-        // Orchestrators probe /health and Prometheus scrapes /metrics every
-        // few seconds: at info those lines would drown the requests.
-        let probe = self.http_method == Method::GET
-            && matches!(self.route.as_str(), "/health" | "/metrics")
-            && f.status == Some(200);
-        if probe {
-            route_line!(debug, self, f, total);
+impl LineFields for Fields {
+    fn status(&self) -> Option<u16> {
+        self.status
+    }
+
+    fn write(&self, head: &LineHead, total_ms: f64, quiet: bool) {
+        if quiet {
+            route_line!(debug, head, self, total_ms);
         } else {
-            route_line!(info, self, f, total);
+            route_line!(info, head, self, total_ms);
         }
     }
 }
@@ -124,23 +106,7 @@ impl Drop for Record {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logging::{subscriber, Captured, LogFormat};
-    use serde_json::Value;
-    use tracing_subscriber::EnvFilter;
-
-    fn lines(filter: &str, f: impl FnOnce()) -> Vec<Value> {
-        let out = Captured::default();
-        let sub = subscriber(LogFormat::Json, EnvFilter::new(filter), out.clone());
-        tracing::subscriber::with_default(sub, f);
-        out.contents()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn id(s: &str) -> RequestId {
-        RequestId::from_client(s.as_bytes()).unwrap()
-    }
+    use crate::http::request_log::tests::{id, lines};
 
     #[test]
     fn one_line_when_the_relay_lets_go() {

@@ -232,3 +232,13 @@ pub fn merge(mut base: Value, extra: Value) -> Value {
     }
     base
 }
+
+/// The value of response header `name` (case-insensitive), if present.
+pub fn header(r: &Resp, name: &str) -> Option<String> {
+    r.headers.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_string())
+    })
+}

@@ -8,10 +8,12 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod logs;
 pub mod models;
 pub mod tiny;
 
 pub use client::*;
+pub use logs::*;
 pub use models::*;
 pub use tiny::*;
 
