@@ -559,7 +559,6 @@ impl Config {
         if let Some(name) = &s.served_model_name {
             text_ok("server.served_model_name", name, 256, true)?;
         }
-        let secs = |key, v, r| in_range(key, v, r);
         in_range(
             "server.max_body_bytes",
             s.max_body_bytes,
@@ -571,24 +570,24 @@ impl Config {
             1..=65_536,
         )?;
         in_range("server.max_connections", s.max_connections, 1..=262_144)?;
-        secs(
+        in_range(
             "server.request_timeout_secs",
             s.request_timeout_secs,
             1..=86_400,
         )?;
-        secs("server.drain_timeout_secs", s.drain_timeout_secs, 0..=3_600)?;
-        secs("server.keep_alive_secs", s.keep_alive_secs, 1..=600)?;
-        secs(
+        in_range("server.drain_timeout_secs", s.drain_timeout_secs, 0..=3_600)?;
+        in_range("server.keep_alive_secs", s.keep_alive_secs, 1..=600)?;
+        in_range(
             "server.header_read_timeout_secs",
             s.header_read_timeout_secs,
             1..=300,
         )?;
-        secs(
+        in_range(
             "server.body_read_timeout_secs",
             s.body_read_timeout_secs,
             1..=3_600,
         )?;
-        secs(
+        in_range(
             "server.stream_write_timeout_secs",
             s.stream_write_timeout_secs,
             1..=3_600,

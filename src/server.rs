@@ -207,18 +207,11 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
         },
         policy: sp.policy()?,
     };
-    // Bytes one token takes in the pool: the target's cache plus the
-    // draft's, which share block ids (the engine sizes the pool the same way).
-    let kv_bytes_per_token = target.kv_bytes_per_token()
-        + match &proposer {
-            ProposerKind::Draft(d) => d.kv_bytes_per_token(),
-            _ => 0,
-        };
     let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
-    let blocks = engine.stats().num_blocks;
-    let kv_bytes = blocks * cfg.kv.block_size * kv_bytes_per_token;
+    let stats = engine.stats();
+    let kv_bytes = stats.kv_bytes;
     tracing::info!(
-        kv_blocks = blocks,
+        kv_blocks = stats.num_blocks,
         kv_block_size = cfg.kv.block_size,
         kv_bytes,
         kv_mib = kv_bytes as f64 / (1u64 << 20) as f64,

@@ -153,6 +153,8 @@ pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
     pub num_blocks: usize,
+    /// Bytes of the pool: target's and draft's caches for `num_blocks`.
+    pub kv_bytes: usize,
     /// Blocks available (free or evictable cached).
     pub free_blocks: usize,
     pub preemptions: u64,

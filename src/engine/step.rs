@@ -59,12 +59,10 @@ impl Engine {
             ProposerKind::Draft(m) => m.kv_bytes_per_token(),
             _ => 0,
         };
+        let per_block = cfg.block_size * (target.kv_bytes_per_token() + draft_bytes);
         let num_blocks = match cfg.kv {
             KvSize::Blocks(n) => n,
-            KvSize::MemoryBytes(bytes) => {
-                let per_block = cfg.block_size * (target.kv_bytes_per_token() + draft_bytes);
-                bytes / per_block.max(1)
-            }
+            KvSize::MemoryBytes(bytes) => bytes / per_block.max(1),
         };
         if num_blocks == 0 {
             return Err(invalid(format!(
@@ -95,6 +93,7 @@ impl Engine {
             .unwrap_or_default();
         let stats = EngineStats {
             num_blocks,
+            kv_bytes: num_blocks * per_block,
             free_blocks: num_blocks,
             ..Default::default()
         };
