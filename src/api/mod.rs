@@ -33,9 +33,9 @@ pub use request::{
     MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
 };
 pub use response::{
-    response_id, unix_now, AssistantMessage, BuildInfo, ChatChoice, ChatCompletion,
-    ChatCompletionChunk, ChunkChoice, Completion, CompletionChoice, CompletionChunk, Delta,
-    FinishReason, ModelCard, ModelList, ModelSpeculative, Usage, VersionInfo,
+    unix_now, AssistantMessage, BuildInfo, ChatChoice, ChatCompletion, ChatCompletionChunk,
+    ChunkChoice, Completion, CompletionChoice, CompletionChunk, Delta, FinishReason, ModelCard,
+    ModelList, ModelSpeculative, Usage, VersionInfo,
 };
 pub use tokenize::{
     parse_detokenize, parse_tokenize, DetokenizeRequest, DetokenizeResponse, TokenizeInput,

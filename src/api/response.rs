@@ -3,7 +3,6 @@
 //! `null` until the last content chunk, `usage` present only where OpenAI
 //! sends it (and skipped, not `null`, on chunks that carry none).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -44,17 +43,6 @@ pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// A fresh response id `"{prefix}-{24 hex digits}"` (use `chatcmpl` or
-/// `cmpl`), unique within the process and unlikely to repeat across restarts.
-pub fn response_id(prefix: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    format!("{prefix}-{nanos:016x}{:08x}", n as u32)
 }
 
 /// The assistant turn of a non-streaming chat choice.
