@@ -141,6 +141,7 @@ fn main() {
                                         ignore_eos: true,
                                         method: None,
                                         num_speculative_tokens: None,
+                                        ..Default::default()
                                     };
                                     let start = Instant::now();
                                     let mut rx = h.submit(req).unwrap();
@@ -164,6 +165,7 @@ fn main() {
                                                 sample.tokens += ids.len();
                                                 last = now;
                                             }
+                                            Event::PromptLogprobs(_) => {}
                                             Event::Finished { .. } => break,
                                             Event::Error(e) => panic!("{e}"),
                                         }

@@ -85,6 +85,7 @@ fn request(i: usize) -> GenRequest {
         ignore_eos: true,
         method: None,
         num_speculative_tokens: None,
+        ..Default::default()
     }
 }
 
@@ -94,6 +95,7 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (Vec<u32>, FinishReason) {
     loop {
         match rx.blocking_recv().expect("stream ended without Finished") {
             Event::Tokens { ids, .. } => out.extend(ids),
+            Event::PromptLogprobs(_) => {}
             Event::Finished { reason, usage, .. } => {
                 // The stop token counts as generated but is not output.
                 let stop = usize::from(reason == FinishReason::Stop);
@@ -209,6 +211,7 @@ fn shared_system_prompt_hits_the_prefix_cache() {
         ignore_eos: true,
         method: None,
         num_speculative_tokens: None,
+        ..Default::default()
     };
     let cold = engine(Spec::Off, 64, 4, 64);
     let expect_b = collect(cold.submit(req(&[9, 8, 7])).unwrap()).0;
@@ -303,6 +306,7 @@ fn together_with_fault(h: &EngineHandle, fault: Fault, n: usize) -> Vec<Option<V
             loop {
                 match rx.blocking_recv().expect("stream ended without a finish") {
                     Event::Tokens { ids, .. } => out.extend(ids),
+                    Event::PromptLogprobs(_) => {}
                     Event::Finished { .. } => return Some(out),
                     Event::Error(e) => {
                         assert!(e.contains("internal error"), "{e}");
@@ -457,6 +461,7 @@ fn real_target_concurrent_requests_match_alone() {
                 ignore_eos: false,
                 method: None,
                 num_speculative_tokens: None,
+                ..Default::default()
             }
         })
         .collect();

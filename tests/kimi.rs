@@ -123,6 +123,7 @@ fn request(i: usize) -> GenRequest {
         ignore_eos: true,
         method: None,
         num_speculative_tokens: None,
+        ..Default::default()
     }
 }
 
@@ -131,6 +132,7 @@ fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<u32> {
     loop {
         match rx.blocking_recv().expect("stream ended without Finished") {
             Event::Tokens { ids, .. } => out.extend(ids),
+            Event::PromptLogprobs(_) => {}
             Event::Finished { .. } => return out,
             Event::Error(e) => panic!("engine error: {e}"),
         }

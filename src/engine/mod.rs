@@ -18,14 +18,14 @@ use crate::tokenizer::TextTokenizer;
 use scheduler::SchedulerConfig;
 use sequence::Sequence;
 use specgate_draft::DraftPolicy;
-use specgate_verify::{Model, SamplingParams};
+use specgate_verify::{ConstraintSource, Controls, Model, SamplingParams, TokenLogprob};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// A request the engine can run: already tokenized and validated for the
 /// wire format; the engine checks what depends on the model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GenRequest {
     pub prompt: Vec<u32>,
     pub max_new_tokens: usize,
@@ -37,7 +37,23 @@ pub struct GenRequest {
     pub method: Option<SpecMethod>,
     /// Per-request draft length; `Some(0)` turns speculation off.
     pub num_speculative_tokens: Option<usize>,
+    /// Penalties, `logit_bias` and `min_tokens`, applied to every verified
+    /// row and to the draft's q alike (`min_tokens_ban` is filled in by the
+    /// engine from EOS and `stop_token_ids`).
+    pub controls: Controls,
+    /// Log-probabilities of each output token: `Some(n)` asks for the
+    /// chosen token's and the `n` most likely (`n <= MAX_TOP_LOGPROBS`).
+    pub logprobs: Option<usize>,
+    /// The same for every prompt token after the first (`echo`), sent as
+    /// one [`Event::PromptLogprobs`] before any output.
+    pub prompt_logprobs: Option<usize>,
+    /// A grammar the output must follow (JSON schema, tool calls): the
+    /// engine starts one constraint per sequence from it.
+    pub grammar: Option<Arc<dyn ConstraintSource>>,
 }
+
+/// Most alternatives a request may ask for per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// How a sequence drafts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +88,12 @@ pub enum Event {
     Tokens {
         ids: Vec<u32>,
         text: String,
+        /// One per id when the request asked for `logprobs`, else empty.
+        logprobs: Vec<TokenLogprob>,
     },
+    /// The prompt's log-probabilities (`prompt_logprobs`): one per prompt
+    /// token after the first, before any `Tokens`.
+    PromptLogprobs(Vec<TokenLogprob>),
     Finished {
         reason: FinishReason,
         usage: Usage,

@@ -559,7 +559,11 @@ fn emit(
         }
     }
     if !ids.is_empty() || !text.is_empty() {
-        let _ = s.tx.send(Event::Tokens { ids, text });
+        let _ = s.tx.send(Event::Tokens {
+            ids,
+            text,
+            logprobs: Vec::new(),
+        });
     }
     if let Some(reason) = reason {
         let label = match reason {

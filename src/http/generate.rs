@@ -93,7 +93,7 @@ impl Driver {
                 Ok(Some(ev)) => ev,
             };
             match ev {
-                Event::Tokens { ids, text } => {
+                Event::Tokens { ids, text, .. } => {
                     self.record_tokens(ids.len());
                     self.completion_tokens += ids.len();
                     let m = self.stop.push(&text);
@@ -121,6 +121,8 @@ impl Driver {
                     let rest = self.stop.finish();
                     return Some(self.finish_piece(rest, reason.into()));
                 }
+                // Not asked for by this front end yet.
+                Event::PromptLogprobs(_) => {}
                 Event::Error(e) => {
                     self.rx = None;
                     return Some(Piece::Error(e));
@@ -308,6 +310,7 @@ fn build_request(
             ignore_eos: v.ignore_eos,
             method,
             num_speculative_tokens: spec.and_then(|s| s.num_speculative_tokens()),
+            ..Default::default()
         },
         param,
     ))
@@ -498,6 +501,7 @@ mod tests {
             let ev = Event::Tokens {
                 ids: vec![i],
                 text: "t".into(),
+                logprobs: Vec::new(),
             };
             if engine_tx.send(ev).is_err() {
                 break;

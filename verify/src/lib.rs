@@ -5,16 +5,20 @@
 //! sampling. It knows nothing of HTTP, JSON requests or the config file.
 
 pub mod accept;
+pub mod constraint;
 pub mod error;
 pub mod kernels;
 pub mod kv_pool;
 pub mod model;
+pub mod process;
 pub mod sample;
 pub mod tiny;
 pub mod tp;
 
+pub use constraint::{ConstraintError, ConstraintSource, TokenConstraint, TokenMask};
 pub use error::VerifyError;
 pub use kv_pool::KvPool;
 pub use model::{Arch, LogitsWanted, Model, ModelConfig, RopeStyle, SeqInput};
+pub use process::{Controls, TokenLogprob};
 pub use sample::{Sampler, SamplingParams};
 pub use tp::{Communicator, LocalComm, ThreadComm};
