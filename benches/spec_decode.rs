@@ -90,6 +90,7 @@ fn run_set(
             top_k: 0,
             top_p: 1.0,
             seed: Some(i as u64),
+            ..SamplingParams::default()
         };
         let tok = TOK.with(|t| t.clone());
         let mut proposer: Option<Box<dyn Proposer>> = match (draft, ngram) {

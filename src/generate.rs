@@ -89,6 +89,7 @@ impl GenerateArgs {
             top_k: self.top_k,
             top_p: self.top_p,
             seed: self.seed,
+            ..SamplingParams::default()
         })
     }
 }

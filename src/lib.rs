@@ -5,6 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod generate;
+pub mod grammar;
 pub mod http;
 pub mod kv;
 pub mod logging;

@@ -11,6 +11,10 @@ pub const SPEC_DRAFT_TOKENS: &str = "specgate_spec_decode_num_draft_tokens_total
 pub const SPEC_ACCEPTED_TOKENS: &str = "specgate_spec_decode_num_accepted_tokens_total";
 pub const SPEC_ACCEPTED_PER_POS: &str = "specgate_spec_decode_num_accepted_tokens_per_pos_total";
 pub const SPEC_DRAFT_LENGTH: &str = "specgate_spec_decode_draft_length";
+pub const SPEC_GRAMMAR_DRAFT_TOKENS: &str = "specgate_spec_decode_grammar_num_draft_tokens_total";
+pub const SPEC_GRAMMAR_ACCEPTED_TOKENS: &str =
+    "specgate_spec_decode_grammar_num_accepted_tokens_total";
+pub const SPEC_GRAMMAR_FORCED_TOKENS: &str = "specgate_spec_decode_grammar_forced_tokens_total";
 pub const TTFT: &str = "specgate_time_to_first_token_seconds";
 pub const ITL: &str = "specgate_inter_token_latency_seconds";
 pub const E2E: &str = "specgate_e2e_request_latency_seconds";
@@ -68,6 +72,18 @@ fn describe() {
     describe_counter!(
         SPEC_ACCEPTED_PER_POS,
         "Accepted drafted tokens by position in the draft"
+    );
+    describe_counter!(
+        SPEC_GRAMMAR_DRAFT_TOKENS,
+        "Tokens proposed for sequences under a grammar (forced ones included)"
+    );
+    describe_counter!(
+        SPEC_GRAMMAR_ACCEPTED_TOKENS,
+        "Proposed tokens of sequences under a grammar that the verifier accepted"
+    );
+    describe_counter!(
+        SPEC_GRAMMAR_FORCED_TOKENS,
+        "Tokens a grammar forced into proposals (jump-forward)"
     );
     describe_gauge!(
         SPEC_DRAFT_LENGTH,

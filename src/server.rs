@@ -8,6 +8,7 @@ use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
 use crate::http::cors::CorsPolicy;
 use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
+use crate::grammar::Grammars;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
 use specgate_verify::model::{load_model, load_model_tp, read_token_list};
@@ -98,12 +99,13 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
         .await;
     });
     let load_cfg = cfg.clone();
-    let (engine, tokenizer) = tokio::task::spawn_blocking(move || load(&load_cfg))
+    let (engine, tokenizer, grammars) = tokio::task::spawn_blocking(move || load(&load_cfg))
         .await
         .context("the model loader panicked")??;
     state.set_ready(Backend {
         engine: engine.clone(),
         tokenizer,
+        grammars,
     });
     match file {
         Some(ConfigFile { path, as_loaded }) => {
@@ -145,8 +147,10 @@ fn log_config(cfg: &Config) {
     tracing::info!(config = ?shown, "effective configuration");
 }
 
-/// Loads the target, the draft and the tokenizer, and starts the engine.
-fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
+/// Loads the target, the draft and the tokenizer, builds the grammar
+/// engine (`None`, with a warning, when the tokenizer does not allow one:
+/// structured output is then refused per request), and starts the engine.
+fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Grammars>)> {
     tracing::info!(model = %cfg.model.path.display(), "loading the target model");
     let target = load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
         .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
@@ -169,6 +173,13 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
             .with_context(|| format!("model.chat_template {}", file.display()))?;
     }
     let tokenizer = Arc::new(tokenizer);
+    let grammars = match Grammars::from_shared(tokenizer.clone(), target.config().vocab_size) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::warn!(error = %e, "no grammar engine: response_format and forced tool calls are refused");
+            None
+        }
+    };
     let sp = &cfg.speculative;
     // The one place the config's method becomes the engine's proposer.
     let proposer = match sp.method {
@@ -223,7 +234,7 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>)> {
             .context("model.max_model_len")?,
         None => engine,
     };
-    Ok((engine, tokenizer))
+    Ok((engine, tokenizer, grammars))
 }
 
 /// SIGHUP, where the platform has it (`None` elsewhere or if the handler

@@ -8,10 +8,18 @@
 //! the last token and the drafts; the slots of rejected drafts are simply
 //! overwritten later and never read, since attention reads positions
 //! `0..=pos` only.
+//!
+//! Each sequence's [`Sampler`] carries its logits processing (penalties,
+//! bias, min_tokens, grammar): proposals are fitted to its grammar before
+//! verification (cut at the first forbidden token, extended with forced
+//! ones), every verified row is processed with the drafts before it as
+//! history, and only the emitted tokens are committed to it.
 
 use specgate_draft::{DraftPolicy, PolicyState, Proposal, ProposeRequest, Proposer};
 use specgate_verify::accept::{accept_sampled, Verdict};
-use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SeqInput, VerifyError};
+use specgate_verify::{
+    ConstraintError, KvPool, LogitsWanted, Model, Sampler, SeqInput, VerifyError,
+};
 
 /// A sequence being decoded speculatively.
 pub struct SpecSeq {
@@ -43,6 +51,12 @@ pub struct SpecStats {
     /// Tokens emitted (accepted drafts + one target token per round).
     pub emitted_tokens: u64,
     pub rounds: u64,
+    /// Of `draft_tokens`, those of sequences under a grammar (forced ones
+    /// included), and how many of them were accepted.
+    pub grammar_draft_tokens: u64,
+    pub grammar_accepted_tokens: u64,
+    /// Tokens a grammar forced into proposals (jump-forward).
+    pub grammar_forced_tokens: u64,
 }
 
 impl SpecStats {
@@ -64,11 +78,17 @@ impl SpecStats {
         }
     }
 
-    fn record(&mut self, proposed: usize, v: &Verdict) {
+    fn record(&mut self, p: &Proposal, v: &Verdict, grammar: bool) {
+        let proposed = p.tokens.len();
         self.rounds += 1;
         self.emitted_tokens += v.tokens.len() as u64;
         if proposed == 0 {
             return;
+        }
+        if grammar {
+            self.grammar_draft_tokens += proposed as u64;
+            self.grammar_accepted_tokens += v.accepted as u64;
+            self.grammar_forced_tokens += p.forced as u64;
         }
         self.drafts += 1;
         self.draft_tokens += proposed as u64;
@@ -83,9 +103,11 @@ impl SpecStats {
 }
 
 /// Runs one round for `batch`: drafts with `proposer` (when given and any
-/// k > 0), then [`verify_round`].
+/// k > 0), then [`verify_round`]; returns the new tokens per sequence.
 ///
-/// Errors: a failing draft or target forward (nothing is appended then).
+/// Errors: a failing draft or target forward (nothing is appended then);
+/// a sequence's grammar failing (`Constraint`; the other sequences'
+/// tokens are appended then).
 pub fn spec_round<P: Proposer + ?Sized>(
     target: &Model,
     pool: &mut KvPool,
@@ -100,12 +122,18 @@ pub fn spec_round<P: Proposer + ?Sized>(
         let all = vec![true; batch.len()];
         propose(p, batch, &all, &mut proposals)?;
     }
-    verify_round(target, pool, policy, batch, &proposals, prefills, stats)
+    let out = verify_round(target, pool, policy, batch, &proposals, prefills, stats)?;
+    out.verdicts
+        .into_iter()
+        .map(|v| v.map(|v| v.tokens).map_err(SpecError::Constraint))
+        .collect()
 }
 
 /// Drafts with `proposer` for the sequences of `batch` selected by
 /// `include` (and k > 0), writing their proposals into `out` (aligned with
-/// `batch`); others are left as they are.
+/// `batch`); others are left as they are. Each proposal is fitted to its
+/// sequence's grammar ([`specgate_verify::process::LogitsProcessor::shape_proposal`]),
+/// so a proposal may come back longer (forced tokens, up to k) or shorter.
 pub fn propose<P: Proposer + ?Sized>(
     proposer: &mut P,
     batch: &mut [RoundInput],
@@ -131,18 +159,39 @@ pub fn propose<P: Proposer + ?Sized>(
         })
         .collect();
     let got = proposer.propose(&mut reqs)?;
-    for (i, p) in idx.into_iter().zip(got) {
+    drop(reqs);
+    for (i, mut p) in idx.into_iter().zip(got) {
+        let r = &mut batch[i];
+        p.forced = r.seq.sampler.processor_mut().shape_proposal(
+            &mut p.tokens,
+            &mut p.q,
+            r.k,
+        );
         out[i] = p;
     }
     Ok(())
 }
 
+/// What [`verify_round`] produced.
+#[derive(Debug, Default)]
+pub struct RoundOutput {
+    /// Per sequence of the batch: its verdict (the tokens are appended to
+    /// it already), or the grammar error that ends it (nothing appended).
+    pub verdicts: Vec<Result<Verdict, ConstraintError>>,
+    /// Per prefill chunk, the raw logits rows it asked for (empty for
+    /// `LogitsWanted::None`).
+    pub prefill_logits: Vec<Vec<Vec<f32>>>,
+}
+
 /// Verifies `proposals` (aligned with `batch`) in ONE target forward that
-/// also carries `prefills` (prompt chunks of other sequences, which want no
-/// logits), accepts per sequence, appends the new tokens to each sequence
-/// and returns them per sequence.
+/// also carries `prefills` (prompt chunks of other sequences; those asking
+/// for logits get their raw rows back, for prompt logprobs), accepts per
+/// sequence, appends the new tokens to each sequence and returns the
+/// verdicts.
 ///
-/// Errors: a failing target forward (nothing is appended then).
+/// Errors: a failing target forward (nothing is appended then). A
+/// sequence's grammar error is that sequence's verdict, not an error of
+/// the round.
 pub fn verify_round(
     target: &Model,
     pool: &mut KvPool,
@@ -151,7 +200,7 @@ pub fn verify_round(
     proposals: &[Proposal],
     prefills: &[SeqInput],
     stats: &mut SpecStats,
-) -> Result<Vec<Vec<u32>>, SpecError> {
+) -> Result<RoundOutput, SpecError> {
     let rows_in: Vec<Vec<u32>> = batch
         .iter()
         .zip(proposals)
@@ -161,7 +210,6 @@ pub fn verify_round(
             row
         })
         .collect();
-    debug_assert!(prefills.iter().all(|p| p.logits == LogitsWanted::None));
     let inputs: Vec<SeqInput> = prefills
         .iter()
         .copied()
@@ -173,18 +221,29 @@ pub fn verify_round(
         }))
         .collect();
     if inputs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(RoundOutput::default());
     }
     let logits = target.forward_rows(pool, &inputs)?;
     let mut rows = logits.into_iter();
-    let mut out = Vec::with_capacity(batch.len());
+    let mut out = RoundOutput::default();
+    for p in prefills {
+        let n = match p.logits {
+            LogitsWanted::None => 0,
+            LogitsWanted::Last => usize::from(!p.tokens.is_empty()),
+            LogitsWanted::All => p.tokens.len(),
+        };
+        out.prefill_logits.push(rows.by_ref().take(n).collect());
+    }
     for (r, p) in batch.iter_mut().zip(proposals) {
-        let mine: Vec<Vec<f32>> = rows.by_ref().take(p.tokens.len() + 1).collect();
-        let v = accept_sampled(&mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
-        stats.record(p.tokens.len(), &v);
-        policy.observe(&mut r.seq.policy_state, p.tokens.len(), v.accepted);
-        r.seq.tokens.extend_from_slice(&v.tokens);
-        out.push(v.tokens);
+        let mut mine: Vec<Vec<f32>> = rows.by_ref().take(p.tokens.len() + 1).collect();
+        let grammar = r.seq.sampler.processor().has_constraint();
+        let v = accept_sampled(&mut mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
+        if let Ok(v) = &v {
+            stats.record(p, v, grammar);
+            policy.observe(&mut r.seq.policy_state, p.tokens.len(), v.accepted);
+            r.seq.tokens.extend_from_slice(&v.tokens);
+        }
+        out.verdicts.push(v);
     }
     Ok(out)
 }
@@ -196,4 +255,7 @@ pub enum SpecError {
     Draft(#[from] specgate_draft::DraftError),
     #[error(transparent)]
     Target(#[from] VerifyError),
+    /// A sequence's grammar failed (its request cannot go on).
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
 }

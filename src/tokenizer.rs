@@ -205,6 +205,22 @@ pub(crate) fn byte_level_char(byte: u8) -> char {
     char::from_u32(0x100 + rank).unwrap_or(char::REPLACEMENT_CHARACTER)
 }
 
+/// The inverse of [`byte_level_char`]: the byte a byte-level character stands for, or
+/// `None` for a character outside the table.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let u = u32::from(c);
+    let printable =
+        (0x21..=0x7e).contains(&u) || (0xa1..=0xac).contains(&u) || (0xae..=0xff).contains(&u);
+    match u {
+        _ if printable => Some(u as u8),
+        // Non-printable bytes in order: 0x00..=0x20, 0x7f..=0xa0, 0xad.
+        0x100..=0x120 => Some((u - 0x100) as u8),
+        0x121..=0x142 => Some((u - 0x121 + 0x7f) as u8),
+        0x143 => Some(0xad),
+        _ => None,
+    }
+}
+
 /// Whether a chat template compiled, and if not, why.
 enum TemplateState {
     Missing,
@@ -545,6 +561,33 @@ impl TextTokenizer {
     /// The vocabulary string of `id` (byte-level form, e.g. `"Ġworld"`), or `None`.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The exact bytes token `id` stands for, or `None` for an id outside the vocabulary.
+    ///
+    /// A vocabulary token's byte-level string is mapped back through GPT-2's byte table
+    /// (so a token holding part of a UTF-8 character gives those raw bytes, and
+    /// concatenating the bytes of a sequence gives exactly what it decodes to before
+    /// UTF-8 repair); an added token (control, e.g. `<|im_end|>`, or user-defined, e.g.
+    /// `<tool_call>`) gives its text. A character outside the byte table (only in a
+    /// vocabulary that is not byte-level) is kept as its UTF-8 bytes.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        if id as usize >= self.vocab_size {
+            return None;
+        }
+        let added = self.inner.get_added_vocabulary().get_added_tokens_decoder();
+        if let Some(token) = added.get(&id) {
+            return Some(token.content.as_bytes().to_vec());
+        }
+        let text = self.inner.id_to_token(id)?;
+        let mut bytes = Vec::with_capacity(text.len());
+        for c in text.chars() {
+            match byte_level_byte(c) {
+                Some(b) => bytes.push(b),
+                None => bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            }
+        }
+        Some(bytes)
     }
 
     /// The id of a vocabulary string (byte-level form), or `None`.

@@ -232,6 +232,7 @@ fn seeded_sampling_with_speculation_is_reproducible() {
         top_k: 50,
         top_p: 0.95,
         seed: Some(seed),
+        ..SamplingParams::default()
     };
     let run = |seed: u64, use_draft: bool| {
         let mut s = SpecStats::default();

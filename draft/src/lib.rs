@@ -5,7 +5,10 @@
 //! A proposal carries, per guessed token, the proposer's warped probability
 //! distribution q (needed for lossless acceptance at temperature > 0); a
 //! proposer without a model (n-gram lookup) proposes deterministically, so
-//! its q is one-hot and is represented as `None`.
+//! its q is one-hot and is represented as `None`. A model proposer processes
+//! its logits with the sequence's own [`Sampler`] (penalties, bias,
+//! min_tokens, grammar) before warping, so q is the same function of the
+//! history as the target's p.
 
 pub mod model;
 pub mod ngram;
@@ -25,6 +28,9 @@ pub struct Proposal {
     pub tokens: Vec<u32>,
     /// The proposer's warped distribution for each token; `None` = one-hot.
     pub q: Option<Vec<Vec<f32>>>,
+    /// How many of the last `tokens` a grammar forced (jump-forward), added
+    /// after the proposer answered; 0 from a proposer itself.
+    pub forced: usize,
 }
 
 /// One sequence asking for drafts.
@@ -38,7 +44,8 @@ pub struct ProposeRequest<'a> {
     pub block_table: &'a [u32],
     /// Tokens wanted; 0 asks for none.
     pub k: usize,
-    /// The sequence's sampler: its params warp q, its random stream draws.
+    /// The sequence's sampler: its processing state and params make q, its
+    /// random stream draws. A proposer must not commit to it.
     pub sampler: &'a mut Sampler,
 }
 
@@ -68,6 +75,7 @@ impl Proposer for NgramProposer {
             .map(|r| Proposal {
                 tokens: self.lookup(r.context, r.k).to_vec(),
                 q: None,
+                forced: 0,
             })
             .collect())
     }

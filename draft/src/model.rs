@@ -6,6 +6,11 @@
 //! first catches up from the longest prefix that is still valid (tokens the
 //! target rejected are simply overwritten, never read), then drafts k tokens
 //! autoregressively, all sequences of the batch in one forward per step.
+//! Each step's logits are processed by the sequence's sampler with the
+//! drafts so far as pending history, exactly as the target's verified rows
+//! will be; a sequence whose processing fails (a grammar with nothing left
+//! to allow) stops drafting there, and the target reports the error if it
+//! is real.
 
 use crate::{DraftError, Proposal, ProposeRequest, Proposer};
 use specgate_verify::sample::argmax;
@@ -53,13 +58,20 @@ impl ModelDraft {
         self.pool.bytes_per_token()
     }
 
-    fn pick(logits: &[f32], req: &mut ProposeRequest) -> (u32, Option<Vec<f32>>) {
+    /// The next draft after `pending` from one row of raw draft logits,
+    /// with its q (None when greedy); `None` when processing fails.
+    fn pick(
+        logits: &mut [f32],
+        req: &mut ProposeRequest,
+        pending: &[u32],
+    ) -> Option<(u32, Option<Vec<f32>>)> {
+        req.sampler.process(logits, pending).ok()?;
         let params = *req.sampler.params();
         if params.is_greedy() {
-            return (argmax(logits), None);
+            return Some((argmax(logits), None));
         }
         let q = params.warp(logits);
-        (req.sampler.draw(&q), Some(q))
+        Some((req.sampler.draw(&q), Some(q)))
     }
 }
 
@@ -104,15 +116,18 @@ impl Proposer for ModelDraft {
         let mut step = 0;
         let mut live = active.clone();
         loop {
-            for (row, &i) in logits.iter().zip(&live) {
-                let (tok, q) = Self::pick(row, &mut batch[i]);
+            for (row, &i) in logits.iter_mut().zip(&live) {
+                let Some((tok, q)) = Self::pick(row, &mut batch[i], &out[i].tokens) else {
+                    continue;
+                };
                 out[i].tokens.push(tok);
                 if let Some(q) = q {
                     qs[i].push(q);
                 }
             }
             step += 1;
-            live.retain(|&i| batch[i].k > step);
+            // A sequence that could not draft this step stops here.
+            live.retain(|&i| out[i].tokens.len() == step && batch[i].k > step);
             if live.is_empty() {
                 break;
             }
@@ -131,7 +146,7 @@ impl Proposer for ModelDraft {
         for &i in &active {
             let r = &batch[i];
             // The cache now holds the context and every draft but the last.
-            let fed = &out[i].tokens[..out[i].tokens.len() - 1];
+            let fed = &out[i].tokens[..out[i].tokens.len().saturating_sub(1)];
             let c = self.cached.entry(r.seq_id).or_default();
             c.clear();
             c.extend_from_slice(r.context);

@@ -11,6 +11,8 @@
 //! - Response types ([`ChatCompletion`], [`ChatCompletionChunk`],
 //!   [`Completion`], [`CompletionChunk`], [`ModelList`]) that serialize
 //!   byte-compatibly with OpenAI's, and [`VersionInfo`].
+//! - [`tool_calls`]: tool calls parsed out of generated text (whole and
+//!   streaming).
 //! - [`parse_tokenize`] / [`parse_detokenize`] and their responses: vLLM's
 //!   `POST /tokenize` and `POST /detokenize`.
 //!
@@ -18,25 +20,33 @@
 //! (the `http` module maps between the two).
 
 mod error;
+mod messages;
 mod request;
 #[cfg(test)]
 mod request_tests;
 mod response;
 #[cfg(test)]
 mod response_tests;
+mod sampling;
 mod tokenize;
+pub mod tool_calls;
+mod tools;
 
 pub use error::{ApiError, ErrorKind};
 pub use request::{
-    parse_chat, parse_completion, Input, SpecMethod, SpecOverride, ValidRequest,
-    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES,
-    MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
+    parse_chat, parse_completion, Input, RequestMeta, SpecMethod, SpecOverride, ValidRequest,
+    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, KNOWN_CHAT_FIELDS,
+    KNOWN_COMPLETION_FIELDS, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES,
+    MAX_TEMPERATURE, MAX_TOP_LOGPROBS,
 };
 pub use response::{
     unix_now, AssistantMessage, BuildInfo, ChatChoice, ChatCompletion, ChatCompletionChunk,
-    ChunkChoice, Completion, CompletionChoice, CompletionChunk, Delta, FinishReason, ModelCard,
-    ModelList, ModelSpeculative, Usage, VersionInfo,
+    ChatLogprobs, ChatTokenLogprob, ChunkChoice, Completion, CompletionChoice, CompletionChunk,
+    CompletionLogprobs, Delta, FinishReason, FunctionCall, FunctionDelta, ModelCard, ModelList,
+    ModelSpeculative, ToolCall, ToolCallDelta, TopLogprob, TopMap, Usage, VersionInfo,
 };
+pub use sampling::{MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY, MAX_STOP_TOKEN_IDS};
+pub use tools::{ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
 pub use tokenize::{
     parse_detokenize, parse_tokenize, DetokenizeRequest, DetokenizeResponse, TokenizeInput,
     TokenizeRequest, TokenizeResponse,

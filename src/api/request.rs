@@ -4,14 +4,25 @@
 //! The body is read into a `serde_json::Value` and each known field is
 //! extracted by hand, so every wrong type or out-of-range value is refused
 //! with an [`ApiError`] whose `param` names the field. JSON `null` is the same
-//! as an absent field. Unknown top-level fields are ignored (as vLLM does).
+//! as an absent field. Every field is honoured or refused: a top-level field
+//! neither endpoint knows is a 400 `Unrecognized request argument supplied:
+//! <name>` with `param` naming it (OpenAI's own answer); OpenAI fields this
+//! server cannot honour are 400s that say why ([`KNOWN_CHAT_FIELDS`] and
+//! [`KNOWN_COMPLETION_FIELDS`] list what each endpoint reads).
+//!
+//! Sampling and logits controls live in `sampling.rs`, messages in
+//! `messages.rs`, tools / `tool_choice` / `response_format` in `tools.rs`.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 use specgate_verify::SamplingParams;
 
 use super::error::ApiError;
+use super::messages::parse_messages;
+use super::sampling::{parse_controls, parse_logprobs, parse_sampling, parse_stop_token_ids};
+use super::tools::{parse_response_format, parse_tools, ResponseFormat, ToolSetup};
 use crate::tokenizer::ChatMessage;
+use specgate_verify::Controls;
 
 /// A proposer as the wire names it: `"off"`, `"ngram"` or `"draft"` (the
 /// request's `speculative.method`, a model card's `speculative.method`).
@@ -68,7 +79,9 @@ pub const COMPLETION_DEFAULT_MAX_TOKENS: usize = 16;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
     /// Chat turns, to be rendered with the model's chat template.
-    /// Invariant: non-empty; roles are `system`, `user` or `assistant`.
+    /// Invariant: non-empty; roles are `system`, `user`, `assistant` or
+    /// `tool`; only assistant turns carry `tool_calls` (arguments parsed
+    /// JSON), only tool turns carry `tool_call_id`.
     Chat(Vec<ChatMessage>),
     /// Raw prompt text (`/v1/completions`), used as is.
     Prompt(String),
@@ -106,8 +119,100 @@ impl SpecOverride {
     }
 }
 
+/// Top-level fields of `POST /v1/chat/completions` this server reads: each
+/// is honoured or refused with a reason. Any other field is refused as
+/// unrecognized.
+pub const KNOWN_CHAT_FIELDS: &[&str] = &[
+    // OpenAI's chat-completions request, every field.
+    "messages",
+    "model",
+    "audio",
+    "frequency_penalty",
+    "function_call",
+    "functions",
+    "logit_bias",
+    "logprobs",
+    "max_completion_tokens",
+    "max_tokens",
+    "metadata",
+    "modalities",
+    "n",
+    "parallel_tool_calls",
+    "prediction",
+    "presence_penalty",
+    "prompt_cache_key",
+    "reasoning_effort",
+    "response_format",
+    "safety_identifier",
+    "seed",
+    "service_tier",
+    "stop",
+    "store",
+    "stream",
+    "stream_options",
+    "temperature",
+    "tool_choice",
+    "tools",
+    "top_logprobs",
+    "top_p",
+    "user",
+    "verbosity",
+    "web_search_options",
+    // Extensions (vLLM's names, and specgate's `speculative`).
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stop_token_ids",
+    "min_tokens",
+    "ignore_eos",
+    "speculative",
+];
+
+/// Top-level fields of `POST /v1/completions` this server reads (OpenAI's
+/// legacy completions request, `max_completion_tokens` and
+/// `response_format` as vLLM accepts them, and the same extensions as chat).
+pub const KNOWN_COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "best_of",
+    "echo",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "presence_penalty",
+    "response_format",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "suffix",
+    "temperature",
+    "top_p",
+    "user",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stop_token_ids",
+    "min_tokens",
+    "ignore_eos",
+    "speculative",
+];
+
+/// Who sent a request, for the log only (never sent to the model):
+/// `user`, `safety_identifier` and `metadata` (at most 16 string pairs).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestMeta {
+    pub user: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub metadata: Vec<(String, String)>,
+}
+
 /// A request that passed every wire-level check. Model-dependent checks
-/// (served model name, context length) are the caller's.
+/// (served model name, context length, token ids within the vocabulary)
+/// are the caller's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidRequest {
     /// The `model` field as given (not checked against the served models).
@@ -118,81 +223,197 @@ pub struct ValidRequest {
     /// [`COMPLETION_DEFAULT_MAX_TOKENS`] for completions. Always >= 1.
     pub max_tokens: Option<usize>,
     /// Temperature (default [`DEFAULT_TEMPERATURE`]), top-p (default 1),
-    /// top-k (`top_k` 0 or -1 -> 0 = off) and seed; meets
+    /// top-k (`top_k` 0 or -1 -> 0 = off), min-p (0 = off) and seed; meets
     /// `SamplingParams`' invariants.
     pub sampling: SamplingParams,
+    /// `presence_penalty`, `frequency_penalty` (each in `-2..=2`),
+    /// `repetition_penalty` (> 0; 0 = unset), `logit_bias` (ids as given,
+    /// biases in `-100..=100`) and `min_tokens` (<= `max_tokens` when that
+    /// is known). `min_tokens_ban` is empty (the engine fills it).
+    pub controls: Controls,
     /// Up to [`MAX_STOP_SEQUENCES`] non-empty strings.
     pub stop: Vec<String>,
+    /// vLLM's `stop_token_ids`: ids that end the output (not checked
+    /// against the vocabulary here).
+    pub stop_token_ids: Vec<u32>,
     pub stream: bool,
     /// `stream_options.include_usage`; only ever true when `stream` is.
     pub include_usage: bool,
     /// vLLM's `ignore_eos` extension: generate past end-of-sequence tokens.
     pub ignore_eos: bool,
-    /// The `user` field, kept for logging only.
-    pub user: Option<String>,
+    /// Log-probabilities asked for: `Some(n)` = each output token's and its
+    /// `n` most likely alternatives (`n <= MAX_TOP_LOGPROBS`). Chat:
+    /// `logprobs: true` with `top_logprobs`; completions: `logprobs: n`.
+    pub logprobs: Option<usize>,
+    /// Completions' `echo`: the prompt is prepended to the text (and, with
+    /// `logprobs`, its tokens' log-probabilities to the output's).
+    pub echo: bool,
+    /// `response_format` (text when absent).
+    pub response_format: ResponseFormat,
+    /// `tools`, `tool_choice` and `parallel_tool_calls` (chat only).
+    pub tools: ToolSetup,
+    /// `user`, `safety_identifier`, `metadata`: for the log only.
+    pub meta: RequestMeta,
     pub speculative: Option<SpecOverride>,
 }
+
+/// Most alternatives per token (`top_logprobs`, completions' `logprobs`):
+/// OpenAI's chat limit, and the engine's.
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Parses a `POST /v1/chat/completions` body.
 ///
 /// Errors (all 400, `param` naming the field): body not JSON or not an
-/// object; `model` missing or not a string; `messages` missing, empty, or
-/// with a bad role or content (content is a string or an array of
-/// `{"type":"text","text":..}` parts, joined with `\n`); `logprobs: true` or
-/// any `top_logprobs`; plus every check of the shared fields (see
-/// [`ValidRequest`]).
+/// object; a field not in [`KNOWN_CHAT_FIELDS`]; `model` missing or not a
+/// string; `messages` missing, empty, or with a bad role, content or tool
+/// call; `logprobs` not a boolean, `top_logprobs` outside `0..=20` or
+/// without `logprobs: true`; a bad `tools` / `tool_choice` /
+/// `response_format`; an OpenAI field this server cannot honour (`audio`,
+/// `modalities` other than `["text"]`, `functions`, `function_call`,
+/// `prediction`, `reasoning_effort`, `verbosity`, `web_search_options`,
+/// `store: true`, a `service_tier` other than `auto`/`default`); plus every
+/// check of the shared fields (see [`ValidRequest`]).
 pub fn parse_chat(body: &[u8]) -> Result<ValidRequest, ApiError> {
     let map = parse_object(body)?;
+    reject_unknown(&map, KNOWN_CHAT_FIELDS)?;
     let model = parse_model(&map)?;
     let messages = parse_messages(&map)?;
-    if let Some(v) = get(&map, "logprobs") {
-        if as_bool(v, "logprobs")? {
-            return Err(ApiError::unsupported(
-                "logprobs",
-                "logprobs is not supported by this server.",
-            ));
+    reject_unsupported_chat_fields(&map)?;
+    let logprobs = match get(&map, "logprobs") {
+        Some(v) => as_bool(v, "logprobs")?,
+        None => false,
+    };
+    let top = match get(&map, "top_logprobs") {
+        None => None,
+        Some(v) => {
+            let n = as_int(v, "top_logprobs")?;
+            if !(0..=MAX_TOP_LOGPROBS as i128).contains(&n) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("Invalid 'top_logprobs': expected a value between 0 and {MAX_TOP_LOGPROBS}, but got {n} instead."),
+                ));
+            }
+            if !logprobs {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "'top_logprobs' requires 'logprobs' to be true.",
+                ));
+            }
+            Some(n as usize)
         }
-    }
-    if get(&map, "top_logprobs").is_some() {
-        return Err(ApiError::unsupported(
-            "top_logprobs",
-            "top_logprobs is not supported by this server.",
+    };
+    let tools = parse_tools(&map)?;
+    let mut v = parse_common(&map, model, Input::Chat(messages), None)?;
+    v.logprobs = logprobs.then(|| top.unwrap_or(0));
+    if v.response_format != ResponseFormat::Text && tools.forces_a_call() {
+        return Err(ApiError::invalid(
+            "response_format",
+            "'response_format' cannot be combined with a 'tool_choice' that forces a tool call.",
         ));
     }
-    parse_common(&map, model, Input::Chat(messages), None)
+    v.tools = tools;
+    Ok(v)
+}
+
+/// The OpenAI chat fields this server reads but cannot honour: each is a
+/// 400 that says why (`null` is absent, as everywhere).
+fn reject_unsupported_chat_fields(map: &Map<String, Value>) -> Result<(), ApiError> {
+    let refuse = |name: &str, why: &str| {
+        Err(ApiError::invalid(name, format!("'{name}' is not supported: {why}"))
+            .with_code("unsupported_parameter"))
+    };
+    if get(map, "audio").is_some() {
+        return refuse("audio", "this server generates text only.");
+    }
+    if let Some(v) = get(map, "modalities") {
+        let items = v
+            .as_array()
+            .ok_or_else(|| type_err("modalities", "an array of strings", v))?;
+        for m in items {
+            match m.as_str() {
+                Some("text") => {}
+                Some(other) => {
+                    return refuse(
+                        "modalities",
+                        &format!("this server generates text only, but got '{other}'."),
+                    )
+                }
+                None => return Err(type_err("modalities", "an array of strings", m)),
+            }
+        }
+    }
+    for old in ["functions", "function_call"] {
+        if get(map, old).is_some() {
+            return refuse(
+                old,
+                "it is deprecated; use 'tools' and 'tool_choice' instead.",
+            );
+        }
+    }
+    if get(map, "prediction").is_some() {
+        return refuse("prediction", "predicted outputs are not available on this server.");
+    }
+    if get(map, "reasoning_effort").is_some() {
+        return refuse("reasoning_effort", "the served model is not a reasoning model.");
+    }
+    if get(map, "verbosity").is_some() {
+        return refuse("verbosity", "the served model has no verbosity control.");
+    }
+    if get(map, "web_search_options").is_some() {
+        return refuse("web_search_options", "this server does not search the web.");
+    }
+    if let Some(v) = get(map, "store") {
+        if as_bool(v, "store")? {
+            return refuse("store", "this server never stores completions.");
+        }
+    }
+    if let Some(v) = get(map, "service_tier") {
+        match as_str(v, "service_tier")? {
+            "auto" | "default" => {}
+            other => {
+                return refuse(
+                    "service_tier",
+                    &format!("this server has one tier ('auto' or 'default'), but got '{other}'."),
+                )
+            }
+        }
+    }
+    // Prefix caching is automatic: a cache key is accepted and not needed.
+    if let Some(v) = get(map, "prompt_cache_key") {
+        as_str(v, "prompt_cache_key")?;
+    }
+    Ok(())
+}
+
+/// A 400 naming the first field of `map` not in `known`, as OpenAI words it.
+fn reject_unknown(map: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
+    match map.keys().find(|k| !known.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => Err(ApiError::invalid(
+            k.as_str(),
+            format!("Unrecognized request argument supplied: {k}"),
+        )),
+    }
 }
 
 /// Parses a `POST /v1/completions` body.
 ///
 /// Errors (all 400, `param` naming the field): body not JSON or not an
-/// object; `model` missing or not a string; `prompt` missing or not a string
-/// or a list of exactly one string; `logprobs` set (an integer or `true`);
-/// `echo: true`; `best_of` > 1; a non-empty `suffix`; plus every check of
-/// the shared fields (see [`ValidRequest`]).
+/// object; a field not in [`KNOWN_COMPLETION_FIELDS`]; `model` missing or
+/// not a string; `prompt` missing or not a string or a list of exactly one
+/// string; `logprobs` not an integer in `0..=20` (`false` is absent);
+/// `echo` not a boolean; `best_of` > 1; a non-empty `suffix`; plus every
+/// check of the shared fields (see [`ValidRequest`]).
 pub fn parse_completion(body: &[u8]) -> Result<ValidRequest, ApiError> {
     let map = parse_object(body)?;
+    reject_unknown(&map, KNOWN_COMPLETION_FIELDS)?;
     let model = parse_model(&map)?;
     let prompt = parse_prompt(&map)?;
-    match get(&map, "logprobs") {
-        None | Some(Value::Bool(false)) => {}
-        Some(v) => {
-            if !v.is_boolean() {
-                as_int(v, "logprobs")?;
-            }
-            return Err(ApiError::unsupported(
-                "logprobs",
-                "logprobs is not supported by this server.",
-            ));
-        }
-    }
-    if let Some(v) = get(&map, "echo") {
-        if as_bool(v, "echo")? {
-            return Err(ApiError::unsupported(
-                "echo",
-                "echo is not supported by this server.",
-            ));
-        }
-    }
+    let logprobs = parse_logprobs(&map)?;
+    let echo = match get(&map, "echo") {
+        Some(v) => as_bool(v, "echo")?,
+        None => false,
+    };
     if let Some(v) = get(&map, "best_of") {
         let b = as_int(v, "best_of")?;
         if b < 1 {
@@ -211,12 +432,15 @@ pub fn parse_completion(body: &[u8]) -> Result<ValidRequest, ApiError> {
             ));
         }
     }
-    parse_common(
+    let mut v = parse_common(
         &map,
         model,
         Input::Prompt(prompt),
         Some(COMPLETION_DEFAULT_MAX_TOKENS),
-    )
+    )?;
+    v.logprobs = logprobs;
+    v.echo = echo;
+    Ok(v)
 }
 
 pub(super) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -272,23 +496,69 @@ fn parse_common(
         None => false,
     };
 
-    let user = match get(map, "user") {
-        Some(v) => Some(as_str(v, "user")?.to_owned()),
-        None => None,
-    };
-
+    let controls = parse_controls(map, max_tokens)?;
+    let sampling = parse_sampling(map)?;
     Ok(ValidRequest {
         model,
         input,
         max_tokens,
-        sampling: parse_sampling(map)?,
+        sampling,
+        controls,
         stop: parse_stop(map)?,
+        stop_token_ids: parse_stop_token_ids(map)?,
         stream,
         include_usage,
         ignore_eos,
-        user,
+        logprobs: None,
+        echo: false,
+        response_format: parse_response_format(map)?,
+        tools: ToolSetup::default(),
+        meta: parse_meta(map)?,
         speculative: parse_speculative(map)?,
     })
+}
+
+/// Most `metadata` pairs, and their key and value lengths (OpenAI's limits).
+const MAX_METADATA_PAIRS: usize = 16;
+const MAX_METADATA_KEY: usize = 64;
+const MAX_METADATA_VALUE: usize = 512;
+
+fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
+    let text = |name: &str| -> Result<Option<String>, ApiError> {
+        get(map, name)
+            .map(|v| as_str(v, name).map(str::to_owned))
+            .transpose()
+    };
+    let mut meta = RequestMeta {
+        user: text("user")?,
+        safety_identifier: text("safety_identifier")?,
+        metadata: Vec::new(),
+    };
+    if let Some(v) = get(map, "metadata") {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| type_err("metadata", "an object of strings", v))?;
+        if obj.len() > MAX_METADATA_PAIRS {
+            return Err(ApiError::invalid(
+                "metadata",
+                format!("Invalid 'metadata': at most {MAX_METADATA_PAIRS} pairs are allowed, but got {}.", obj.len()),
+            ));
+        }
+        for (k, val) in obj {
+            let val = val
+                .as_str()
+                .ok_or_else(|| type_err(&format!("metadata.{k}"), "a string", val))
+                .map_err(|e| e.with_param("metadata"))?;
+            if k.chars().count() > MAX_METADATA_KEY || val.chars().count() > MAX_METADATA_VALUE {
+                return Err(ApiError::invalid(
+                    "metadata",
+                    format!("Invalid 'metadata': keys may be at most {MAX_METADATA_KEY} characters and values at most {MAX_METADATA_VALUE}."),
+                ));
+            }
+            meta.metadata.push((k.clone(), val.to_owned()));
+        }
+    }
+    Ok(meta)
 }
 
 fn parse_model(map: &Map<String, Value>) -> Result<String, ApiError> {
@@ -296,106 +566,6 @@ fn parse_model(map: &Map<String, Value>) -> Result<String, ApiError> {
         Some(v) => Ok(as_str(v, "model")?.to_owned()),
         None => Err(missing("model")),
     }
-}
-
-pub(super) fn parse_messages(map: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let v = get(map, "messages").ok_or_else(|| missing("messages"))?;
-    let items = v
-        .as_array()
-        .ok_or_else(|| type_err("messages", "an array", v))?;
-    if items.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "Invalid 'messages': empty array. Expected an array with minimum length 1.",
-        ));
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, m)| parse_message(i, m))
-        .collect()
-}
-
-fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
-    let here = format!("messages[{i}]");
-    let m = v
-        .as_object()
-        .ok_or_else(|| type_err(&here, "an object", v))?;
-    let role_param = format!("{here}.role");
-    let role = get(m, "role").ok_or_else(|| missing(&role_param))?;
-    let role = match as_str(role, &role_param)? {
-        r @ ("system" | "user" | "assistant") => r,
-        // OpenAI's newer name for the system turn.
-        "developer" => "system",
-        other => {
-            return Err(ApiError::invalid(
-                role_param,
-                format!(
-                    "Invalid value '{other}' for '{here}.role': supported roles are \
-                     'system', 'user' and 'assistant'."
-                ),
-            ))
-        }
-    };
-    let content_param = format!("{here}.content");
-    let content = match get(m, "content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => text_parts(&content_param, parts)?,
-        Some(other) => {
-            return Err(type_err(
-                &content_param,
-                "a string or an array of text parts",
-                other,
-            ))
-        }
-        // An assistant turn may come without content (OpenAI allows it).
-        None if role == "assistant" => String::new(),
-        None => return Err(missing(&content_param)),
-    };
-    Ok(ChatMessage::new(role, content))
-}
-
-/// Joins `[{"type":"text","text":..}, ..]` with `\n` (as vLLM does); any
-/// other part is an error naming `param` (`messages[i].content`).
-fn text_parts(param: &str, parts: &[Value]) -> Result<String, ApiError> {
-    let mut texts = Vec::with_capacity(parts.len());
-    for (j, part) in parts.iter().enumerate() {
-        let bad = |what: String| {
-            ApiError::invalid(
-                param,
-                format!("Invalid content part {j} of '{param}': {what}."),
-            )
-        };
-        let obj = part
-            .as_object()
-            .ok_or_else(|| bad(format!("expected an object, but got {}", kind_of(part))))?;
-        match get(obj, "type") {
-            Some(Value::String(t)) if t == "text" => {}
-            Some(Value::String(t)) => {
-                return Err(bad(format!(
-                    "content part type '{t}' is not supported; only 'text' parts are"
-                )))
-            }
-            Some(t) => {
-                return Err(bad(format!(
-                    "'type' must be a string, but got {}",
-                    kind_of(t)
-                )))
-            }
-            None => return Err(bad("missing 'type'".into())),
-        }
-        match get(obj, "text") {
-            Some(Value::String(s)) => texts.push(s.as_str()),
-            Some(t) => {
-                return Err(bad(format!(
-                    "'text' must be a string, but got {}",
-                    kind_of(t)
-                )))
-            }
-            None => return Err(bad("missing 'text'".into())),
-        }
-    }
-    Ok(texts.join("\n"))
 }
 
 fn parse_prompt(map: &Map<String, Value>) -> Result<String, ApiError> {
@@ -421,58 +591,6 @@ fn parse_prompt(map: &Map<String, Value>) -> Result<String, ApiError> {
         Some(other) => Err(type_err("prompt", "a string", other)),
         None => Err(missing("prompt")),
     }
-}
-
-fn parse_sampling(map: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
-    let mut s = SamplingParams {
-        temperature: DEFAULT_TEMPERATURE,
-        ..SamplingParams::default()
-    };
-    if let Some(v) = get(map, "temperature") {
-        let t = as_number(v, "temperature")?;
-        if !(0.0..=MAX_TEMPERATURE as f64).contains(&t) {
-            return Err(ApiError::invalid(
-                "temperature",
-                format!(
-                    "Invalid 'temperature': expected a value between 0 and 2, but got {t} instead."
-                ),
-            ));
-        }
-        s.temperature = t as f32;
-    }
-    if let Some(v) = get(map, "top_p") {
-        let p = as_number(v, "top_p")?;
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::invalid(
-                "top_p",
-                format!("Invalid 'top_p': expected a value in (0, 1], but got {p} instead."),
-            ));
-        }
-        s.top_p = p as f32;
-    }
-    if let Some(v) = get(map, "top_k") {
-        let k = as_int(v, "top_k")?;
-        s.top_k = match k {
-            -1 | 0 => 0,
-            k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
-            k => {
-                return Err(ApiError::invalid(
-                    "top_k",
-                    format!("Invalid 'top_k': expected a value >= 0 (0 or -1 turn it off), but got {k} instead."),
-                ))
-            }
-        };
-    }
-    if let Some(v) = get(map, "seed") {
-        let seed = as_int(v, "seed")?;
-        s.seed = Some(u64::try_from(seed).map_err(|_| {
-            ApiError::invalid(
-                "seed",
-                format!("Invalid 'seed': expected a value between 0 and 2^64-1, but got {seed} instead."),
-            )
-        })?);
-    }
-    Ok(s)
 }
 
 fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
@@ -627,7 +745,7 @@ pub(super) fn missing(param: &str) -> ApiError {
     ApiError::invalid(param, format!("Missing required parameter: '{param}'."))
 }
 
-fn below_min(param: &str, min: i128, got: i128) -> ApiError {
+pub(super) fn below_min(param: &str, min: i128, got: i128) -> ApiError {
     ApiError::invalid(
         param,
         format!("Invalid '{param}': integer below minimum value. Expected a value >= {min}, but got {got} instead."),
@@ -642,7 +760,7 @@ pub(super) fn as_str<'a>(v: &'a Value, param: &str) -> Result<&'a str, ApiError>
     v.as_str().ok_or_else(|| type_err(param, "a string", v))
 }
 
-fn as_number(v: &Value, param: &str) -> Result<f64, ApiError> {
+pub(super) fn as_number(v: &Value, param: &str) -> Result<f64, ApiError> {
     v.as_f64()
         .filter(|_| v.is_number())
         .ok_or_else(|| type_err(param, "a number", v))

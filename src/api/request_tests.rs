@@ -63,7 +63,12 @@ fn minimal_chat_defaults() {
     assert_eq!(r.sampling.seed, None);
     assert!(r.stop.is_empty());
     assert!(!r.stream && !r.include_usage);
-    assert_eq!(r.user, None);
+    assert_eq!(r.meta, RequestMeta::default());
+    assert_eq!(r.controls, specgate_verify::Controls::default());
+    assert_eq!((r.logprobs, r.echo), (None, false));
+    assert_eq!(r.response_format, ResponseFormat::Text);
+    assert_eq!(r.tools, ToolSetup { parallel: true, ..ToolSetup::default() });
+    assert!(r.stop_token_ids.is_empty());
     assert_eq!(r.speculative, None);
 }
 
@@ -90,7 +95,7 @@ fn all_fields_accepted() {
     assert_eq!(r.sampling.seed, Some(42));
     assert_eq!(r.stop, vec!["a", "b"]);
     assert!(r.stream && r.include_usage);
-    assert_eq!(r.user.as_deref(), Some("alice"));
+    assert_eq!(r.meta.user.as_deref(), Some("alice"));
     assert_eq!(
         r.speculative,
         Some(SpecOverride {
@@ -112,15 +117,30 @@ fn nulls_are_absent() {
 }
 
 #[test]
-fn unknown_fields_ignored() {
-    let r = chat(chat_with(json!({
-        "frobnicate": {"x": [1, 2]}, "presence_penalty": 0, "metadata": "x"
-    })));
-    assert!(r.is_ok(), "{r:?}");
-    assert!(completion(completion_with(json!({"foo": 1}))).is_ok());
-    // Unknown keys inside a message are ignored too (e.g. `name`).
+fn unknown_fields_rejected_naming_them() {
+    for (body, name) in [
+        (chat_with(json!({"frobnicate": {"x": [1, 2]}})), "frobnicate"),
+        (chat_with(json!({"echo": true})), "echo"),
+        (chat_with(json!({"best_of": 1})), "best_of"),
+    ] {
+        let e = assert_rejects(chat(body), name);
+        assert_eq!(
+            e.message,
+            format!("Unrecognized request argument supplied: {name}")
+        );
+    }
+    for name in ["tools", "tool_choice", "messages", "top_logprobs", "foo"] {
+        assert_rejects(completion(completion_with(json!({ name: 1 }))), name);
+    }
+    // A null unknown field is still a field the server does not know.
+    assert_rejects(chat(chat_with(json!({"foo": null}))), "foo");
+    // Unknown keys inside a message are refused too.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x", "mood": "ok"}]});
+    assert_rejects(chat(body), "messages[0].mood");
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "x", "name": "bob"}]});
-    assert!(chat(body).is_ok());
+    let r = chat(body).unwrap();
+    let Input::Chat(m) = r.input else { panic!() };
+    assert_eq!(m[0].name.as_deref(), Some("bob"));
 }
 
 #[test]
@@ -441,28 +461,192 @@ fn n_only_one() {
 }
 
 #[test]
-fn logprobs_rejected() {
-    let e = assert_rejects(chat(chat_with(json!({"logprobs": true}))), "logprobs");
-    assert!(e.message.contains("not supported"), "{e:?}");
-    assert_rejects(chat(chat_with(json!({"logprobs": "yes"}))), "logprobs");
-    let e = assert_rejects(chat(chat_with(json!({"top_logprobs": 3}))), "top_logprobs");
-    assert!(e.message.contains("not supported"), "{e:?}");
+fn chat_logprobs_and_top_logprobs() {
+    let lp = |extra: Value| chat(chat_with(extra)).map(|r| r.logprobs);
+    assert_eq!(lp(json!({"logprobs": true})).unwrap(), Some(0));
+    assert_eq!(lp(json!({"logprobs": false})).unwrap(), None);
+    assert_eq!(
+        lp(json!({"logprobs": true, "top_logprobs": 20})).unwrap(),
+        Some(20)
+    );
+    assert_eq!(
+        lp(json!({"logprobs": true, "top_logprobs": 0})).unwrap(),
+        Some(0)
+    );
+    assert_rejects(lp(json!({"logprobs": "yes"})), "logprobs");
+    assert_rejects(lp(json!({"logprobs": 1})), "logprobs");
+    for bad in [json!(21), json!(-1), json!(1.5), json!("3")] {
+        assert_rejects(
+            lp(json!({"logprobs": true, "top_logprobs": bad})),
+            "top_logprobs",
+        );
+    }
+    let e = assert_rejects(lp(json!({"top_logprobs": 3})), "top_logprobs");
+    assert!(e.message.contains("requires 'logprobs'"), "{e:?}");
     assert_rejects(
-        chat(chat_with(json!({"logprobs": false, "top_logprobs": 0}))),
+        lp(json!({"logprobs": false, "top_logprobs": 0})),
         "top_logprobs",
     );
-    // /v1/completions: logprobs is an integer there.
-    assert!(completion(completion_with(json!({"logprobs": false}))).is_ok());
-    for v in [json!(0), json!(5), json!(true)] {
-        let e = assert_rejects(
-            completion(completion_with(json!({"logprobs": v}))),
-            "logprobs",
-        );
+}
+
+#[test]
+fn completion_logprobs_and_echo() {
+    let r = |extra: Value| completion(completion_with(extra));
+    assert_eq!(r(json!({"logprobs": false})).unwrap().logprobs, None);
+    for n in [0, 5, 20] {
+        assert_eq!(r(json!({ "logprobs": n })).unwrap().logprobs, Some(n));
+    }
+    for bad in [json!(21), json!(-1), json!(true), json!("5"), json!(18446744073709551615u64)] {
+        assert_rejects(r(json!({ "logprobs": bad })), "logprobs");
+    }
+    let v = r(json!({"echo": true, "logprobs": 2})).unwrap();
+    assert!(v.echo);
+    assert_eq!(v.logprobs, Some(2));
+    assert!(!r(json!({"echo": false})).unwrap().echo);
+    assert_rejects(r(json!({"echo": "no"})), "echo");
+}
+
+#[test]
+fn penalties_ranges() {
+    for name in ["presence_penalty", "frequency_penalty"] {
+        for ok in [-2.0, 0.0, 0.5, 2.0] {
+            let r = chat(chat_with(json!({ name: ok }))).unwrap();
+            let got = if name == "presence_penalty" {
+                r.controls.presence_penalty
+            } else {
+                r.controls.frequency_penalty
+            };
+            assert_eq!(got, ok as f32);
+        }
+        for bad in [json!(2.5), json!(-2.01), json!("1"), json!(true)] {
+            rejects_both(name, bad, name);
+        }
+    }
+    let r = completion(completion_with(json!({"repetition_penalty": 1.3}))).unwrap();
+    assert_eq!(r.controls.repetition_penalty, 1.3);
+    for bad in [json!(0), json!(-1.0), json!(1e300), json!("x")] {
+        rejects_both("repetition_penalty", bad, "repetition_penalty");
+    }
+}
+
+#[test]
+fn logit_bias_shapes() {
+    let r = chat(chat_with(json!({"logit_bias": {"5": -100, "17": 2.5, "0": 100}}))).unwrap();
+    let mut b = r.controls.logit_bias.clone();
+    b.sort_by_key(|(id, _)| *id);
+    assert_eq!(b, vec![(0, 100.0), (5, -100.0), (17, 2.5)]);
+    for bad in [
+        json!({"x": 1}),
+        json!({"-1": 1}),
+        json!({"+3": 1}),
+        json!({"1.5": 1}),
+        json!({"4294967296": 1}),
+        json!({"3": 101}),
+        json!({"3": -100.5}),
+        json!({"3": "1"}),
+        json!([1, 2]),
+        json!("1:2"),
+    ] {
+        rejects_both("logit_bias", bad, "logit_bias");
+    }
+    let many: serde_json::Map<String, Value> =
+        (0..301).map(|i| (i.to_string(), json!(1))).collect();
+    rejects_both("logit_bias", Value::Object(many), "logit_bias");
+}
+
+#[test]
+fn min_p_min_tokens_stop_token_ids() {
+    let r = chat(chat_with(json!({"min_p": 0.05, "min_tokens": 3, "max_tokens": 5, "stop_token_ids": [7, 0]}))).unwrap();
+    assert_eq!(r.sampling.min_p, 0.05);
+    assert_eq!(r.controls.min_tokens, 3);
+    assert_eq!(r.stop_token_ids, vec![7, 0]);
+    // Without max_tokens the limit is checked against the context later.
+    assert_eq!(
+        chat(chat_with(json!({"min_tokens": 1000})))
+            .unwrap()
+            .controls
+            .min_tokens,
+        1000
+    );
+    for bad in [json!(-0.1), json!(1.5), json!("0.1")] {
+        rejects_both("min_p", bad, "min_p");
+    }
+    for bad in [json!(-1), json!(1.5), json!("1")] {
+        rejects_both("min_tokens", bad, "min_tokens");
+    }
+    // Above max_tokens (completions default to 16).
+    assert_rejects(
+        completion(completion_with(json!({"min_tokens": 17}))),
+        "min_tokens",
+    );
+    assert_rejects(
+        chat(chat_with(json!({"min_tokens": 6, "max_completion_tokens": 5}))),
+        "min_tokens",
+    );
+    for bad in [json!(-1), json!([1, "2"]), json!([4294967296u64]), json!(3), json!([1.0])] {
+        rejects_both("stop_token_ids", bad, "stop_token_ids");
+    }
+}
+
+#[test]
+fn openai_fields_we_cannot_honour_are_refused_with_a_reason() {
+    for (name, value) in [
+        ("audio", json!({"voice": "alloy", "format": "wav"})),
+        ("modalities", json!(["text", "audio"])),
+        ("functions", json!([{"name": "f"}])),
+        ("function_call", json!("auto")),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("reasoning_effort", json!("low")),
+        ("verbosity", json!("low")),
+        ("web_search_options", json!({})),
+        ("store", json!(true)),
+        ("service_tier", json!("flex")),
+    ] {
+        let e = assert_rejects(chat(chat_with(json!({ name: value }))), name);
         assert!(e.message.contains("not supported"), "{e:?}");
     }
+    let e = assert_rejects(chat(chat_with(json!({"functions": []}))), "functions");
+    assert!(e.message.contains("'tools'"), "{e:?}");
+    for (name, value) in [
+        ("modalities", json!(["text"])),
+        ("store", json!(false)),
+        ("service_tier", json!("auto")),
+        ("service_tier", json!("default")),
+        ("prompt_cache_key", json!("k")),
+        ("safety_identifier", json!("h")),
+        ("metadata", json!({"k": "v"})),
+    ] {
+        assert!(chat(chat_with(json!({ name: value }))).is_ok(), "{name}");
+    }
+    for (name, bad) in [
+        ("modalities", json!("text")),
+        ("store", json!("no")),
+        ("service_tier", json!(1)),
+        ("prompt_cache_key", json!(1)),
+        ("safety_identifier", json!([])),
+        ("metadata", json!("x")),
+        ("metadata", json!({"k": 1})),
+    ] {
+        assert_rejects(chat(chat_with(json!({ name: bad }))), name);
+    }
+    let pairs: serde_json::Map<String, Value> =
+        (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
     assert_rejects(
-        completion(completion_with(json!({"logprobs": "5"}))),
-        "logprobs",
+        chat(chat_with(json!({"metadata": Value::Object(pairs)}))),
+        "metadata",
+    );
+    assert_rejects(
+        chat(chat_with(json!({"metadata": {"k": "v".repeat(513)}}))),
+        "metadata",
+    );
+    let r = chat(chat_with(json!({"metadata": {"a": "1"}, "user": "u", "safety_identifier": "s"}))).unwrap();
+    assert_eq!(
+        r.meta,
+        RequestMeta {
+            user: Some("u".into()),
+            safety_identifier: Some("s".into()),
+            metadata: vec![("a".into(), "1".into())],
+        }
     );
 }
 
@@ -472,7 +656,6 @@ fn completion_only_fields() {
         json!({"echo": false, "best_of": 1, "suffix": ""})
     ))
     .is_ok());
-    assert_rejects(completion(completion_with(json!({"echo": true}))), "echo");
     assert_rejects(completion(completion_with(json!({"echo": "no"}))), "echo");
     assert_rejects(
         completion(completion_with(json!({"best_of": 2}))),

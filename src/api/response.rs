@@ -1,5 +1,7 @@
 //! Response bodies, serialized byte-compatibly with OpenAI: field order as
-//! OpenAI sends it, `logprobs` always `null`, a chunk's `finish_reason`
+//! OpenAI sends it, `logprobs` `null` unless asked for (then OpenAI's chat
+//! shape [`ChatLogprobs`] or the completions shape [`CompletionLogprobs`]),
+//! assistant `tool_calls` only when the turn made calls, a chunk's `finish_reason`
 //! `null` until the last content chunk, `usage` present only where OpenAI
 //! sends it (and skipped, not `null`, on chunks that carry none).
 
@@ -17,6 +19,141 @@ pub enum FinishReason {
     Stop,
     /// The `max_tokens` limit.
     Length,
+    /// The turn ended after making tool calls.
+    ToolCalls,
+}
+
+impl FinishReason {
+    /// The wire name (`"stop"`, `"length"`, `"tool_calls"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+        }
+    }
+}
+
+/// A function call the model made: `{"id": "call_..", "type": "function",
+/// "function": {"name", "arguments": "<JSON text>"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCall {
+    pub id: String,
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+impl ToolCall {
+    /// A function call with this id, name and arguments (JSON text).
+    pub fn function(id: String, name: String, arguments: String) -> Self {
+        Self {
+            id,
+            kind: "function",
+            function: FunctionCall { name, arguments },
+        }
+    }
+}
+
+/// The function of a [`ToolCall`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text, as OpenAI sends it (a string, not an object).
+    pub arguments: String,
+}
+
+/// One streamed piece of a tool call (`delta.tool_calls[]`): the first
+/// delta of a call carries `id`, `type` and `function.name`; `arguments`
+/// text may come in one or more deltas, to be concatenated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCallDelta {
+    /// The call's position in the turn (0-based).
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A chat choice's `logprobs`: `{"content": [..], "refusal": null}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+    /// Always `null`: this server never refuses.
+    pub refusal: (),
+}
+
+impl ChatLogprobs {
+    pub fn new(content: Vec<ChatTokenLogprob>) -> Self {
+        Self {
+            content,
+            refusal: (),
+        }
+    }
+}
+
+/// One output token in a chat choice's `logprobs.content`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text (lossy UTF-8 of `bytes`).
+    pub token: String,
+    /// Finite (the log-softmax of the processed logits).
+    pub logprob: f32,
+    /// The token's exact bytes.
+    pub bytes: Option<Vec<u8>>,
+    /// The most likely tokens at this position, most likely first
+    /// (`top_logprobs` of them).
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// An alternative in [`ChatTokenLogprob::top_logprobs`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// A completion choice's `logprobs` (the legacy shape): parallel arrays,
+/// one entry per token. With `echo` the prompt's tokens come first and
+/// the very first token's `token_logprobs` / `top_logprobs` entries are
+/// `null` (nothing predicts it).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f32>>,
+    /// `{token text: logprob}` of the most likely tokens, most likely first.
+    pub top_logprobs: Vec<Option<TopMap>>,
+    /// Character offset of each token in the choice's `text` (prompt
+    /// included with `echo`), counted over the tokens' texts.
+    pub text_offset: Vec<usize>,
+}
+
+/// A `{token: logprob}` object that keeps its order (most likely first).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TopMap(pub Vec<(String, f32)>);
+
+impl Serialize for TopMap {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
 }
 
 /// Token counts. Invariant: `total_tokens == prompt_tokens + completion_tokens`
@@ -45,26 +182,30 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The assistant turn of a non-streaming chat choice.
+/// The assistant turn of a non-streaming chat choice. `content` is `null`
+/// only for a turn that made tool calls and wrote no text around them;
+/// `tool_calls` is omitted when there are none.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
-    pub content: String,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// One choice of a [`ChatCompletion`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    /// Always `null`: logprobs are not supported.
-    pub logprobs: (),
+    /// `null` unless the request asked for `logprobs`.
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: FinishReason,
 }
 
 /// The body of a non-streaming `POST /v1/chat/completions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatCompletion {
     pub id: String,
     /// Always `"chat.completion"`.
@@ -94,13 +235,27 @@ impl ChatCompletion {
                 index: 0,
                 message: AssistantMessage {
                     role: "assistant",
-                    content,
+                    content: Some(content),
+                    tool_calls: Vec::new(),
                 },
-                logprobs: (),
+                logprobs: None,
                 finish_reason,
             }],
             usage,
         }
+    }
+
+    /// Sets the choice's `message.content` and `message.tool_calls`.
+    pub fn with_tool_calls(mut self, content: Option<String>, calls: Vec<ToolCall>) -> Self {
+        self.choices[0].message.content = content;
+        self.choices[0].message.tool_calls = calls;
+        self
+    }
+
+    /// Sets the choice's `logprobs`.
+    pub fn with_logprobs(mut self, logprobs: Option<ChatLogprobs>) -> Self {
+        self.choices[0].logprobs = logprobs;
+        self
     }
 }
 
@@ -112,15 +267,18 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a [`ChatCompletionChunk`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
-    /// Always `null`.
-    pub logprobs: (),
+    /// `null` unless the request asked for `logprobs`: then the tokens
+    /// whose text (or tool-call text) this chunk releases.
+    pub logprobs: Option<ChatLogprobs>,
     /// `null` until the chunk that ends the choice.
     pub finish_reason: Option<FinishReason>,
 }
@@ -131,7 +289,9 @@ pub struct ChunkChoice {
 /// [`content`](Self::content), one [`finish`](Self::finish), then, with
 /// `stream_options.include_usage`, one [`usage`](Self::usage) chunk (empty
 /// `choices`). All chunks of a stream share `id`, `created` and `model`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A turn that calls tools streams [`tool_call`](Self::tool_call) chunks
+/// among the content ones.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatCompletionChunk {
     pub id: String,
     /// Always `"chat.completion.chunk"`.
@@ -166,7 +326,7 @@ impl ChatCompletionChunk {
         let choice = ChunkChoice {
             index: 0,
             delta,
-            logprobs: (),
+            logprobs: None,
             finish_reason: fr,
         };
         Self::with(id, created, model, vec![choice], None)
@@ -177,6 +337,7 @@ impl ChatCompletionChunk {
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
+            tool_calls: None,
         };
         Self::one(id, created, model, delta, None)
     }
@@ -184,10 +345,36 @@ impl ChatCompletionChunk {
     /// A text delta: `delta: {"content": text}`.
     pub fn content(id: &str, created: u64, model: &str, text: String) -> Self {
         let delta = Delta {
-            role: None,
             content: Some(text),
+            ..Delta::default()
         };
         Self::one(id, created, model, delta, None)
+    }
+
+    /// A whole tool call as one delta: `delta: {"tool_calls": [{"index",
+    /// "id", "type": "function", "function": {"name", "arguments"}}]}`.
+    pub fn tool_call(id: &str, created: u64, model: &str, index: u32, call: ToolCall) -> Self {
+        let delta = Delta {
+            tool_calls: Some(vec![ToolCallDelta {
+                index,
+                id: Some(call.id),
+                kind: Some(call.kind),
+                function: FunctionDelta {
+                    name: Some(call.function.name),
+                    arguments: Some(call.function.arguments),
+                },
+            }]),
+            ..Delta::default()
+        };
+        Self::one(id, created, model, delta, None)
+    }
+
+    /// Sets the (one) choice's `logprobs`.
+    pub fn with_logprobs(mut self, logprobs: Option<ChatLogprobs>) -> Self {
+        if let Some(c) = self.choices.first_mut() {
+            c.logprobs = logprobs;
+        }
+        self
     }
 
     /// The chunk that ends the choice: `delta: {}`, `finish_reason` set.
@@ -202,18 +389,18 @@ impl ChatCompletionChunk {
 }
 
 /// One choice of a [`Completion`] or [`CompletionChunk`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
-    /// Always `null`.
-    pub logprobs: (),
+    /// `null` unless the request asked for `logprobs`.
+    pub logprobs: Option<CompletionLogprobs>,
     /// Always set in a [`Completion`]; `null` in chunks until the last.
     pub finish_reason: Option<FinishReason>,
 }
 
 /// The body of a non-streaming `POST /v1/completions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Completion {
     pub id: String,
     /// Always `"text_completion"`.
@@ -242,11 +429,17 @@ impl Completion {
             choices: vec![CompletionChoice {
                 index: 0,
                 text,
-                logprobs: (),
+                logprobs: None,
                 finish_reason: Some(finish_reason),
             }],
             usage,
         }
+    }
+
+    /// Sets the choice's `logprobs`.
+    pub fn with_logprobs(mut self, logprobs: Option<CompletionLogprobs>) -> Self {
+        self.choices[0].logprobs = logprobs;
+        self
     }
 }
 
@@ -257,7 +450,7 @@ impl Completion {
 /// [`finish`](Self::finish) (empty text), then, with
 /// `stream_options.include_usage`, one [`usage`](Self::usage) chunk (empty
 /// `choices`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CompletionChunk {
     pub id: String,
     /// Always `"text_completion"`.
@@ -292,7 +485,7 @@ impl CompletionChunk {
         let choice = CompletionChoice {
             index: 0,
             text,
-            logprobs: (),
+            logprobs: None,
             finish_reason: fr,
         };
         Self::with(id, created, model, vec![choice], None)
@@ -301,6 +494,14 @@ impl CompletionChunk {
     /// A text delta, `finish_reason: null`.
     pub fn text(id: &str, created: u64, model: &str, text: String) -> Self {
         Self::one(id, created, model, text, None)
+    }
+
+    /// Sets the (one) choice's `logprobs`.
+    pub fn with_logprobs(mut self, logprobs: Option<CompletionLogprobs>) -> Self {
+        if let Some(c) = self.choices.first_mut() {
+            c.logprobs = logprobs;
+        }
+        self
     }
 
     /// The chunk that ends the choice: empty text, `finish_reason` set.

@@ -135,6 +135,14 @@ pub enum RequestPart {
     Method,
     /// `num_speculative_tokens`: above [`MAX_SPECULATIVE_TOKENS`].
     NumSpeculativeTokens,
+    /// `controls.logit_bias`: an id outside the vocabulary.
+    LogitBias,
+    /// `logprobs`: more than [`MAX_TOP_LOGPROBS`] alternatives.
+    Logprobs,
+    /// `prompt_logprobs`: more than [`MAX_TOP_LOGPROBS`] alternatives.
+    PromptLogprobs,
+    /// `grammar`: its constraint could not start.
+    Grammar,
 }
 
 /// Which proposer the engine drafts with.
@@ -226,8 +234,11 @@ pub struct EngineHandle {
     dead: tokio::sync::watch::Receiver<bool>,
 }
 
+#[derive(Clone)]
 struct Limits {
     vocab_size: usize,
+    /// End-of-sequence ids (the tokenizer's), banned under `min_tokens`.
+    eos: Vec<u32>,
     max_position: usize,
     max_slots: usize,
     has_draft: bool,
@@ -244,7 +255,9 @@ impl EngineHandle {
     /// Errors: `Rejected` (naming the [`RequestPart`]) for an empty
     /// prompt, a token outside the vocabulary, `max_new_tokens` of 0,
     /// prompt + max_new_tokens beyond the context or the KV pool, a method
-    /// not loaded, too many speculative tokens; `Stopped` after shutdown.
+    /// not loaded, too many speculative tokens, a `logit_bias` id outside
+    /// the vocabulary, more than [`MAX_TOP_LOGPROBS`] logprobs, a grammar
+    /// whose constraint cannot start; `Stopped` after shutdown.
     pub fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<Event>, EngineError> {
         let l = &self.limits;
         let bad = |part, message: String| Err(EngineError::Rejected { part, message });
@@ -300,10 +313,43 @@ impl EngineHandle {
                 ),
             );
         }
+        if let Some(&(t, _)) = req
+            .controls
+            .logit_bias
+            .iter()
+            .find(|&&(t, _)| t as usize >= l.vocab_size)
+        {
+            return bad(
+                RequestPart::LogitBias,
+                format!(
+                    "logit_bias token id {t} is outside the vocabulary of {}",
+                    l.vocab_size
+                ),
+            );
+        }
+        for (n, part) in [
+            (req.logprobs, RequestPart::Logprobs),
+            (req.prompt_logprobs, RequestPart::PromptLogprobs),
+        ] {
+            if n.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+                return bad(
+                    part,
+                    format!("at most {MAX_TOP_LOGPROBS} top logprobs per token"),
+                );
+            }
+        }
+        let constraint = match &req.grammar {
+            Some(g) => Some(g.start().map_err(|e| EngineError::Rejected {
+                part: RequestPart::Grammar,
+                message: e.to_string(),
+            })?),
+            None => None,
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
+        let seq = Sequence::new(id, req, tx, &l.eos, constraint);
         self.tx
-            .send(Command::Submit(Box::new(Sequence::new(id, req, tx))))
+            .send(Command::Submit(Box::new(seq)))
             .map_err(|_| EngineError::Stopped)?;
         Ok(rx)
     }
@@ -373,7 +419,7 @@ impl EngineHandle {
         }
         self.limits = Arc::new(Limits {
             max_position: max_model_len,
-            ..*self.limits
+            ..Limits::clone(&self.limits)
         });
         Ok(self)
     }
@@ -402,6 +448,7 @@ pub fn spawn(
     let engine = step::Engine::new(target, proposer, tokenizer, &cfg)?;
     let limits = Arc::new(Limits {
         vocab_size: engine.vocab_size(),
+        eos: engine.eos().to_vec(),
         max_position: engine.max_position(),
         max_slots: engine.num_blocks() * cfg.block_size,
         has_draft: engine.has_draft(),

@@ -15,6 +15,12 @@ pub trait Schedulable {
     /// Tokens whose K/V the target's cache holds (a prefix of `tokens`).
     fn computed(&self) -> usize;
     fn set_computed(&mut self, n: usize);
+    /// How many leading tokens may come from the prefix cache on admission
+    /// (all but the last by default; 0 when every position must be run,
+    /// e.g. for prompt logprobs).
+    fn cacheable(&self) -> usize {
+        self.tokens().len() - 1
+    }
 }
 
 /// Limits of one step.
@@ -136,7 +142,7 @@ impl Scheduler {
             if bm.num_free() < bm.blocks_for(len) + headroom && !running.is_empty() {
                 break;
             }
-            match bm.allocate_cached(next.id(), next.tokens(), len - 1) {
+            match bm.allocate_cached(next.id(), next.tokens(), next.cacheable()) {
                 Ok(hit) => {
                     next.set_computed(hit);
                     plan.cached_tokens += hit;

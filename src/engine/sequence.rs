@@ -1,12 +1,14 @@
 //! One request's state inside the engine: its tokens and sampler (the
-//! speculative part), its limits, its event channel and its timings.
+//! speculative part, with the request's logits processing and grammar),
+//! its limits, its event channel, its timings and its prompt logprobs.
 
 use super::{Event, FinishReason, GenRequest, SpecMethod};
 use crate::kv::SeqId;
 use crate::spec::SpecSeq;
 use crate::tokenizer::IncrementalDecoder;
 use specgate_draft::PolicyState;
-use specgate_verify::Sampler;
+use specgate_verify::process::LogitsProcessor;
+use specgate_verify::{Sampler, TokenConstraint, TokenLogprob};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -28,17 +30,40 @@ pub struct Sequence {
     pub admitted: bool,
     /// From arrival to its first admission (zero until admitted).
     pub queued: std::time::Duration,
+    /// Prompt logprobs gathered so far (`prompt_logprobs` asked), until
+    /// they are sent; `None` once sent or when not asked.
+    pub prompt_lps: Option<Vec<TokenLogprob>>,
 }
 
 impl Sequence {
-    pub fn new(id: SeqId, req: GenRequest, tx: UnboundedSender<Event>) -> Self {
+    /// A new sequence for `req`, whose processing bans `eos` (unless
+    /// `ignore_eos`) and the stop ids until `min_tokens`, under
+    /// `constraint` (the started grammar) when given.
+    pub fn new(
+        id: SeqId,
+        req: GenRequest,
+        tx: UnboundedSender<Event>,
+        eos: &[u32],
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Self {
+        let mut controls = req.controls.clone();
+        controls.min_tokens_ban = if req.ignore_eos { &[][..] } else { eos }
+            .iter()
+            .chain(&req.stop_token_ids)
+            .copied()
+            .collect();
+        let processor = LogitsProcessor::new(controls, &req.prompt, constraint);
+        let sampler = Sampler::new(req.sampling)
+            .with_processor(processor)
+            .with_logprobs(req.logprobs);
         Self {
             spec: SpecSeq {
                 id,
                 tokens: req.prompt.clone(),
-                sampler: Sampler::new(req.sampling),
+                sampler,
                 policy_state: PolicyState::default(),
             },
+            prompt_lps: req.prompt_logprobs.map(|_| Vec::new()),
             req,
             computed: 0,
             tx,
@@ -85,6 +110,15 @@ impl Sequence {
 }
 
 impl super::scheduler::Schedulable for Sequence {
+    fn cacheable(&self) -> usize {
+        // Prompt logprobs need every prompt position's logits: no cached
+        // prefix may skip computing them (until they are sent).
+        if self.prompt_lps.is_some() {
+            0
+        } else {
+            self.spec.tokens.len() - 1
+        }
+    }
     fn id(&self) -> SeqId {
         self.spec.id
     }

@@ -9,6 +9,11 @@
 //! sequences that fail alone end, with an error event that points at the
 //! log; the rest of the batch goes on. A panic outside the stages kills the
 //! thread, which [`super::EngineHandle::died`] reports.
+//!
+//! A request's grammar failing ends that request alone, with the grammar's
+//! message as its error event. Prompt chunks of a request that asked for
+//! prompt logprobs ask the forward for every row's logits; the logprobs go
+//! out as one event before the request's first tokens.
 
 use super::scheduler::Scheduler;
 use super::sequence::Sequence;
@@ -18,11 +23,13 @@ use super::{
 };
 use crate::kv::{BlockManager, SeqId};
 use crate::metrics as names;
-use crate::spec::{propose, verify_round, RoundInput, SpecError, SpecStats};
+use crate::spec::{propose, verify_round, RoundInput, RoundOutput, SpecError, SpecStats};
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, Proposer};
-use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput};
+use specgate_verify::accept::Verdict;
+use specgate_verify::process::token_logprob;
+use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput, TokenLogprob};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -129,6 +136,11 @@ impl Engine {
         self.target.config().max_position
     }
 
+    /// The tokenizer's end-of-sequence ids (none without a tokenizer).
+    pub(crate) fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
     pub(crate) fn has_draft(&self) -> bool {
         self.draft.is_some()
     }
@@ -206,6 +218,12 @@ impl Engine {
         m::counter!(names::SPEC_DRAFT_TOKENS).increment(ns.draft_tokens - os.draft_tokens);
         m::counter!(names::SPEC_ACCEPTED_TOKENS).increment(ns.accepted_tokens - os.accepted_tokens);
         m::counter!(names::GENERATION_TOKENS).increment(ns.emitted_tokens - os.emitted_tokens);
+        m::counter!(names::SPEC_GRAMMAR_DRAFT_TOKENS)
+            .increment(ns.grammar_draft_tokens - os.grammar_draft_tokens);
+        m::counter!(names::SPEC_GRAMMAR_ACCEPTED_TOKENS)
+            .increment(ns.grammar_accepted_tokens - os.grammar_accepted_tokens);
+        m::counter!(names::SPEC_GRAMMAR_FORCED_TOKENS)
+            .increment(ns.grammar_forced_tokens - os.grammar_forced_tokens);
         for (pos, &n) in ns.accepted_per_pos.iter().enumerate() {
             let before = os.accepted_per_pos.get(pos).copied().unwrap_or(0);
             if n > before {
@@ -280,7 +298,7 @@ impl Engine {
         let mut ended = HashSet::new();
         for (p, r) in work.prefills.iter().zip(prefilled) {
             match r {
-                Ok(()) => self.commit_prefill(p),
+                Ok(logits) => self.commit_prefill(p, &logits),
                 Err(e) => {
                     self.fail_seq(p.idx, &e);
                     ended.insert(self.running[p.idx].spec.id);
@@ -289,7 +307,7 @@ impl Engine {
         }
         for ((d, prop), r) in work.decodes.iter().zip(&proposals).zip(decoded) {
             let done = match r {
-                Ok(toks) => self.commit_decode(d, prop.tokens.len(), toks.len()),
+                Ok(v) => self.commit_decode(d, prop.tokens.len(), v),
                 Err(e) => {
                     self.fail_seq(d.idx, &e);
                     true
@@ -418,9 +436,9 @@ impl Engine {
     /// fault is pinned on the sequences that have it.
     fn verify_stage(&mut self, work: &Work, proposals: &[Proposal]) -> (Decoded, Prefilled) {
         match self.try_verify(&work.prefills, &work.decodes, proposals) {
-            Ok(new) => (
-                new.into_iter().map(Ok).collect(),
-                work.prefills.iter().map(|_| Ok(())).collect(),
+            Ok(out) => (
+                out.verdicts.into_iter().map(verdict).collect(),
+                out.prefill_logits.into_iter().map(Ok).collect(),
             ),
             Err(e) => {
                 tracing::warn!(error = %e, "a batched verifier forward failed; retrying per sequence");
@@ -429,7 +447,7 @@ impl Engine {
                     .iter()
                     .map(|p| {
                         self.try_verify(std::slice::from_ref(p), &[], &[])
-                            .map(|_| ())
+                            .map(|mut out| out.prefill_logits.pop().unwrap_or_default())
                     })
                     .collect();
                 let decoded = work
@@ -438,7 +456,10 @@ impl Engine {
                     .zip(proposals)
                     .map(|(d, prop)| {
                         self.try_verify(&[], std::slice::from_ref(d), std::slice::from_ref(prop))
-                            .map(|mut v| v.pop().unwrap_or_default())
+                            .and_then(|mut out| match out.verdicts.pop() {
+                                Some(v) => verdict(v),
+                                None => Err(StepError::Missing),
+                            })
                     })
                     .collect();
                 (decoded, prefilled)
@@ -451,7 +472,7 @@ impl Engine {
         prefills: &[Prefill],
         decodes: &[Decode],
         proposals: &[Proposal],
-    ) -> Result<Vec<Vec<u32>>, StepError> {
+    ) -> Result<RoundOutput, StepError> {
         let fault = self.fault.filter(|f| {
             let carried = |id| {
                 prefills
@@ -488,23 +509,36 @@ impl Engine {
     }
 
     /// Commit a prompt chunk: its K/V is in the cache; full blocks become
-    /// shareable.
-    fn commit_prefill(&mut self, p: &Prefill) {
+    /// shareable. `logits` (raw rows of the chunk's positions, when it
+    /// asked) extend the prompt logprobs: row r at position `start + r`
+    /// scores prompt token `start + r + 1`.
+    fn commit_prefill(&mut self, p: &Prefill, logits: &[Vec<f32>]) {
         self.stats.prefill_tokens += p.n as u64;
         let s = &mut self.running[p.idx];
+        let top = s.req.prompt_logprobs.unwrap_or(0);
+        if let Some(lps) = s.prompt_lps.as_mut() {
+            for (r, row) in logits.iter().enumerate() {
+                let pos = p.start + r;
+                // Positions already scored (a chunk run again after a
+                // preemption) are skipped, so each token has one entry.
+                if pos == lps.len() && pos + 1 < s.req.prompt.len() {
+                    lps.push(token_logprob(row, s.req.prompt[pos + 1], top));
+                }
+            }
+        }
         s.computed = p.start + p.n;
         self.bm.register(s.spec.id, &s.spec.tokens, s.computed);
     }
 
     /// Commit a verified decode row (its new tokens are already appended)
     /// and emit them. Returns whether the sequence has finished.
-    fn commit_decode(&mut self, d: &Decode, drafted: usize, emitted: usize) -> bool {
+    fn commit_decode(&mut self, d: &Decode, drafted: usize, v: Verdict) -> bool {
         let s = &mut self.running[d.idx];
         s.drafted += drafted as u64;
-        s.accepted += emitted.saturating_sub(1) as u64;
+        s.accepted += v.accepted as u64;
         s.computed = s.spec.tokens.len() - 1;
         let reason = s.check_finished(d.old_len, &self.eos);
-        emit(s, self.tokenizer.as_deref(), d.old_len, reason);
+        emit(s, self.tokenizer.as_deref(), d.old_len, reason, v.logprobs);
         match reason {
             Some(_) => {
                 self.stats.finished += 1;
@@ -519,12 +553,18 @@ impl Engine {
         }
     }
 
-    /// Ends one sequence with an error event; the details stay in the log.
+    /// Ends one sequence with an error event; the details stay in the log,
+    /// except a grammar's message, which is the request's own business.
     fn fail_seq(&mut self, idx: usize, e: &StepError) {
         let s = &self.running[idx];
         let id = s.spec.id;
-        tracing::error!(engine_request = id, error = %e, "request failed in the engine");
         self.stats.failed += 1;
+        if let StepError::Spec(SpecError::Constraint(c)) = e {
+            tracing::warn!(engine_request = id, error = %c, "request ended by its grammar");
+            let _ = s.tx.send(Event::Error(c.to_string()));
+            return;
+        }
+        tracing::error!(engine_request = id, error = %e, "request failed in the engine");
         let _ = s.tx.send(Event::Error(format!(
             "internal error: the server could not process this request (engine request {id}); \
              the server log has the details"
@@ -532,14 +572,20 @@ impl Engine {
     }
 }
 
-/// Emit: the tokens a sequence gained since `old_len` (less a final stop
-/// token) as text, then its finish if it has one.
+/// Emit: the prompt logprobs if they are due (once, before any tokens),
+/// the tokens a sequence gained since `old_len` (less a final stop token)
+/// as text with their `logprobs` (one per token gained, or none), then its
+/// finish if it has one.
 fn emit(
     s: &mut Sequence,
     tokenizer: Option<&TextTokenizer>,
     old_len: usize,
     reason: Option<FinishReason>,
+    mut logprobs: Vec<TokenLogprob>,
 ) {
+    if let Some(lps) = s.prompt_lps.take() {
+        let _ = s.tx.send(Event::PromptLogprobs(lps));
+    }
     let end = s.spec.tokens.len();
     let upto = if reason == Some(FinishReason::Stop) {
         end - 1
@@ -547,6 +593,7 @@ fn emit(
         end
     };
     let ids = s.spec.tokens[old_len..upto].to_vec();
+    logprobs.truncate(ids.len());
     let mut text = String::new();
     if let Some(tok) = tokenizer {
         for &t in &ids {
@@ -562,7 +609,7 @@ fn emit(
         let _ = s.tx.send(Event::Tokens {
             ids,
             text,
-            logprobs: Vec::new(),
+            logprobs,
         });
     }
     if let Some(reason) = reason {
@@ -607,8 +654,14 @@ struct Work {
     decodes: Vec<Decode>,
 }
 
-type Decoded = Vec<Result<Vec<u32>, StepError>>;
-type Prefilled = Vec<Result<(), StepError>>;
+type Decoded = Vec<Result<Verdict, StepError>>;
+/// Per prompt chunk: the raw logits rows it asked for.
+type Prefilled = Vec<Result<Vec<Vec<f32>>, StepError>>;
+
+/// A sequence's verdict, or its grammar error as a step error.
+fn verdict(v: Result<Verdict, specgate_verify::ConstraintError>) -> Result<Verdict, StepError> {
+    v.map_err(|e| StepError::Spec(SpecError::Constraint(e)))
+}
 
 /// Why a stage failed for the sequences it carried.
 #[derive(Debug, thiserror::Error)]
@@ -619,6 +672,8 @@ enum StepError {
     Panicked(String),
     #[error("injected fault (request {0})")]
     Injected(u64),
+    #[error("the verifier returned no verdict for a sequence")]
+    Missing,
 }
 
 /// Runs `f`, turning a panic (a kernel's, a world-1 forward's) into an
@@ -651,11 +706,17 @@ fn inputs<'a>(
     for (idx, s) in running.iter_mut().enumerate() {
         let table = bm.table(s.spec.id).unwrap_or(&[]);
         if let Some(p) = pi.next_if(|p| p.idx == idx) {
+            // Prompt logprobs still being gathered need every row.
+            let logits = if s.prompt_lps.is_some() {
+                LogitsWanted::All
+            } else {
+                LogitsWanted::None
+            };
             pre.push(SeqInput {
                 tokens: &s.spec.tokens[p.start..p.start + p.n],
                 start_pos: p.start,
                 block_table: table,
-                logits: LogitsWanted::None,
+                logits,
             });
         } else if let Some(d) = di.next_if(|d| d.idx == idx) {
             rounds.push(RoundInput {

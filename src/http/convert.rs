@@ -69,6 +69,10 @@ impl From<EngineFailure> for ApiError {
                     RequestPart::MaxNewTokens => "max_tokens",
                     RequestPart::Method => "speculative.method",
                     RequestPart::NumSpeculativeTokens => "speculative.num_tokens",
+                    RequestPart::LogitBias => "logit_bias",
+                    RequestPart::Logprobs => "logprobs",
+                    RequestPart::PromptLogprobs => "prompt_logprobs",
+                    RequestPart::Grammar => "response_format",
                 };
                 ApiError::invalid(param, sentence(&message))
             }
@@ -116,6 +120,10 @@ mod tests {
             (RequestPart::MaxNewTokens, "max_tokens"),
             (RequestPart::Method, "speculative.method"),
             (RequestPart::NumSpeculativeTokens, "speculative.num_tokens"),
+            (RequestPart::LogitBias, "logit_bias"),
+            (RequestPart::Logprobs, "logprobs"),
+            (RequestPart::PromptLogprobs, "prompt_logprobs"),
+            (RequestPart::Grammar, "response_format"),
         ] {
             let e = failure(rejected(part));
             assert_eq!(e.status(), 400);

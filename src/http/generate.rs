@@ -3,16 +3,33 @@
 //! permit (429 when none is left), submit to the engine, and answer whole or
 //! as Server-Sent Events. Stop strings are applied to the text here; when
 //! one appears the engine receiver is dropped, which cancels the sequence.
+//!
+//! Structured output: `response_format` (JSON object / schema) and a
+//! `tool_choice` that forces calls (`required`, a named function) become a
+//! grammar the engine decodes under, compiled here off the runtime. With
+//! tools and a choice other than `none` the template renders the tools and
+//! the answer is parsed for `<tool_call>` blocks (`output.rs`). Order of
+//! the stages: stop strings first, on the raw text (a stop string inside a
+//! call block cuts it, and the unterminated block is then content), then
+//! tool-call parsing on what the stop stage released. `finish_reason` is
+//! `tool_calls` when the turn made calls and ended on its own (EOS, stop
+//! token or stop string); `length` stays `length`.
 
 use super::convert::EngineFailure;
+use super::output::{Shaped, TokenWire, ToolStage};
+use super::request_id::RequestId;
 use super::request_log::RequestLog;
-use super::stop::StopMatcher;
+use super::stop::{OffsetQueue, StopMatcher};
 use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
+use crate::api::tool_calls::parse_tool_calls;
 use crate::api::{
-    self, ApiError, ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, FinishReason,
-    Input, Usage, ValidRequest,
+    self, ApiError, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Completion,
+    CompletionChunk, CompletionLogprobs, FinishReason, Input, ResponseFormat, ToolCall, Usage,
+    ValidRequest,
 };
 use crate::engine::{Event, GenRequest, SpecMethod};
+use crate::grammar::{GrammarError, GrammarSpec};
+use specgate_verify::TokenLogprob;
 use crate::metrics as names;
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -24,17 +41,27 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-/// What one response needs to label its output.
+/// What one response needs to label and shape its output.
 struct Labels {
     id: String,
     created: u64,
     model: String,
     chat: bool,
+    /// Log-probabilities asked for: how tokens are shown.
+    logprobs: Option<TokenWire>,
+    /// Names of the tools calls may use; `Some` when the output is parsed
+    /// for calls.
+    tools: Option<Vec<String>>,
+    /// Completions' `echo`: the prompt text and its first token.
+    echo: Option<(String, Option<u32>)>,
 }
 
 /// One step of a response, after stop strings.
 enum Piece {
-    Text(String),
+    /// Released text and the log-probabilities of the tokens it completes.
+    Text(String, Vec<TokenLogprob>),
+    /// The prompt's log-probabilities (`echo` with `logprobs`), first.
+    Prompt(Vec<TokenLogprob>),
     Done(FinishReason, Usage),
     Error(String),
 }
@@ -44,6 +71,12 @@ enum Piece {
 struct Driver {
     rx: Option<UnboundedReceiver<Event>>,
     stop: StopMatcher,
+    /// Log-probabilities waiting for their text to pass the stop stage,
+    /// keyed by the engine-text offset their token ends at.
+    held: OffsetQueue<TokenLogprob>,
+    /// Bytes of engine text fed to the stop stage, and released by it.
+    pushed: usize,
+    released: usize,
     prompt_tokens: usize,
     completion_tokens: usize,
     arrived: Instant,
@@ -93,17 +126,28 @@ impl Driver {
                 Ok(Some(ev)) => ev,
             };
             match ev {
-                Event::Tokens { ids, text, .. } => {
+                Event::Tokens {
+                    ids,
+                    text,
+                    logprobs,
+                } => {
                     self.record_tokens(ids.len());
                     self.completion_tokens += ids.len();
+                    self.pushed += text.len();
+                    self.held.push(self.pushed, logprobs);
                     let m = self.stop.push(&text);
+                    self.released += m.emit.len();
                     if m.stopped {
-                        // Dropping the receiver cancels the sequence.
+                        // Dropping the receiver cancels the sequence; the
+                        // tokens the stop string cut are dropped with it.
                         self.rx = None;
-                        return Some(self.finish_piece(m.emit, FinishReason::Stop));
+                        let lps = self.held.take_until(self.released);
+                        self.held = OffsetQueue::default();
+                        return Some(self.finish_piece(m.emit, lps, FinishReason::Stop));
                     }
                     if !m.emit.is_empty() {
-                        return Some(Piece::Text(m.emit));
+                        let lps = self.held.take_until(self.released);
+                        return Some(Piece::Text(m.emit, lps));
                     }
                 }
                 Event::Finished {
@@ -119,10 +163,10 @@ impl Driver {
                         .engine_finished(method, drafted, accepted, queue_time);
                     self.completion_tokens = usage.completion_tokens;
                     let rest = self.stop.finish();
-                    return Some(self.finish_piece(rest, reason.into()));
+                    let lps = self.held.take_all();
+                    return Some(self.finish_piece(rest, lps, reason.into()));
                 }
-                // Not asked for by this front end yet.
-                Event::PromptLogprobs(_) => {}
+                Event::PromptLogprobs(lps) => return Some(Piece::Prompt(lps)),
                 Event::Error(e) => {
                     self.rx = None;
                     return Some(Piece::Error(e));
@@ -131,21 +175,23 @@ impl Driver {
         }
     }
 
-    /// Emits held text first (as its own piece) by queueing the finish.
-    fn finish_piece(&mut self, text: String, reason: FinishReason) -> Piece {
+    /// Emits held text (and log-probabilities) first, as its own piece,
+    /// by queueing the finish.
+    fn finish_piece(
+        &mut self,
+        text: String,
+        lps: Vec<TokenLogprob>,
+        reason: FinishReason,
+    ) -> Piece {
         let elapsed = self.arrived.elapsed().as_secs_f64();
         metrics::histogram!(names::E2E).record(elapsed);
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
-        let label = match reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        };
-        self.log.finished(label, self.completion_tokens);
-        if text.is_empty() {
+        self.log.finished(reason.as_str(), self.completion_tokens);
+        if text.is_empty() && lps.is_empty() {
             Piece::Done(reason, usage)
         } else {
             self.pending = Some(Piece::Done(reason, usage));
-            Piece::Text(text)
+            Piece::Text(text, lps)
         }
     }
 
@@ -217,6 +263,7 @@ pub(super) async fn handle(
     .map_err(|e| ApiError::internal(format!("Tokenizing the request failed: {e}.")))?;
     let (gen, param) = built?;
     let prompt_tokens = gen.prompt.len();
+    let first_prompt_token = gen.prompt.first().copied();
     let method = gen.method;
     let rx = backend.engine.submit(gen).map_err(|error| EngineFailure {
         error,
@@ -226,6 +273,9 @@ pub(super) async fn handle(
     let driver = Driver {
         rx: Some(rx),
         stop: StopMatcher::new(&v.stop),
+        held: OffsetQueue::default(),
+        pushed: 0,
+        released: 0,
         prompt_tokens,
         completion_tokens: 0,
         arrived,
@@ -241,6 +291,14 @@ pub(super) async fn handle(
         created: api::unix_now(),
         model: state.settings.model_name.clone(),
         chat,
+        logprobs: v
+            .logprobs
+            .map(|n| TokenWire::new(backend.tokenizer.clone(), n)),
+        tools: v.tools.active().then(|| v.tools.names()),
+        echo: match &v.input {
+            Input::Prompt(p) if v.echo => Some((p.clone(), first_prompt_token)),
+            _ => None,
+        },
     };
     if v.stream {
         Ok(stream(state, driver, labels, v.include_usage, permit))
@@ -261,11 +319,18 @@ fn build_request(
     // injection). A chat template writes its own BOS where the model wants
     // one; a raw prompt gets the model's BOS.
     let (prompt, param) = match &v.input {
-        Input::Chat(msgs) => (
-            tok.encode_chat(msgs, true)
-                .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
-            "messages",
-        ),
+        Input::Chat(msgs) => {
+            // `tool_choice: "none"`: the model is not shown the tools.
+            let tools: Option<Vec<serde_json::Value>> = v
+                .tools
+                .active()
+                .then(|| v.tools.tools.iter().map(|t| t.template_value()).collect());
+            (
+                tok.encode_chat_with_tools(msgs, tools.as_deref(), true)
+                    .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
+                "messages",
+            )
+        }
         Input::Prompt(p) => (
             tok.encode(p, true)
                 .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
@@ -299,6 +364,29 @@ fn build_request(
             ),
         ));
     }
+    if v.controls.min_tokens > max_tokens {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            format!(
+                "'min_tokens' is {}, but at most {max_tokens} tokens can be generated.",
+                v.controls.min_tokens
+            ),
+        ));
+    }
+    // Token ids the client names must be the model's.
+    let vocab = tok.vocab_size();
+    let out_of_vocab = |param: &str, id: u32| {
+        ApiError::invalid(
+            param,
+            format!("Invalid '{param}': token id {id} is outside the vocabulary (size {vocab})."),
+        )
+    };
+    if let Some(&(id, _)) = v.controls.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        return Err(out_of_vocab("logit_bias", id));
+    }
+    if let Some(&id) = v.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(out_of_vocab("stop_token_ids", id));
+    }
     let spec = v.speculative.as_ref();
     let method = spec.and_then(|s| s.method).map(SpecMethod::from);
     Ok((
@@ -306,14 +394,76 @@ fn build_request(
             prompt,
             max_new_tokens: max_tokens,
             sampling: v.sampling,
-            stop_token_ids: Vec::new(),
+            stop_token_ids: v.stop_token_ids.clone(),
             ignore_eos: v.ignore_eos,
             method,
             num_speculative_tokens: spec.and_then(|s| s.num_speculative_tokens()),
-            ..Default::default()
+            controls: v.controls.clone(),
+            logprobs: v.logprobs,
+            // Only `echo` shows the prompt's log-probabilities.
+            prompt_logprobs: v.logprobs.filter(|_| v.echo),
+            grammar: grammar(backend, v)?,
         },
         param,
     ))
+}
+
+/// The grammar the output must follow, compiled: from `response_format`,
+/// or from a `tool_choice` that forces calls; `None` for free text.
+///
+/// Errors: 400 naming `response_format` or `tools` when the schema or the
+/// tools cannot be compiled, or when this server has no grammar engine
+/// (no tokenizer it could be built for).
+fn grammar(
+    backend: &Backend,
+    v: &ValidRequest,
+) -> Result<Option<std::sync::Arc<dyn specgate_verify::ConstraintSource>>, ApiError> {
+    let (spec, param) = match &v.response_format {
+        ResponseFormat::JsonObject => (GrammarSpec::JsonObject, "response_format"),
+        ResponseFormat::JsonSchema { schema, .. } => {
+            (GrammarSpec::JsonSchema(schema.clone()), "response_format")
+        }
+        ResponseFormat::Text if v.tools.forces_a_call() => (
+            GrammarSpec::ToolCalls {
+                tools: v.tools.forced_tools(),
+                parallel: v.tools.parallel,
+            },
+            "tools",
+        ),
+        ResponseFormat::Text => return Ok(None),
+    };
+    let grammars = backend.grammars.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            param,
+            format!("'{param}' needs constrained decoding, which this server cannot do for its model."),
+        )
+        .with_code("unsupported_value")
+    })?;
+    match grammars.compile(&spec) {
+        Ok(g) => Ok(Some(g)),
+        Err(GrammarError::Invalid(e)) => Err(ApiError::invalid(
+            param,
+            format!("Invalid '{param}': {e}."),
+        )),
+        Err(GrammarError::Setup(e)) => Err(ApiError::internal(format!(
+            "Building the grammar failed: {e}."
+        ))),
+    }
+}
+
+/// A new tool call id: `call_` and 16 random hex digits.
+fn call_id() -> String {
+    format!("call_{}", RequestId::generate().as_str())
+}
+
+/// `reason` as the turn reports it: `tool_calls` when it made calls and
+/// ended on its own.
+fn turn_reason(reason: FinishReason, calls: usize) -> FinishReason {
+    if calls > 0 && reason == FinishReason::Stop {
+        FinishReason::ToolCalls
+    } else {
+        reason
+    }
 }
 
 /// Collects the whole answer into one JSON response.
@@ -323,18 +473,34 @@ async fn whole(
     _permit: OwnedSemaphorePermit,
 ) -> Result<Response<ResBody>, ApiError> {
     let mut text = String::new();
+    let mut lps: Vec<TokenLogprob> = Vec::new();
+    let mut prompt_lps: Vec<TokenLogprob> = Vec::new();
     while let Some(piece) = driver.next().await {
         match piece {
-            Piece::Text(t) => text.push_str(&t),
+            Piece::Text(t, lp) => {
+                text.push_str(&t);
+                lps.extend(lp);
+            }
+            Piece::Prompt(lp) => prompt_lps = lp,
             Piece::Done(reason, usage) => {
                 let body = if l.chat {
-                    serde_json::to_string(&ChatCompletion::new(
-                        &l.id, l.created, &l.model, text, reason, usage,
-                    ))
+                    serde_json::to_string(&chat_body(&l, text, &lps, reason, usage))
                 } else {
-                    serde_json::to_string(&Completion::new(
-                        &l.id, l.created, &l.model, text, reason, usage,
-                    ))
+                    let mut offset = 0;
+                    let mut logprobs = l.echo.as_ref().and_then(|(_, first)| {
+                        echo_logprobs(&l, *first, &prompt_lps, &mut offset)
+                    });
+                    if let Some(w) = &l.logprobs {
+                        let out = logprobs.get_or_insert_with(CompletionLogprobs::default);
+                        w.completion(&lps, &mut offset, out);
+                    }
+                    if let Some((prompt, _)) = &l.echo {
+                        text.insert_str(0, prompt);
+                    }
+                    serde_json::to_string(
+                        &Completion::new(&l.id, l.created, &l.model, text, reason, usage)
+                            .with_logprobs(logprobs),
+                    )
                 }
                 .map_err(|e| ApiError::internal(e.to_string()))?;
                 return Ok(json_response(StatusCode::OK, body));
@@ -343,6 +509,165 @@ async fn whole(
         }
     }
     Err(ApiError::internal("The response ended without a finish."))
+}
+
+/// A whole chat answer: content, tool calls parsed out of the text when
+/// tools are active, log-probabilities when asked.
+fn chat_body(
+    l: &Labels,
+    text: String,
+    lps: &[TokenLogprob],
+    reason: FinishReason,
+    usage: Usage,
+) -> ChatCompletion {
+    let logprobs = l.logprobs.as_ref().map(|w| ChatLogprobs::new(w.chat(lps)));
+    let Some(names) = &l.tools else {
+        return ChatCompletion::new(&l.id, l.created, &l.model, text, reason, usage)
+            .with_logprobs(logprobs);
+    };
+    let (content, calls) = parse_tool_calls(&text, names);
+    let reason = turn_reason(reason, calls.len());
+    let calls = calls
+        .into_iter()
+        .map(|c| ToolCall::function(call_id(), c.name, c.arguments))
+        .collect();
+    ChatCompletion::new(&l.id, l.created, &l.model, String::new(), reason, usage)
+        .with_tool_calls(content, calls)
+        .with_logprobs(logprobs)
+}
+
+/// The echoed prompt's entries of a completion's `logprobs` (the first
+/// token's `null`, then the engine's), when the request asked for
+/// log-probabilities.
+fn echo_logprobs(
+    l: &Labels,
+    first: Option<u32>,
+    prompt_lps: &[TokenLogprob],
+    offset: &mut usize,
+) -> Option<CompletionLogprobs> {
+    let w = l.logprobs.as_ref()?;
+    let mut out = CompletionLogprobs::default();
+    if let Some(id) = first {
+        w.completion_first(id, offset, &mut out);
+    }
+    w.completion(prompt_lps, offset, &mut out);
+    Some(out)
+}
+
+/// The state of one streamed answer between pieces and chunks.
+struct StreamShape {
+    /// Tool-call parsing (chat with active tools).
+    tools: Option<ToolStage>,
+    /// Index of the next tool call.
+    next_call: u32,
+    /// The echoed prompt is still to be sent (completions).
+    echo_pending: bool,
+    /// Character offset of the next completions token (`text_offset`).
+    offset: usize,
+}
+
+impl StreamShape {
+    fn new(l: &Labels) -> Self {
+        Self {
+            tools: l.tools.clone().map(ToolStage::new),
+            next_call: 0,
+            echo_pending: l.echo.is_some(),
+            offset: 0,
+        }
+    }
+
+    /// The echoed prompt's chunk, once (with its log-probabilities when
+    /// asked: `prompt_lps`, which the engine sends first).
+    fn echo(&mut self, l: &Labels, prompt_lps: &[TokenLogprob]) -> Option<Bytes> {
+        if !std::mem::take(&mut self.echo_pending) {
+            return None;
+        }
+        let (prompt, first) = l.echo.as_ref()?;
+        let logprobs = echo_logprobs(l, *first, prompt_lps, &mut self.offset);
+        Some(sse(
+            &CompletionChunk::text(&l.id, l.created, &l.model, prompt.clone())
+                .with_logprobs(logprobs),
+        ))
+    }
+
+    /// The chunks of released text.
+    fn text(&mut self, l: &Labels, text: String, lps: Vec<TokenLogprob>) -> Vec<Bytes> {
+        if !l.chat {
+            let mut out: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
+            let logprobs = l.logprobs.as_ref().map(|w| {
+                let mut lp = CompletionLogprobs::default();
+                w.completion(&lps, &mut self.offset, &mut lp);
+                lp
+            });
+            out.push(sse(
+                &CompletionChunk::text(&l.id, l.created, &l.model, text).with_logprobs(logprobs),
+            ));
+            return out;
+        }
+        let shaped = match &mut self.tools {
+            Some(t) => t.push(&text, lps),
+            None => vec![Shaped::Content(text, lps)],
+        };
+        self.chat_chunks(l, shaped)
+    }
+
+    fn chat_chunks(&mut self, l: &Labels, shaped: Vec<Shaped>) -> Vec<Bytes> {
+        let lp = |lps: &[TokenLogprob]| l.logprobs.as_ref().map(|w| ChatLogprobs::new(w.chat(lps)));
+        shaped
+            .into_iter()
+            .map(|s| match s {
+                Shaped::Content(c, lps) => sse(
+                    &ChatCompletionChunk::content(&l.id, l.created, &l.model, c)
+                        .with_logprobs(lp(&lps)),
+                ),
+                Shaped::Call(c, lps) => {
+                    let index = self.next_call;
+                    self.next_call += 1;
+                    let call = ToolCall::function(call_id(), c.name, c.arguments);
+                    sse(
+                        &ChatCompletionChunk::tool_call(&l.id, l.created, &l.model, index, call)
+                            .with_logprobs(lp(&lps)),
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// The chunks that end the answer: what the tool stage held, the
+    /// finish chunk, the usage chunk when asked, `[DONE]`.
+    fn done(
+        &mut self,
+        l: &Labels,
+        reason: FinishReason,
+        usage: Usage,
+        include_usage: bool,
+    ) -> Vec<Bytes> {
+        let mut v: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
+        let mut reason = reason;
+        if let Some(mut t) = self.tools.take() {
+            let shaped = t.finish();
+            v.extend(self.chat_chunks(l, shaped));
+            reason = turn_reason(reason, t.calls());
+        }
+        v.push(if l.chat {
+            sse(&ChatCompletionChunk::finish(
+                &l.id, l.created, &l.model, reason,
+            ))
+        } else {
+            sse(&CompletionChunk::finish(&l.id, l.created, &l.model, reason))
+        });
+        if include_usage {
+            v.push(if l.chat {
+                sse(&ChatCompletionChunk::usage(
+                    &l.id, l.created, &l.model, usage,
+                ))
+            } else {
+                sse(&CompletionChunk::usage(&l.id, l.created, &l.model, usage))
+            });
+        }
+        v.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        v
+    }
 }
 
 fn sse<T: serde::Serialize>(v: &T) -> Bytes {
@@ -378,6 +703,16 @@ fn stream(
         if l.chat && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await {
             return;
         }
+        let mut shape = StreamShape::new(&l);
+        // Without log-probabilities the echoed prompt goes first; with them
+        // it waits for the engine's prompt log-probabilities.
+        if l.logprobs.is_none() {
+            if let Some(b) = shape.echo(&l, &[]) {
+                if !send(b).await {
+                    return;
+                }
+            }
+        }
         let mut tick = tokio::time::interval_at(Instant::now() + keep_alive, keep_alive);
         loop {
             let piece = tokio::select! {
@@ -391,31 +726,9 @@ fn stream(
             };
             let out = match piece {
                 None => break,
-                Some(Piece::Text(t)) => vec![if l.chat {
-                    sse(&ChatCompletionChunk::content(&l.id, l.created, &l.model, t))
-                } else {
-                    sse(&CompletionChunk::text(&l.id, l.created, &l.model, t))
-                }],
-                Some(Piece::Done(reason, usage)) => {
-                    let mut v = vec![if l.chat {
-                        sse(&ChatCompletionChunk::finish(
-                            &l.id, l.created, &l.model, reason,
-                        ))
-                    } else {
-                        sse(&CompletionChunk::finish(&l.id, l.created, &l.model, reason))
-                    }];
-                    if include_usage {
-                        v.push(if l.chat {
-                            sse(&ChatCompletionChunk::usage(
-                                &l.id, l.created, &l.model, usage,
-                            ))
-                        } else {
-                            sse(&CompletionChunk::usage(&l.id, l.created, &l.model, usage))
-                        });
-                    }
-                    v.push(Bytes::from_static(b"data: [DONE]\n\n"));
-                    v
-                }
+                Some(Piece::Text(t, lps)) => shape.text(&l, t, lps),
+                Some(Piece::Prompt(lps)) => shape.echo(&l, &lps).into_iter().collect(),
+                Some(Piece::Done(reason, usage)) => shape.done(&l, reason, usage, include_usage),
                 Some(Piece::Error(e)) => vec![
                     Bytes::from(format!("data: {}\n\n", ApiError::unavailable(e).to_json())),
                     Bytes::from_static(b"data: [DONE]\n\n"),
@@ -476,6 +789,9 @@ mod tests {
         let driver = Driver {
             rx: Some(engine_rx),
             stop: StopMatcher::new(&[]),
+            held: OffsetQueue::default(),
+            pushed: 0,
+            released: 0,
             prompt_tokens: 1,
             completion_tokens: 0,
             arrived: now,
@@ -494,6 +810,9 @@ mod tests {
             created: 0,
             model: "m".into(),
             chat: false,
+            logprobs: None,
+            tools: None,
+            echo: None,
         };
         // The body is never polled, as when the client stops reading.
         let _body = stream(state, driver, labels, false, permit);

@@ -10,6 +10,7 @@ pub mod cors;
 mod endpoints;
 mod generate;
 pub mod openapi;
+mod output;
 pub(crate) mod request_id;
 pub(crate) mod request_log;
 pub mod stop;
@@ -83,6 +84,11 @@ impl Default for ConnLimits {
 pub struct Backend {
     pub engine: EngineHandle,
     pub tokenizer: Arc<TextTokenizer>,
+    /// The grammar engine for `tokenizer`, built once at startup; `None`
+    /// when it could not be built (then requests that need constrained
+    /// decoding, `response_format` JSON or a forced `tool_choice`, are
+    /// refused with a 400 naming the field).
+    pub grammars: Option<crate::grammar::Grammars>,
 }
 
 /// Everything a request handler reads.

@@ -3,6 +3,46 @@
 //! cuts the output right before a stop string once one appears. So a
 //! stream never leaks a partial stop string and never waits longer than it
 //! must.
+//!
+//! [`OffsetQueue`] carries what rides along the text (each token's
+//! log-probabilities) through such holdbacks: items wait until the text
+//! they end at has been released.
+
+use std::collections::VecDeque;
+
+/// Items keyed by the text offset (bytes fed so far) they end at, released
+/// in order once the released text reaches that offset.
+#[derive(Debug)]
+pub struct OffsetQueue<T> {
+    items: VecDeque<(usize, T)>,
+}
+
+impl<T> Default for OffsetQueue<T> {
+    fn default() -> Self {
+        Self {
+            items: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> OffsetQueue<T> {
+    /// Queues `items`, all ending at offset `end`. Invariant kept by
+    /// callers: `end` never decreases between calls.
+    pub fn push(&mut self, end: usize, items: impl IntoIterator<Item = T>) {
+        self.items.extend(items.into_iter().map(|t| (end, t)));
+    }
+
+    /// Takes every item ending at or before `released`.
+    pub fn take_until(&mut self, released: usize) -> Vec<T> {
+        let n = self.items.iter().take_while(|(e, _)| *e <= released).count();
+        self.items.drain(..n).map(|(_, t)| t).collect()
+    }
+
+    /// Takes everything queued.
+    pub fn take_all(&mut self) -> Vec<T> {
+        self.items.drain(..).map(|(_, t)| t).collect()
+    }
+}
 
 /// Incremental stop-string matcher for one response.
 pub struct StopMatcher {
@@ -109,6 +149,20 @@ mod tests {
             }
         );
         assert_eq!(run(&["END"], &["x", "EN", "Dy"]), ("x".into(), true));
+    }
+
+    #[test]
+    fn offset_queue_releases_in_order() {
+        let mut q = OffsetQueue::default();
+        q.push(3, [1, 2]);
+        q.push(3, []);
+        q.push(5, [3]);
+        assert_eq!(q.take_until(2), Vec::<i32>::new());
+        assert_eq!(q.take_until(4), vec![1, 2]);
+        assert_eq!(q.take_until(4), Vec::<i32>::new());
+        q.push(9, [4]);
+        assert_eq!(q.take_until(5), vec![3]);
+        assert_eq!(q.take_all(), vec![4]);
     }
 
     #[test]

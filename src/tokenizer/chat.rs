@@ -13,13 +13,24 @@ use serde::{Deserialize, Serialize};
 
 use super::TokenizerError;
 
-/// One chat turn as the template sees it (`message.role`, `message.content`).
+/// One chat turn as the template sees it (`message.role`, `message.content`, and, when
+/// present, `message.tool_calls`, `message.tool_call_id`, `message.name`; absent ones are
+/// not serialized, so a template's `is defined` / `if message.tool_calls` tests work).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool` (templates decide what they accept).
     pub role: String,
-    /// The turn's text.
+    /// The turn's text (empty for an assistant turn that only calls tools).
     pub content: String,
+    /// The tool calls an assistant turn made (OpenAI's shape, `arguments` parsed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatToolCall>,
+    /// The call a `tool` turn answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A participant name (OpenAI's `name` on a message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -28,8 +39,49 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
+
+    /// Appends a function call (`type: "function"`) to an assistant turn's `tool_calls`.
+    pub fn push_tool_call(
+        &mut self,
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) {
+        self.tool_calls.push(ChatToolCall {
+            id: id.into(),
+            kind: "function".into(),
+            function: ChatFunctionCall {
+                name: name.into(),
+                arguments,
+            },
+        });
+    }
+}
+
+/// One tool call of an assistant turn, as templates see it:
+/// `{"id", "type": "function", "function": {"name", "arguments"}}` with `arguments` the
+/// parsed JSON value (Qwen's and Hermes' templates write `arguments | tojson`; vLLM passes
+/// the parsed object too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatToolCall {
+    pub id: String,
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: ChatFunctionCall,
+}
+
+/// The function of a [`ChatToolCall`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatFunctionCall {
+    pub name: String,
+    /// The arguments as a JSON value (normally an object).
+    pub arguments: serde_json::Value,
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -62,10 +114,25 @@ impl ChatTemplate {
         bos_token: Option<String>,
         eos_token: Option<String>,
     ) -> Result<String, TokenizerError> {
+        self.render_with_tools(messages, None, add_generation_prompt, bos_token, eos_token)
+    }
+
+    /// As [`render`](Self::render), with the `tools` variable defined when `tools` is
+    /// `Some` (OpenAI's shape, `[{"type": "function", "function": {..}}]`, as
+    /// `transformers` passes them); undefined otherwise, so `{% if tools %}` is false.
+    pub(crate) fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<String, TokenizerError> {
         let mut ctx = vec![
             ("messages", Value::from_serialize(messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];
+        ctx.extend(tools.map(|t| ("tools", Value::from_serialize(t))));
         ctx.extend(bos_token.map(|t| ("bos_token", Value::from(t))));
         ctx.extend(eos_token.map(|t| ("eos_token", Value::from(t))));
         let ctx: Value = ctx.into_iter().collect();

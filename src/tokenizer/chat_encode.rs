@@ -108,6 +108,22 @@ impl Hidden {
     }
 }
 
+/// Every string and object key inside `v`, appended to `out`.
+fn json_strings(v: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value as J;
+    match v {
+        J::String(s) => out.push(s.clone()),
+        J::Array(items) => items.iter().for_each(|i| json_strings(i, out)),
+        J::Object(map) => {
+            for (k, item) in map {
+                out.push(k.clone());
+                json_strings(item, out);
+            }
+        }
+        _ => {}
+    }
+}
+
 impl TextTokenizer {
     /// Renders the chat template over `messages` and encodes the prompt so that only the
     /// template's own markup becomes control tokens: control-token text inside a
@@ -130,26 +146,126 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// As [`encode_chat`](Self::encode_chat), with the template's `tools` variable set to
+    /// `tools` (OpenAI's shape, `[{"type": "function", "function": {..}}]`) when given.
+    /// Control-token text anywhere in the client's input (message roles, contents, names,
+    /// tool-call ids, names and arguments, every string and key of `tools`) is encoded as
+    /// ordinary text; with `tools: None` the result is exactly `encode_chat`'s.
+    ///
+    /// Errors: as [`encode_chat`](Self::encode_chat).
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let template = match &self.template {
+            super::TemplateState::Missing => return Err(TokenizerError::NoChatTemplate),
+            super::TemplateState::Invalid(e) => {
+                return Err(TokenizerError::ChatTemplate(e.clone()))
+            }
+            super::TemplateState::Ready(t) => t,
+        };
         let token_text = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
         let (bos, eos) = (token_text(self.bos), token_text(self.eos));
+        // Every client string, so no placeholder collides with one of them.
+        let mut strings: Vec<String> = Vec::new();
+        for m in messages {
+            for c in &m.tool_calls {
+                strings.extend([c.id.clone(), c.function.name.clone()]);
+                json_strings(&c.function.arguments, &mut strings);
+            }
+            strings.extend(m.tool_call_id.iter().chain(m.name.iter()).cloned());
+        }
+        for t in tools.unwrap_or_default() {
+            json_strings(t, &mut strings);
+        }
         let inputs = messages
             .iter()
             .flat_map(|m| [m.role.as_str(), m.content.as_str()])
+            .chain(strings.iter().map(String::as_str))
             .chain(self.template_source.as_deref())
             .chain(bos.as_deref())
             .chain(eos.as_deref());
         let mut hidden = Hidden::new(inputs);
         let masked = messages
             .iter()
-            .map(|m| {
-                Ok(ChatMessage {
-                    role: self.hide_control_text(&m.role, &mut hidden)?,
-                    content: self.hide_control_text(&m.content, &mut hidden)?,
-                })
-            })
+            .map(|m| self.hide_message(m, &mut hidden))
             .collect::<Result<Vec<_>, TokenizerError>>()?;
-        let rendered = self.apply_chat_template(&masked, add_generation_prompt)?;
+        let masked_tools = tools
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| self.hide_json(t, &mut hidden))
+                    .collect::<Result<Vec<_>, TokenizerError>>()
+            })
+            .transpose()?;
+        let rendered = template.render_with_tools(
+            &masked,
+            masked_tools.as_deref(),
+            add_generation_prompt,
+            bos,
+            eos,
+        )?;
         self.encode_rendered(&rendered, &hidden)
+    }
+
+    /// `m` with control-token text hidden in every client string it holds.
+    fn hide_message(
+        &self,
+        m: &ChatMessage,
+        hidden: &mut Hidden,
+    ) -> Result<ChatMessage, TokenizerError> {
+        let mut out = ChatMessage::new(
+            self.hide_control_text(&m.role, hidden)?,
+            self.hide_control_text(&m.content, hidden)?,
+        );
+        for c in &m.tool_calls {
+            out.push_tool_call(
+                self.hide_control_text(&c.id, hidden)?,
+                self.hide_control_text(&c.function.name, hidden)?,
+                self.hide_json(&c.function.arguments, hidden)?,
+            );
+        }
+        let mut hide_opt = |s: &Option<String>| {
+            s.as_deref()
+                .map(|s| self.hide_control_text(s, hidden))
+                .transpose()
+        };
+        out.tool_call_id = hide_opt(&m.tool_call_id)?;
+        out.name = hide_opt(&m.name)?;
+        Ok(out)
+    }
+
+    /// `v` with control-token text hidden in every string and object key.
+    fn hide_json(
+        &self,
+        v: &serde_json::Value,
+        hidden: &mut Hidden,
+    ) -> Result<serde_json::Value, TokenizerError> {
+        use serde_json::Value as J;
+        Ok(match v {
+            J::String(s) => J::String(self.hide_control_text(s, hidden)?),
+            J::Array(items) => J::Array(
+                items
+                    .iter()
+                    .map(|i| self.hide_json(i, hidden))
+                    .collect::<Result<_, _>>()?,
+            ),
+            J::Object(map) => {
+                let mut out = serde_json::Map::with_capacity(map.len());
+                for (k, item) in map {
+                    out.insert(
+                        self.hide_control_text(k, hidden)?,
+                        self.hide_json(item, hidden)?,
+                    );
+                }
+                J::Object(out)
+            }
+            other => other.clone(),
+        })
     }
 
     /// `text` with each control-token match (as the tokenizer would find it) replaced by

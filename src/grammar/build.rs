@@ -1,0 +1,146 @@
+//! From a [`GrammarSpec`] to llguidance's `TopLevelGrammar`: JSON schemas get
+//! the deterministic layout options, tool calls become a Lark grammar whose
+//! literal text is JSON-escaped (so no tool name can break out of it) and
+//! whose arguments are embedded JSON schemas (`%json`).
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{json, Map, Value};
+
+use super::{GrammarError, GrammarSpec};
+
+/// The layout of generated JSON (llguidance `x-guidance` options): no free
+/// whitespace, so separators and keys can be forced.
+fn layout_options() -> Value {
+    json!({
+        "whitespace_flexible": false,
+        "item_separator": ", ",
+        "key_separator": ": ",
+    })
+}
+
+/// `schema` with the layout options added (unless it has its own), checked
+/// to be an object or `true`; `what` names it in errors.
+fn with_layout(schema: &Value, what: &str) -> Result<Value, GrammarError> {
+    let mut map = match schema {
+        Value::Object(map) => map.clone(),
+        Value::Bool(true) => Map::new(),
+        Value::Bool(false) => {
+            return Err(GrammarError::Invalid(format!(
+                "{what}: the schema `false` matches nothing"
+            )))
+        }
+        other => {
+            return Err(GrammarError::Invalid(format!(
+                "{what}: a JSON schema must be an object or a boolean, not {}",
+                kind(other)
+            )))
+        }
+    };
+    map.entry("x-guidance").or_insert_with(layout_options);
+    Ok(Value::Object(map))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A tool's argument schema: none (`null`, `true`, `{}`) means any object.
+fn arguments_schema(name: &str, schema: &Value) -> Result<Value, GrammarError> {
+    let any = match schema {
+        Value::Null | Value::Bool(true) => true,
+        Value::Object(map) => map.is_empty(),
+        _ => false,
+    };
+    let schema = if any {
+        json!({"type": "object"})
+    } else {
+        schema.clone()
+    };
+    with_layout(&schema, &format!("parameters of tool {name:?}"))
+}
+
+/// A Lark string literal matching exactly `text` (Lark literals are JSON
+/// strings in llguidance).
+fn lark_literal(text: &str) -> String {
+    Value::String(text.to_owned()).to_string()
+}
+
+/// The Lark grammar for tool calls (see [`GrammarSpec::ToolCalls`]).
+///
+/// Errors: [`GrammarError::Invalid`] for no tools, an empty or repeated
+/// name, or an argument schema that is not an object or boolean.
+pub(super) fn tool_calls_lark(
+    tools: &[(String, Value)],
+    parallel: bool,
+) -> Result<String, GrammarError> {
+    if tools.is_empty() {
+        return Err(GrammarError::Invalid("tool calls need at least one tool".into()));
+    }
+    let mut rules = Vec::with_capacity(2 * tools.len() + 2);
+    rules.push(if parallel {
+        format!("start: call ({} call)*", lark_literal("\n"))
+    } else {
+        "start: call".to_owned()
+    });
+    let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("tool_{i}")).collect();
+    rules.push(format!(
+        "call: {} ({}) {}",
+        lark_literal("<tool_call>\n"),
+        alternatives.join(" | "),
+        lark_literal("\n</tool_call>")
+    ));
+    for (i, (name, schema)) in tools.iter().enumerate() {
+        if name.is_empty() {
+            return Err(GrammarError::Invalid("a tool name is empty".into()));
+        }
+        if tools[..i].iter().any(|(n, _)| n == name) {
+            return Err(GrammarError::Invalid(format!(
+                "tool name {name:?} is given twice"
+            )));
+        }
+        let head = format!(
+            "{{\"name\": {}, \"arguments\": ",
+            Value::String(name.clone())
+        );
+        rules.push(format!(
+            "tool_{i}: {} args_{i} {}",
+            lark_literal(&head),
+            lark_literal("}")
+        ));
+        rules.push(format!("args_{i}: %json {}", arguments_schema(name, schema)?));
+    }
+    Ok(rules.join("\n") + "\n")
+}
+
+/// The llguidance grammar for `spec` and a short label for debug output.
+///
+/// Errors: [`GrammarError::Invalid`] as [`with_layout`] and
+/// [`tool_calls_lark`]; llguidance's own checks run when the grammar is
+/// compiled for the tokenizer.
+pub(super) fn top_level(spec: &GrammarSpec) -> Result<(TopLevelGrammar, String), GrammarError> {
+    Ok(match spec {
+        GrammarSpec::JsonObject => (
+            TopLevelGrammar::from_json_schema(with_layout(&json!({"type": "object"}), "json_object")?),
+            "json_object".to_owned(),
+        ),
+        GrammarSpec::JsonSchema(schema) => (
+            TopLevelGrammar::from_json_schema(with_layout(schema, "response_format")?),
+            "json_schema".to_owned(),
+        ),
+        GrammarSpec::ToolCalls { tools, parallel } => (
+            TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel)?),
+            format!(
+                "tool_calls({}{})",
+                tools.len(),
+                if *parallel { ", parallel" } else { "" }
+            ),
+        ),
+    })
+}
