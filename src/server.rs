@@ -6,9 +6,9 @@
 use crate::config::{Config, SpeculativeMethod};
 use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
+use crate::grammar::Grammars;
 use crate::http::cors::CorsPolicy;
 use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
-use crate::grammar::Grammars;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
 use specgate_verify::model::{load_model, load_model_tp, read_token_list};

@@ -162,11 +162,11 @@ pub fn propose<P: Proposer + ?Sized>(
     drop(reqs);
     for (i, mut p) in idx.into_iter().zip(got) {
         let r = &mut batch[i];
-        p.forced = r.seq.sampler.processor_mut().shape_proposal(
-            &mut p.tokens,
-            &mut p.q,
-            r.k,
-        );
+        p.forced = r
+            .seq
+            .sampler
+            .processor_mut()
+            .shape_proposal(&mut p.tokens, &mut p.q, r.k);
         out[i] = p;
     }
     Ok(())

@@ -1,6 +1,7 @@
 """Real-client test: the official `openai` package against `specgate serve`
 on the real Qwen2.5-Coder pair. Run by scripts/test-openai.sh, which starts
 the server and sets SPECGATE_URL."""
+import json
 import os
 import sys
 import traceback
@@ -73,6 +74,123 @@ def test_speculative_override():
     r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=12, temperature=0,
                                        extra_body={"speculative": {"method": "ngram", "num_tokens": 4}})
     assert r.choices[0].message.content
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 32},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+def check_weather_call(call):
+    assert call.type == "function" and call.id.startswith("call_"), call
+    assert call.function.name == "get_weather", call
+    args = json.loads(call.function.arguments)
+    assert isinstance(args.get("city"), str) and set(args) <= {"city", "unit"}, args
+    assert args.get("unit", "celsius") in ("celsius", "fahrenheit"), args
+    return args
+
+
+def test_tool_round_trip():
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                       max_tokens=60, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    assert c.message.tool_calls, c.message
+    call = c.message.tool_calls[0]
+    check_weather_call(call)
+    # Send the result back, as an agent does, and get the final answer.
+    messages = ASK + [c.message, {"role": "tool", "tool_call_id": call.id,
+                                  "content": json.dumps({"temperature": 21, "unit": "celsius"})}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=40,
+                                       temperature=0)
+    final = r.choices[0]
+    assert final.message.content and final.finish_reason in ("stop", "length"), final
+    assert not final.message.tool_calls, final.message
+
+
+def test_named_tool_choice():
+    r = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=60, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False)
+    calls = r.choices[0].message.tool_calls
+    assert calls and len(calls) == 1, r
+    check_weather_call(calls[0])
+
+
+def test_streamed_tool_call_deltas():
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                            max_tokens=60, temperature=0, stream=True)
+    calls, reasons = {}, []
+    for chunk in stream:
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                entry["id"] = entry["id"] or d.id
+                if d.function and d.function.name:
+                    entry["name"] = d.function.name
+                if d.function and d.function.arguments:
+                    entry["arguments"] += d.function.arguments
+            if ch.finish_reason:
+                reasons.append(ch.finish_reason)
+    assert reasons == ["tool_calls"], reasons
+    assert calls and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_"), calls
+    assert isinstance(json.loads(calls[0]["arguments"])["city"], str), calls
+
+
+def test_logprobs():
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    lp = r.choices[0].logprobs
+    assert lp is not None and len(lp.content) == r.usage.completion_tokens, lp
+    for e in lp.content:
+        assert e.logprob <= 0 and isinstance(e.token, str) and e.bytes is not None, e
+        assert len(e.top_logprobs) == 3, e
+        # Greedy: the chosen token is the most likely one.
+        assert e.top_logprobs[0].logprob == e.logprob, e
+    r = client.completions.create(model=MODEL, prompt="def add(a, b):\n", max_tokens=6, temperature=0,
+                                  logprobs=2, echo=True)
+    c = r.choices[0]
+    assert c.text.startswith("def add(a, b):\n"), c.text
+    assert c.logprobs.token_logprobs[0] is None, c.logprobs
+    n = r.usage.prompt_tokens + r.usage.completion_tokens
+    assert len(c.logprobs.tokens) == len(c.logprobs.text_offset) == n, c.logprobs
+
+
+def test_response_format_json_schema():
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, max_tokens=60, temperature=0,
+        messages=[{"role": "user", "content": "Invent a person. Answer in JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}})
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c
+    person = json.loads(c.message.content)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int), person
+
+
+def test_unknown_fields_are_refused():
+    try:
+        client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4, extra_body={"frobnicate": 1})
+    except openai.BadRequestError as e:
+        assert e.body and e.body.get("param") == "frobnicate", e.body
+    else:
+        raise AssertionError("no BadRequestError")
 
 
 if __name__ == "__main__":

@@ -205,7 +205,10 @@ fn parse_tool_calls(here: &str, v: &Value, msg: &mut ChatMessage) -> Result<(), 
         let name_p = format!("{fn_p}.name");
         let name = as_str(get(f, "name").ok_or_else(|| missing(&name_p))?, &name_p)?;
         let args_p = format!("{fn_p}.arguments");
-        let args = as_str(get(f, "arguments").ok_or_else(|| missing(&args_p))?, &args_p)?;
+        let args = as_str(
+            get(f, "arguments").ok_or_else(|| missing(&args_p))?,
+            &args_p,
+        )?;
         let parsed: Value = serde_json::from_str(args).map_err(|e| {
             ApiError::invalid(
                 &args_p,

@@ -31,13 +31,14 @@ mod sampling;
 mod tokenize;
 pub mod tool_calls;
 mod tools;
+#[cfg(test)]
+mod tools_tests;
 
 pub use error::{ApiError, ErrorKind};
 pub use request::{
     parse_chat, parse_completion, Input, RequestMeta, SpecMethod, SpecOverride, ValidRequest,
-    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, KNOWN_CHAT_FIELDS,
-    KNOWN_COMPLETION_FIELDS, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES,
-    MAX_TEMPERATURE, MAX_TOP_LOGPROBS,
+    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, KNOWN_CHAT_FIELDS, KNOWN_COMPLETION_FIELDS,
+    MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS,
 };
 pub use response::{
     unix_now, AssistantMessage, BuildInfo, ChatChoice, ChatCompletion, ChatCompletionChunk,
@@ -46,8 +47,8 @@ pub use response::{
     ModelSpeculative, ToolCall, ToolCallDelta, TopLogprob, TopMap, Usage, VersionInfo,
 };
 pub use sampling::{MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY, MAX_STOP_TOKEN_IDS};
-pub use tools::{ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
 pub use tokenize::{
     parse_detokenize, parse_tokenize, DetokenizeRequest, DetokenizeResponse, TokenizeInput,
     TokenizeRequest, TokenizeResponse,
 };
+pub use tools::{ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};

@@ -319,8 +319,10 @@ pub fn parse_chat(body: &[u8]) -> Result<ValidRequest, ApiError> {
 /// 400 that says why (`null` is absent, as everywhere).
 fn reject_unsupported_chat_fields(map: &Map<String, Value>) -> Result<(), ApiError> {
     let refuse = |name: &str, why: &str| {
-        Err(ApiError::invalid(name, format!("'{name}' is not supported: {why}"))
-            .with_code("unsupported_parameter"))
+        Err(
+            ApiError::invalid(name, format!("'{name}' is not supported: {why}"))
+                .with_code("unsupported_parameter"),
+        )
     };
     if get(map, "audio").is_some() {
         return refuse("audio", "this server generates text only.");
@@ -351,10 +353,16 @@ fn reject_unsupported_chat_fields(map: &Map<String, Value>) -> Result<(), ApiErr
         }
     }
     if get(map, "prediction").is_some() {
-        return refuse("prediction", "predicted outputs are not available on this server.");
+        return refuse(
+            "prediction",
+            "predicted outputs are not available on this server.",
+        );
     }
     if get(map, "reasoning_effort").is_some() {
-        return refuse("reasoning_effort", "the served model is not a reasoning model.");
+        return refuse(
+            "reasoning_effort",
+            "the served model is not a reasoning model.",
+        );
     }
     if get(map, "verbosity").is_some() {
         return refuse("verbosity", "the served model has no verbosity control.");

@@ -67,7 +67,13 @@ fn minimal_chat_defaults() {
     assert_eq!(r.controls, specgate_verify::Controls::default());
     assert_eq!((r.logprobs, r.echo), (None, false));
     assert_eq!(r.response_format, ResponseFormat::Text);
-    assert_eq!(r.tools, ToolSetup { parallel: true, ..ToolSetup::default() });
+    assert_eq!(
+        r.tools,
+        ToolSetup {
+            parallel: true,
+            ..ToolSetup::default()
+        }
+    );
     assert!(r.stop_token_ids.is_empty());
     assert_eq!(r.speculative, None);
 }
@@ -114,12 +120,35 @@ fn nulls_are_absent() {
     })))
     .unwrap();
     assert_eq!(r, chat(chat_with(json!({}))).unwrap());
+    // Every optional field the endpoint reads, null at once.
+    let mut body = chat_with(json!({}));
+    for f in KNOWN_CHAT_FIELDS
+        .iter()
+        .filter(|f| !["model", "messages"].contains(f))
+    {
+        body[*f] = Value::Null;
+    }
+    assert_eq!(chat(body).unwrap(), chat(chat_with(json!({}))).unwrap());
+    let mut body = completion_with(json!({}));
+    for f in KNOWN_COMPLETION_FIELDS
+        .iter()
+        .filter(|f| !["model", "prompt"].contains(f))
+    {
+        body[*f] = Value::Null;
+    }
+    assert_eq!(
+        completion(body).unwrap(),
+        completion(completion_with(json!({}))).unwrap()
+    );
 }
 
 #[test]
 fn unknown_fields_rejected_naming_them() {
     for (body, name) in [
-        (chat_with(json!({"frobnicate": {"x": [1, 2]}})), "frobnicate"),
+        (
+            chat_with(json!({"frobnicate": {"x": [1, 2]}})),
+            "frobnicate",
+        ),
         (chat_with(json!({"echo": true})), "echo"),
         (chat_with(json!({"best_of": 1})), "best_of"),
     ] {
@@ -189,7 +218,7 @@ fn messages_shape() {
         "messages[1].role",
     );
     assert_rejects(
-        chat(two(json!({"role": "tool", "content": "x"}))),
+        chat(two(json!({"role": "wizard", "content": "x"}))),
         "messages[1].role",
     );
     assert_rejects(chat(two(json!({"role": "user"}))), "messages[1].content");
@@ -462,15 +491,19 @@ fn n_only_one() {
 
 #[test]
 fn chat_logprobs_and_top_logprobs() {
-    let lp = |extra: Value| chat(chat_with(extra)).map(|r| r.logprobs);
-    assert_eq!(lp(json!({"logprobs": true})).unwrap(), Some(0));
-    assert_eq!(lp(json!({"logprobs": false})).unwrap(), None);
+    let lp = |extra: Value| chat(chat_with(extra));
+    assert_eq!(lp(json!({"logprobs": true})).unwrap().logprobs, Some(0));
+    assert_eq!(lp(json!({"logprobs": false})).unwrap().logprobs, None);
     assert_eq!(
-        lp(json!({"logprobs": true, "top_logprobs": 20})).unwrap(),
+        lp(json!({"logprobs": true, "top_logprobs": 20}))
+            .unwrap()
+            .logprobs,
         Some(20)
     );
     assert_eq!(
-        lp(json!({"logprobs": true, "top_logprobs": 0})).unwrap(),
+        lp(json!({"logprobs": true, "top_logprobs": 0}))
+            .unwrap()
+            .logprobs,
         Some(0)
     );
     assert_rejects(lp(json!({"logprobs": "yes"})), "logprobs");
@@ -496,7 +529,13 @@ fn completion_logprobs_and_echo() {
     for n in [0, 5, 20] {
         assert_eq!(r(json!({ "logprobs": n })).unwrap().logprobs, Some(n));
     }
-    for bad in [json!(21), json!(-1), json!(true), json!("5"), json!(18446744073709551615u64)] {
+    for bad in [
+        json!(21),
+        json!(-1),
+        json!(true),
+        json!("5"),
+        json!(18446744073709551615u64),
+    ] {
         assert_rejects(r(json!({ "logprobs": bad })), "logprobs");
     }
     let v = r(json!({"echo": true, "logprobs": 2})).unwrap();
@@ -531,7 +570,10 @@ fn penalties_ranges() {
 
 #[test]
 fn logit_bias_shapes() {
-    let r = chat(chat_with(json!({"logit_bias": {"5": -100, "17": 2.5, "0": 100}}))).unwrap();
+    let r = chat(chat_with(
+        json!({"logit_bias": {"5": -100, "17": 2.5, "0": 100}}),
+    ))
+    .unwrap();
     let mut b = r.controls.logit_bias.clone();
     b.sort_by_key(|(id, _)| *id);
     assert_eq!(b, vec![(0, 100.0), (5, -100.0), (17, 2.5)]);
@@ -556,7 +598,10 @@ fn logit_bias_shapes() {
 
 #[test]
 fn min_p_min_tokens_stop_token_ids() {
-    let r = chat(chat_with(json!({"min_p": 0.05, "min_tokens": 3, "max_tokens": 5, "stop_token_ids": [7, 0]}))).unwrap();
+    let r = chat(chat_with(
+        json!({"min_p": 0.05, "min_tokens": 3, "max_tokens": 5, "stop_token_ids": [7, 0]}),
+    ))
+    .unwrap();
     assert_eq!(r.sampling.min_p, 0.05);
     assert_eq!(r.controls.min_tokens, 3);
     assert_eq!(r.stop_token_ids, vec![7, 0]);
@@ -580,10 +625,18 @@ fn min_p_min_tokens_stop_token_ids() {
         "min_tokens",
     );
     assert_rejects(
-        chat(chat_with(json!({"min_tokens": 6, "max_completion_tokens": 5}))),
+        chat(chat_with(
+            json!({"min_tokens": 6, "max_completion_tokens": 5}),
+        )),
         "min_tokens",
     );
-    for bad in [json!(-1), json!([1, "2"]), json!([4294967296u64]), json!(3), json!([1.0])] {
+    for bad in [
+        json!(-1),
+        json!([1, "2"]),
+        json!([4294967296u64]),
+        json!(3),
+        json!([1.0]),
+    ] {
         rejects_both("stop_token_ids", bad, "stop_token_ids");
     }
 }
@@ -639,7 +692,10 @@ fn openai_fields_we_cannot_honour_are_refused_with_a_reason() {
         chat(chat_with(json!({"metadata": {"k": "v".repeat(513)}}))),
         "metadata",
     );
-    let r = chat(chat_with(json!({"metadata": {"a": "1"}, "user": "u", "safety_identifier": "s"}))).unwrap();
+    let r = chat(chat_with(
+        json!({"metadata": {"a": "1"}, "user": "u", "safety_identifier": "s"}),
+    ))
+    .unwrap();
     assert_eq!(
         r.meta,
         RequestMeta {

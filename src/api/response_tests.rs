@@ -147,6 +147,127 @@ fn chat_chunk_json() {
     );
 }
 
+fn entry(token: &str, logprob: f32, top: Vec<TopLogprob>) -> ChatTokenLogprob {
+    ChatTokenLogprob {
+        token: token.into(),
+        logprob,
+        bytes: Some(token.as_bytes().to_vec()),
+        top_logprobs: top,
+    }
+}
+
+#[test]
+fn chat_logprobs_and_tool_calls_json() {
+    let lp = ChatLogprobs::new(vec![entry(
+        "Hi",
+        -0.5,
+        vec![TopLogprob {
+            token: "Hi".into(),
+            logprob: -0.5,
+            bytes: Some(vec![72, 105]),
+        }],
+    )]);
+    let c = ChatCompletion::new(
+        "x",
+        1,
+        "m",
+        "Hi".into(),
+        FinishReason::Stop,
+        Usage::new(1, 1),
+    )
+    .with_logprobs(Some(lp.clone()));
+    let s = serde_json::to_string(&c.choices[0]).unwrap();
+    assert_eq!(
+        s,
+        r#"{"index":0,"message":{"role":"assistant","content":"Hi"},"logprobs":{"content":[{"token":"Hi","logprob":-0.5,"bytes":[72,105],"top_logprobs":[{"token":"Hi","logprob":-0.5,"bytes":[72,105]}]}],"refusal":null},"finish_reason":"stop"}"#
+    );
+    let call = ToolCall::function("call_1".into(), "add".into(), r#"{"a":1}"#.into());
+    let c = ChatCompletion::new(
+        "x",
+        1,
+        "m",
+        String::new(),
+        FinishReason::ToolCalls,
+        Usage::new(1, 1),
+    )
+    .with_tool_calls(None, vec![call.clone()]);
+    assert_eq!(
+        to_value(&c.choices[0]),
+        json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1}"}}
+            ]},
+            "logprobs": null,
+            "finish_reason": "tool_calls"
+        })
+    );
+    // Streaming: one delta carries the whole call; logprobs ride on chunks.
+    let chunk = ChatCompletionChunk::tool_call("c", 1, "m", 2, call);
+    assert_eq!(
+        to_value(&chunk.choices),
+        json!([{"index": 0, "delta": {"tool_calls": [{"index": 2, "id": "call_1", "type": "function",
+            "function": {"name": "add", "arguments": "{\"a\":1}"}}]}, "logprobs": null, "finish_reason": null}])
+    );
+    let chunk = ChatCompletionChunk::content("c", 1, "m", "Hi".into()).with_logprobs(Some(lp));
+    assert_eq!(
+        to_value(&chunk.choices[0].logprobs),
+        json!({"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+            "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}]}], "refusal": null})
+    );
+    assert_eq!(to_value(&FinishReason::ToolCalls), json!("tool_calls"));
+    assert_eq!(FinishReason::ToolCalls.as_str(), "tool_calls");
+    // A partial delta (arguments only) omits what it does not carry.
+    let d = ToolCallDelta {
+        index: 0,
+        id: None,
+        kind: None,
+        function: FunctionDelta {
+            name: None,
+            arguments: Some("}".into()),
+        },
+    };
+    assert_eq!(
+        to_value(&d),
+        json!({"index": 0, "function": {"arguments": "}"}})
+    );
+}
+
+#[test]
+fn completion_logprobs_json() {
+    let lp = CompletionLogprobs {
+        tokens: vec!["a".into(), "b".into(), "c".into()],
+        token_logprobs: vec![None, Some(-1.0), Some(-0.25)],
+        top_logprobs: vec![
+            None,
+            Some(TopMap(vec![("z".into(), -0.5), ("b".into(), -1.0)])),
+            Some(TopMap(vec![("c".into(), -0.25)])),
+        ],
+        text_offset: vec![0, 1, 2],
+    };
+    let c = Completion::new(
+        "k",
+        1,
+        "m",
+        "abc".into(),
+        FinishReason::Stop,
+        Usage::new(2, 1),
+    )
+    .with_logprobs(Some(lp));
+    // Key order of the top map is the most likely first, as given.
+    let s = serde_json::to_string(&c.choices[0]).unwrap();
+    assert_eq!(
+        s,
+        r#"{"index":0,"text":"abc","logprobs":{"tokens":["a","b","c"],"token_logprobs":[null,-1.0,-0.25],"top_logprobs":[null,{"z":-0.5,"b":-1.0},{"c":-0.25}],"text_offset":[0,1,2]},"finish_reason":"stop"}"#
+    );
+    let chunk = CompletionChunk::text("k", 1, "m", "x".into())
+        .with_logprobs(Some(CompletionLogprobs::default()));
+    assert_eq!(
+        to_value(&chunk.choices[0].logprobs),
+        json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []})
+    );
+}
+
 #[test]
 fn completion_json() {
     let c = Completion::new(

@@ -87,7 +87,6 @@ pub(super) fn parse_sampling(map: &Map<String, Value>) -> Result<SamplingParams,
     Ok(s)
 }
 
-
 /// Penalties, `logit_bias` and `min_tokens`. `max_tokens` is the request's
 /// limit when it gave one (`min_tokens` may not exceed it).
 ///
@@ -110,7 +109,9 @@ pub(super) fn parse_controls(
             if !(-MAX_PENALTY..=MAX_PENALTY).contains(&p) {
                 return Err(ApiError::invalid(
                     name,
-                    format!("Invalid '{name}': expected a value between -2 and 2, but got {p} instead."),
+                    format!(
+                        "Invalid '{name}': expected a value between -2 and 2, but got {p} instead."
+                    ),
                 ));
             }
             *slot = p as f32;
@@ -205,7 +206,10 @@ pub(super) fn parse_stop_token_ids(map: &Map<String, Value>) -> Result<Vec<u32>,
     if items.len() > MAX_STOP_TOKEN_IDS {
         return Err(ApiError::invalid(
             "stop_token_ids",
-            format!("Invalid 'stop_token_ids': at most {MAX_STOP_TOKEN_IDS} ids, but got {}.", items.len()),
+            format!(
+                "Invalid 'stop_token_ids': at most {MAX_STOP_TOKEN_IDS} ids, but got {}.",
+                items.len()
+            ),
         ));
     }
     items

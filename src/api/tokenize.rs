@@ -337,7 +337,7 @@ mod tests {
             (json!({"prompt": "a", "extra": null}), "extra"),
             (json!({"messages": []}), "messages"),
             (
-                json!({"messages": [{"role": "tool", "content": "x"}]}),
+                json!({"messages": [{"role": "wizard", "content": "x"}]}),
                 "messages[0].role",
             ),
             (json!({"messages": m, "prompt_extra": 1}), "prompt_extra"),

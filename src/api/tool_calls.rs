@@ -173,10 +173,7 @@ impl ToolCallStream {
         self.in_call = false;
         self.content(&rest, end, &mut out);
         if self.calls == 0 && !self.held_ws.is_empty() {
-            out.push((
-                ToolOutput::Content(std::mem::take(&mut self.held_ws)),
-                end,
-            ));
+            out.push((ToolOutput::Content(std::mem::take(&mut self.held_ws)), end));
         }
         self.start = end;
         out
@@ -207,7 +204,9 @@ pub fn partial_suffix(text: &str, pattern: &str) -> usize {
     let max = text.len().min(pattern.len() - 1);
     (1..=max)
         .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && pattern.starts_with(&text[text.len() - n..]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && pattern.starts_with(&text[text.len() - n..])
+        })
         .unwrap_or(0)
 }
 
@@ -312,7 +311,15 @@ mod tests {
             last = end;
             outs.push(o);
         }
-        outs
+        // Adjacent content pieces read as one.
+        let mut merged: Vec<ToolOutput> = Vec::new();
+        for o in outs {
+            match (merged.last_mut(), o) {
+                (Some(ToolOutput::Content(prev)), ToolOutput::Content(c)) => prev.push_str(&c),
+                (_, o) => merged.push(o),
+            }
+        }
+        merged
     }
 
     #[test]

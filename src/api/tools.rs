@@ -180,7 +180,10 @@ pub(super) fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiErro
                 let p = format!("tools[{i}].function.name");
                 return Err(ApiError::invalid(
                     &p,
-                    format!("Invalid '{p}': the tool name '{}' is declared twice.", tool.name),
+                    format!(
+                        "Invalid '{p}': the tool name '{}' is declared twice.",
+                        tool.name
+                    ),
                 ));
             }
             setup.tools.push(tool);
@@ -199,9 +202,7 @@ pub(super) fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiErro
 
 fn parse_tool(i: usize, v: &Value) -> Result<Tool, ApiError> {
     let at = format!("tools[{i}]");
-    let obj = v
-        .as_object()
-        .ok_or_else(|| type_err(&at, "an object", v))?;
+    let obj = v.as_object().ok_or_else(|| type_err(&at, "an object", v))?;
     if let Some(k) = obj.keys().find(|k| *k != "type" && *k != "function") {
         return Err(unknown_key(&at, k));
     }
@@ -238,7 +239,13 @@ fn parse_tool(i: usize, v: &Value) -> Result<Tool, ApiError> {
     let parameters = match get(f, "parameters") {
         None => None,
         Some(p) if p.is_object() => Some(p.clone()),
-        Some(p) => return Err(type_err(&format!("{fn_p}.parameters"), "an object (a JSON schema)", p)),
+        Some(p) => {
+            return Err(type_err(
+                &format!("{fn_p}.parameters"),
+                "an object (a JSON schema)",
+                p,
+            ))
+        }
     };
     let strict = match get(f, "strict") {
         Some(s) => as_bool(s, &format!("{fn_p}.strict"))?,

@@ -52,7 +52,7 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// A tool's argument schema: none (`null`, `true`, `{}`) means any object.
-fn arguments_schema(name: &str, schema: &Value) -> Result<Value, GrammarError> {
+pub(super) fn arguments_schema(name: &str, schema: &Value) -> Result<Value, GrammarError> {
     let any = match schema {
         Value::Null | Value::Bool(true) => true,
         Value::Object(map) => map.is_empty(),
@@ -63,7 +63,7 @@ fn arguments_schema(name: &str, schema: &Value) -> Result<Value, GrammarError> {
     } else {
         schema.clone()
     };
-    with_layout(&schema, &format!("parameters of tool {name:?}"))
+    with_layout(&schema, &tool_label(name))
 }
 
 /// A Lark string literal matching exactly `text` (Lark literals are JSON
@@ -81,7 +81,9 @@ pub(super) fn tool_calls_lark(
     parallel: bool,
 ) -> Result<String, GrammarError> {
     if tools.is_empty() {
-        return Err(GrammarError::Invalid("tool calls need at least one tool".into()));
+        return Err(GrammarError::Invalid(format!(
+            "{TOOLS}: at least one tool is needed"
+        )));
     }
     let mut rules = Vec::with_capacity(2 * tools.len() + 2);
     rules.push(if parallel {
@@ -98,11 +100,13 @@ pub(super) fn tool_calls_lark(
     ));
     for (i, (name, schema)) in tools.iter().enumerate() {
         if name.is_empty() {
-            return Err(GrammarError::Invalid("a tool name is empty".into()));
+            return Err(GrammarError::Invalid(format!(
+                "{TOOLS}: a tool name is empty"
+            )));
         }
         if tools[..i].iter().any(|(n, _)| n == name) {
             return Err(GrammarError::Invalid(format!(
-                "tool name {name:?} is given twice"
+                "{TOOLS}: tool name {name:?} is given twice"
             )));
         }
         let head = format!(
@@ -114,12 +118,25 @@ pub(super) fn tool_calls_lark(
             lark_literal(&head),
             lark_literal("}")
         ));
-        rules.push(format!("args_{i}: %json {}", arguments_schema(name, schema)?));
+        rules.push(format!(
+            "args_{i}: %json {}",
+            arguments_schema(name, schema)?
+        ));
     }
     Ok(rules.join("\n") + "\n")
 }
 
-/// The llguidance grammar for `spec` and a short label for debug output.
+/// How errors name the parts of a spec.
+pub(super) const JSON_OBJECT: &str = "response_format json_object";
+pub(super) const JSON_SCHEMA: &str = "response_format json_schema";
+pub(super) const TOOLS: &str = "tools";
+
+/// How errors name a tool's argument schema.
+pub(super) fn tool_label(name: &str) -> String {
+    format!("{TOOLS}: parameters of tool {name:?}")
+}
+
+/// The llguidance grammar for `spec` and the label its errors carry.
 ///
 /// Errors: [`GrammarError::Invalid`] as [`with_layout`] and
 /// [`tool_calls_lark`]; llguidance's own checks run when the grammar is
@@ -127,20 +144,19 @@ pub(super) fn tool_calls_lark(
 pub(super) fn top_level(spec: &GrammarSpec) -> Result<(TopLevelGrammar, String), GrammarError> {
     Ok(match spec {
         GrammarSpec::JsonObject => (
-            TopLevelGrammar::from_json_schema(with_layout(&json!({"type": "object"}), "json_object")?),
-            "json_object".to_owned(),
+            TopLevelGrammar::from_json_schema(with_layout(
+                &json!({"type": "object"}),
+                JSON_OBJECT,
+            )?),
+            JSON_OBJECT.to_owned(),
         ),
         GrammarSpec::JsonSchema(schema) => (
-            TopLevelGrammar::from_json_schema(with_layout(schema, "response_format")?),
-            "json_schema".to_owned(),
+            TopLevelGrammar::from_json_schema(with_layout(schema, JSON_SCHEMA)?),
+            JSON_SCHEMA.to_owned(),
         ),
         GrammarSpec::ToolCalls { tools, parallel } => (
             TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel)?),
-            format!(
-                "tool_calls({}{})",
-                tools.len(),
-                if *parallel { ", parallel" } else { "" }
-            ),
+            TOOLS.to_owned(),
         ),
     })
 }

@@ -55,7 +55,12 @@ impl LlgSource {
         vocab_size: usize,
         eos: Arc<[u32]>,
     ) -> Result<Self, GrammarError> {
-        let invalid = |e: String| GrammarError::Invalid(format!("{label}: {e}"));
+        // llguidance may append a listing of the grammar ("  4 | rule: ..."):
+        // clients get the reason only.
+        let invalid = |e: String| {
+            let reason: Vec<&str> = e.lines().filter(|l| !is_listing_line(l)).collect();
+            GrammarError::Invalid(format!("{label}: {}", reason.join("\n")))
+        };
         let mut matcher = Matcher::new(factory.create_parser(grammar));
         if let Some(e) = matcher.get_error() {
             return Err(invalid(e));
@@ -68,6 +73,13 @@ impl LlgSource {
             eos,
         })
     }
+}
+
+/// Whether `line` is of a grammar listing: a line number, then `|`.
+fn is_listing_line(line: &str) -> bool {
+    let rest = line.trim_start();
+    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    digits > 0 && rest[digits..].trim_start().starts_with('|')
 }
 
 impl ConstraintSource for LlgSource {
@@ -251,18 +263,17 @@ impl LlgConstraint {
         if check == Check::Mask {
             // A step may have joined by the grammar check: recheck by mask,
             // from the first position whose mask is not at hand.
-            for i in 0..keep {
-                match &self.masks[i] {
-                    Some(m) if m.is_allowed(tokens[i]) => {}
-                    Some(_) => {
-                        self.truncate(i)?;
-                        return Ok(i);
-                    }
-                    None => {
-                        keep = i;
-                        break;
-                    }
+            let checked = self.masks[..keep]
+                .iter()
+                .zip(tokens)
+                .position(|(m, &t)| !m.as_ref().is_some_and(|m| m.is_allowed(t)));
+            if let Some(i) = checked {
+                if self.masks[i].is_some() {
+                    // Its mask forbids tokens[i].
+                    self.truncate(i)?;
+                    return Ok(i);
                 }
+                keep = i;
             }
         }
         self.truncate(keep)?;

@@ -25,6 +25,7 @@ mod tests;
 
 use std::sync::Arc;
 
+use llguidance::api::TopLevelGrammar;
 use llguidance::ParserFactory;
 use specgate_verify::ConstraintSource;
 
@@ -153,13 +154,42 @@ impl Grammars {
     /// schema or tool list it rejects (see [`GrammarSpec`]).
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
         let (grammar, label) = build::top_level(spec)?;
-        let source = constraint::LlgSource::new(
+        match self.source(grammar, label) {
+            Ok(source) => Ok(Arc::new(source)),
+            Err(e) => Err(self.blame_tool(spec).unwrap_or(e)),
+        }
+    }
+
+    fn source(
+        &self,
+        grammar: TopLevelGrammar,
+        label: String,
+    ) -> Result<constraint::LlgSource, GrammarError> {
+        constraint::LlgSource::new(
             &self.inner.factory,
             grammar,
             label,
             self.inner.vocab_size,
             self.inner.eos.clone(),
-        )?;
-        Ok(Arc::new(source))
+        )
+    }
+
+    /// For a tool-call grammar that failed: the error of the first tool
+    /// whose argument schema fails on its own (so the message names it).
+    fn blame_tool(&self, spec: &GrammarSpec) -> Option<GrammarError> {
+        let GrammarSpec::ToolCalls { tools, .. } = spec else {
+            return None;
+        };
+        tools.iter().find_map(
+            |(name, schema)| match build::arguments_schema(name, schema) {
+                Err(e) => Some(e),
+                Ok(schema) => self
+                    .source(
+                        TopLevelGrammar::from_json_schema(schema),
+                        build::tool_label(name),
+                    )
+                    .err(),
+            },
+        )
     }
 }

@@ -28,12 +28,11 @@ impl TokenizerEnv for TextTokEnv {
     /// tokenization for other bytes and for text the tokenizer would turn
     /// into a control token (`<|im_end|>` typed as text stays text here).
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.tokenize_with_greedy_fallback(s, |text| {
-            match self.tok.encode(text, false) {
+        self.trie
+            .tokenize_with_greedy_fallback(s, |text| match self.tok.encode(text, false) {
                 Ok(ids) if ids.iter().all(|&t| !self.trie.is_special_token(t)) => ids,
                 _ => self.trie.greedy_tokenize(text.as_bytes()),
-            }
-        })
+            })
     }
 }
 
@@ -98,9 +97,9 @@ pub(super) fn copy_tokenizer(tok: &TextTokenizer) -> Result<TextTokenizer, Gramm
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
-    let copy = tok.save_tokenizer_json(&path).and_then(|()| {
-        TextTokenizer::from_tokenizer_json(&path, None, None)
-    });
+    let copy = tok
+        .save_tokenizer_json(&path)
+        .and_then(|()| TextTokenizer::from_tokenizer_json(&path, None, None));
     let _ = std::fs::remove_file(&path);
     copy.map_err(|e| GrammarError::Setup(format!("copying the tokenizer: {e}")))
 }

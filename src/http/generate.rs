@@ -23,18 +23,17 @@ use super::stop::{OffsetQueue, StopMatcher};
 use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
 use crate::api::tool_calls::parse_tool_calls;
 use crate::api::{
-    self, ApiError, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Completion,
-    CompletionChunk, CompletionLogprobs, FinishReason, Input, ResponseFormat, ToolCall, Usage,
-    ValidRequest,
+    self, ApiError, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Completion, CompletionChunk,
+    CompletionLogprobs, FinishReason, Input, ResponseFormat, ToolCall, Usage, ValidRequest,
 };
 use crate::engine::{Event, GenRequest, SpecMethod};
 use crate::grammar::{GrammarError, GrammarSpec};
-use specgate_verify::TokenLogprob;
 use crate::metrics as names;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
+use specgate_verify::TokenLogprob;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -381,7 +380,12 @@ fn build_request(
             format!("Invalid '{param}': token id {id} is outside the vocabulary (size {vocab})."),
         )
     };
-    if let Some(&(id, _)) = v.controls.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+    if let Some(&(id, _)) = v
+        .controls
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab)
+    {
         return Err(out_of_vocab("logit_bias", id));
     }
     if let Some(&id) = v.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
@@ -435,16 +439,17 @@ fn grammar(
     let grammars = backend.grammars.as_ref().ok_or_else(|| {
         ApiError::invalid(
             param,
-            format!("'{param}' needs constrained decoding, which this server cannot do for its model."),
+            format!(
+                "'{param}' needs constrained decoding, which this server cannot do for its model."
+            ),
         )
         .with_code("unsupported_value")
     })?;
     match grammars.compile(&spec) {
         Ok(g) => Ok(Some(g)),
-        Err(GrammarError::Invalid(e)) => Err(ApiError::invalid(
-            param,
-            format!("Invalid '{param}': {e}."),
-        )),
+        Err(GrammarError::Invalid(e)) => {
+            Err(ApiError::invalid(param, format!("Invalid '{param}': {e}.")))
+        }
         Err(GrammarError::Setup(e)) => Err(ApiError::internal(format!(
             "Building the grammar failed: {e}."
         ))),
@@ -487,9 +492,10 @@ async fn whole(
                     serde_json::to_string(&chat_body(&l, text, &lps, reason, usage))
                 } else {
                     let mut offset = 0;
-                    let mut logprobs = l.echo.as_ref().and_then(|(_, first)| {
-                        echo_logprobs(&l, *first, &prompt_lps, &mut offset)
-                    });
+                    let mut logprobs = l
+                        .echo
+                        .as_ref()
+                        .and_then(|(_, first)| echo_logprobs(&l, *first, &prompt_lps, &mut offset));
                     if let Some(w) = &l.logprobs {
                         let out = logprobs.get_or_insert_with(CompletionLogprobs::default);
                         w.completion(&lps, &mut offset, out);
@@ -584,10 +590,13 @@ impl StreamShape {
         }
         let (prompt, first) = l.echo.as_ref()?;
         let logprobs = echo_logprobs(l, *first, prompt_lps, &mut self.offset);
-        Some(sse(
-            &CompletionChunk::text(&l.id, l.created, &l.model, prompt.clone())
-                .with_logprobs(logprobs),
-        ))
+        Some(sse(&CompletionChunk::text(
+            &l.id,
+            l.created,
+            &l.model,
+            prompt.clone(),
+        )
+        .with_logprobs(logprobs)))
     }
 
     /// The chunks of released text.
@@ -599,9 +608,10 @@ impl StreamShape {
                 w.completion(&lps, &mut self.offset, &mut lp);
                 lp
             });
-            out.push(sse(
-                &CompletionChunk::text(&l.id, l.created, &l.model, text).with_logprobs(logprobs),
-            ));
+            out.push(sse(&CompletionChunk::text(
+                &l.id, l.created, &l.model, text,
+            )
+            .with_logprobs(logprobs)));
             return out;
         }
         let shaped = match &mut self.tools {
@@ -616,10 +626,10 @@ impl StreamShape {
         shaped
             .into_iter()
             .map(|s| match s {
-                Shaped::Content(c, lps) => sse(
-                    &ChatCompletionChunk::content(&l.id, l.created, &l.model, c)
-                        .with_logprobs(lp(&lps)),
-                ),
+                Shaped::Content(c, lps) => {
+                    sse(&ChatCompletionChunk::content(&l.id, l.created, &l.model, c)
+                        .with_logprobs(lp(&lps)))
+                }
                 Shaped::Call(c, lps) => {
                     let index = self.next_call;
                     self.next_call += 1;

@@ -9,7 +9,9 @@
 
 use super::{json_response, AppState, ResBody};
 use crate::api::{
-    SpecMethod, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
+    SpecMethod, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY, MAX_SPECULATIVE_TOKENS,
+    MAX_STOP_BYTES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_TEMPERATURE, MAX_TOOLS,
+    MAX_TOP_LOGPROBS,
 };
 use hyper::{Response, StatusCode};
 use serde_json::{json, Map, Value};
@@ -310,15 +312,96 @@ fn wire_schemas() -> Map<String, Value> {
         },
         "ChatMessage": {
             "type": "object",
-            "required": ["role", "content"],
+            "required": ["role"],
+            "additionalProperties": false,
+            "description": "`content` is required except on assistant turns; `tool_call_id` on (and only on) tool turns; `tool_calls` only on assistant turns.",
             "properties": {
-                "role": {"enum": ["system", "developer", "user", "assistant"]},
+                "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
                 "content": {"oneOf": [
                     {"type": "string"},
                     {"type": "array", "items": {"$ref": "#/components/schemas/TextPart"}},
+                    {"type": "null"},
                 ]},
+                "name": {"type": "string"},
+                "tool_call_id": {"type": "string"},
+                "tool_calls": {"type": "array", "items": {"$ref": "#/components/schemas/ToolCall"}},
+                "refusal": {"type": ["string", "null"]},
+                "annotations": {"type": ["array", "null"]},
+                "audio": {"type": "null"},
+                "function_call": {"type": "null"},
             },
         },
+        "ToolCall": {
+            "type": "object",
+            "required": ["id", "function"],
+            "properties": {
+                "id": {"type": "string"},
+                "type": {"const": "function"},
+                "function": {
+                    "type": "object",
+                    "required": ["name", "arguments"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "arguments": {"type": "string", "description": "JSON text."},
+                    },
+                },
+            },
+        },
+        "Tool": {
+            "type": "object",
+            "required": ["type", "function"],
+            "additionalProperties": false,
+            "properties": {
+                "type": {"const": "function"},
+                "function": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": false,
+                    "properties": {
+                        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                        "description": {"type": "string"},
+                        "parameters": {"type": "object"},
+                        "strict": {"type": "boolean"},
+                    },
+                },
+            },
+        },
+        "ToolChoice": {"oneOf": [
+            {"enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": "string"}},
+                    },
+                },
+            },
+        ]},
+        "ResponseFormat": {"oneOf": [
+            {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": false,
+                        "properties": {
+                            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                            "schema": {"type": "object"},
+                            "strict": {"type": "boolean"},
+                            "description": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        ]},
         "Messages": {
             "type": "array",
             "minItems": 1,
@@ -341,7 +424,45 @@ fn wire_schemas() -> Map<String, Value> {
                 "num_tokens": {"type": "integer", "minimum": 0, "maximum": MAX_SPECULATIVE_TOKENS},
             },
         })),
-        "FinishReason": {"enum": ["stop", "length"]},
+        "FinishReason": {"enum": ["stop", "length", "tool_calls"]},
+        "ChatLogprobs": {
+            "type": "object",
+            "required": ["content", "refusal"],
+            "properties": {
+                "content": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["token", "logprob", "bytes", "top_logprobs"],
+                    "properties": {
+                        "token": {"type": "string"},
+                        "logprob": {"type": "number", "maximum": 0},
+                        "bytes": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0, "maximum": 255}},
+                        "top_logprobs": {"type": "array", "items": {
+                            "type": "object",
+                            "required": ["token", "logprob", "bytes"],
+                            "properties": {
+                                "token": {"type": "string"},
+                                "logprob": {"type": "number", "maximum": 0},
+                                "bytes": {"type": ["array", "null"], "items": {"type": "integer"}},
+                            },
+                        }},
+                    },
+                }},
+                "refusal": {"type": "null"},
+            },
+        },
+        "CompletionLogprobs": {
+            "type": "object",
+            "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+            "properties": {
+                "tokens": {"type": "array", "items": {"type": "string"}},
+                "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},
+                "top_logprobs": {"type": "array", "items": {
+                    "type": ["object", "null"],
+                    "additionalProperties": {"type": "number"},
+                }},
+                "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            },
+        },
         "Usage": {
             "type": "object",
             "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
@@ -374,8 +495,26 @@ fn common_request_fields() -> Map<String, Value> {
             "properties": {"include_usage": {"type": "boolean"}},
         })),
         "ignore_eos": {"type": "boolean"},
-        "user": {"type": "string"},
+        "user": {"type": "string", "description": "Kept for the log only."},
         "speculative": {"$ref": "#/components/schemas/Speculative"},
+        "presence_penalty": {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
+        "frequency_penalty": {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
+        "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "description": "vLLM's; 1 is off."},
+        "logit_bias": {
+            "type": "object",
+            "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS},
+            "description": "Token id (decimal) -> bias added to its logit.",
+        },
+        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "min_tokens": {"type": "integer", "minimum": 0, "description": "At most max_tokens."},
+        "stop_token_ids": {
+            "type": "array",
+            "maxItems": MAX_STOP_TOKEN_IDS,
+            "items": {"type": "integer", "minimum": 0, "maximum": u32::MAX},
+        },
+        "response_format": {"$ref": "#/components/schemas/ResponseFormat"},
     });
     into_map(v)
 }
@@ -386,7 +525,19 @@ fn generation_schemas() -> Map<String, Value> {
         "messages".into(),
         json!({"$ref": "#/components/schemas/Messages"}),
     );
-    chat.insert("logprobs".into(), json!({"const": false}));
+    chat.extend(into_map(json!({
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS, "description": "Requires logprobs: true."},
+        "tools": {"type": "array", "maxItems": MAX_TOOLS, "items": {"$ref": "#/components/schemas/Tool"}},
+        "tool_choice": {"$ref": "#/components/schemas/ToolChoice"},
+        "parallel_tool_calls": {"type": "boolean"},
+        "metadata": {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 512}, "description": "Kept for the log only."},
+        "safety_identifier": {"type": "string", "description": "Kept for the log only."},
+        "prompt_cache_key": {"type": "string", "description": "Accepted; prefix caching is automatic."},
+        "store": {"const": false, "description": "Nothing is ever stored."},
+        "service_tier": {"enum": ["auto", "default"]},
+        "modalities": {"type": "array", "items": {"const": "text"}},
+    })));
     let mut completion = common_request_fields();
     completion.insert(
         "prompt".into(),
@@ -396,8 +547,11 @@ fn generation_schemas() -> Map<String, Value> {
             {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}},
         ]}),
     );
-    completion.insert("logprobs".into(), json!({"const": false}));
-    completion.insert("echo".into(), json!({"const": false}));
+    completion.insert(
+        "logprobs".into(),
+        json!({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}),
+    );
+    completion.insert("echo".into(), json!({"type": "boolean"}));
     completion.insert("best_of".into(), json!({"const": 1}));
     completion.insert("suffix".into(), json!({"const": ""}));
     // `stream_options` is refused unless the request streams.
@@ -409,7 +563,8 @@ fn generation_schemas() -> Map<String, Value> {
         let mut r = into_map(json!({
             "type": "object",
             "required": required,
-            "description": "Unknown fields are ignored, as vLLM does.",
+            "additionalProperties": false,
+            "description": "Every field is honoured or refused: an unknown field is a 400 naming it, as OpenAI answers.",
             "properties": properties,
         }));
         r.extend(into_map(stream_options_need_stream.clone()));
@@ -445,6 +600,8 @@ fn response_schemas() -> Map<String, Value> {
     let finish_or_null = json!({"oneOf": [finish, {"type": "null"}]});
     let base = ["id", "object", "created", "model", "choices"];
     let with_usage = ["id", "object", "created", "model", "choices", "usage"];
+    let chat_logprobs =
+        json!({"oneOf": [{"$ref": "#/components/schemas/ChatLogprobs"}, {"type": "null"}]});
     let chat_choice = json!({
         "type": "object",
         "required": ["index", "message", "finish_reason"],
@@ -453,9 +610,13 @@ fn response_schemas() -> Map<String, Value> {
             "message": {
                 "type": "object",
                 "required": ["role", "content"],
-                "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": ["string", "null"]},
+                    "tool_calls": {"type": "array", "items": {"$ref": "#/components/schemas/ToolCall"}},
+                },
             },
-            "logprobs": {"type": "null"},
+            "logprobs": chat_logprobs,
             "finish_reason": finish,
         },
     });
@@ -466,9 +627,25 @@ fn response_schemas() -> Map<String, Value> {
             "index": {"type": "integer"},
             "delta": {
                 "type": "object",
-                "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": "string"},
+                    "tool_calls": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["index", "function"],
+                        "properties": {
+                            "index": {"type": "integer", "minimum": 0},
+                            "id": {"type": "string"},
+                            "type": {"const": "function"},
+                            "function": {"type": "object", "properties": {
+                                "name": {"type": "string"},
+                                "arguments": {"type": "string"},
+                            }},
+                        },
+                    }},
+                },
             },
-            "logprobs": {"type": "null"},
+            "logprobs": chat_logprobs,
             "finish_reason": finish_or_null,
         },
     });
@@ -478,7 +655,7 @@ fn response_schemas() -> Map<String, Value> {
         "properties": {
             "index": {"type": "integer"},
             "text": {"type": "string"},
-            "logprobs": {"type": "null"},
+            "logprobs": {"oneOf": [{"$ref": "#/components/schemas/CompletionLogprobs"}, {"type": "null"}]},
             "finish_reason": finish_or_null,
         },
     });
@@ -775,6 +952,43 @@ mod tests {
             (m["type"].as_str(), m["const"].as_str()),
             (Some("string"), Some("m"))
         );
+    }
+
+    /// The documented request fields are exactly the ones the parsers read.
+    #[test]
+    fn request_schemas_list_exactly_the_known_fields() {
+        let doc = document("m", None);
+        let s = &doc["components"]["schemas"];
+        for (schema, known) in [
+            ("ChatCompletionRequest", crate::api::KNOWN_CHAT_FIELDS),
+            ("CompletionRequest", crate::api::KNOWN_COMPLETION_FIELDS),
+        ] {
+            let mut documented: Vec<&str> = s[schema]["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            // Fields only ever refused are known but not documented.
+            let refused = [
+                "audio",
+                "function_call",
+                "functions",
+                "prediction",
+                "reasoning_effort",
+                "verbosity",
+                "web_search_options",
+            ];
+            let mut known: Vec<&str> = known
+                .iter()
+                .copied()
+                .filter(|f| !refused.contains(f))
+                .collect();
+            documented.sort_unstable();
+            known.sort_unstable();
+            assert_eq!(documented, known, "{schema}");
+            assert_eq!(s[schema]["additionalProperties"], json!(false));
+        }
     }
 
     #[test]

@@ -94,13 +94,24 @@ impl TokenWire {
                 .take(self.top)
                 .map(|&(id, l)| (self.text(id).0, finite(l)))
                 .collect();
-            self.push_entry(out, offset, token, Some(finite(lp.logprob)), Some(TopMap(top)));
+            self.push_entry(
+                out,
+                offset,
+                token,
+                Some(finite(lp.logprob)),
+                Some(TopMap(top)),
+            );
         }
     }
 
     /// The entry of a prompt's first token, which nothing predicts:
     /// `null` log-probability and alternatives.
-    pub(super) fn completion_first(&self, id: u32, offset: &mut usize, out: &mut CompletionLogprobs) {
+    pub(super) fn completion_first(
+        &self,
+        id: u32,
+        offset: &mut usize,
+        out: &mut CompletionLogprobs,
+    ) {
         let (token, _) = self.text(id);
         self.push_entry(out, offset, token, None, None);
     }

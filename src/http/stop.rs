@@ -34,7 +34,11 @@ impl<T> OffsetQueue<T> {
 
     /// Takes every item ending at or before `released`.
     pub fn take_until(&mut self, released: usize) -> Vec<T> {
-        let n = self.items.iter().take_while(|(e, _)| *e <= released).count();
+        let n = self
+            .items
+            .iter()
+            .take_while(|(e, _)| *e <= released)
+            .count();
         self.items.drain(..n).map(|(_, t)| t).collect()
     }
 

@@ -191,7 +191,10 @@ mod tests {
         assert_eq!((v.accepted, v.tokens.clone()), (1, vec![1, 0]));
         assert_eq!(v.logprobs.len(), 2);
         assert_eq!(v.logprobs[1].token, 0);
-        assert_eq!(v.logprobs[1].top[0].0, 0, "the penalized 1 is no longer first");
+        assert_eq!(
+            v.logprobs[1].top[0].0, 0,
+            "the penalized 1 is no longer first"
+        );
         // Committed: 1 and 0, so both are penalized now.
         assert_eq!(s.processor().generated(), 2);
         let mut row = onehot_row(6, 1);

@@ -93,7 +93,9 @@ pub fn token_logprob(processed: &[f32], token: u32, top: usize) -> TokenLogprob 
     }
     TokenLogprob {
         token,
-        logprob: processed.get(token as usize).map_or(LOGPROB_FLOOR, |&l| lp(l)),
+        logprob: processed
+            .get(token as usize)
+            .map_or(LOGPROB_FLOOR, |&l| lp(l)),
         top: ids
             .into_iter()
             .map(|t| (t, lp(processed[t as usize])))
@@ -444,7 +446,10 @@ mod tests {
         let mut p = LogitsProcessor::new(c.clone(), &[], Some(Box::new(Only(vec![4], vec![]))));
         let l = run(&mut p, &[1.0; 5], &[]);
         assert_eq!(l[4], 1.0);
-        assert!(l[..4].iter().all(|x| *x == f32::NEG_INFINITY), "bias cannot undo the mask");
+        assert!(
+            l[..4].iter().all(|x| *x == f32::NEG_INFINITY),
+            "bias cannot undo the mask"
+        );
         // Nothing allowed at all is an error, never an unconstrained row.
         let mut p = LogitsProcessor::new(c, &[], Some(Box::new(Only(vec![], vec![]))));
         assert!(p.process(&mut [1.0; 5], &[]).is_err());
@@ -485,7 +490,10 @@ mod tests {
         let l = [0.0f32, (2.0f32).ln(), f32::NEG_INFINITY, (2.0f32).ln()];
         let lp = token_logprob(&l, 1, 3);
         assert!((lp.logprob - 0.4f32.ln()).abs() < 1e-6);
-        assert_eq!(lp.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 0]);
+        assert_eq!(
+            lp.top.iter().map(|x| x.0).collect::<Vec<_>>(),
+            vec![1, 3, 0]
+        );
         assert!((lp.top[2].1 - 0.2f32.ln()).abs() < 1e-6);
         let lp = token_logprob(&l, 2, 10);
         assert_eq!(lp.logprob, LOGPROB_FLOOR);
