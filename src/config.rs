@@ -292,6 +292,11 @@ pub struct SpeculativeConfig {
     pub ngram_min: usize,
     pub ngram_max: usize,
     pub adaptive: AdaptiveConfig,
+    /// Under a grammar (`response_format`, forced tool calls), propose the
+    /// tokens the grammar forces as drafts (jump-forward). Outputs are the
+    /// same either way; off exists to measure what it is worth. Fixed
+    /// while running.
+    pub jump_forward: bool,
 }
 
 impl Default for SpeculativeConfig {
@@ -304,6 +309,7 @@ impl Default for SpeculativeConfig {
             ngram_min: 1,
             ngram_max: 4,
             adaptive: AdaptiveConfig::default(),
+            jump_forward: true,
         }
     }
 }
@@ -436,6 +442,7 @@ impl SpeculativeConfig {
             ngram_min,
             ngram_max,
             adaptive,
+            jump_forward,
         } = self;
         let AdaptiveConfig {
             min_k,
@@ -460,6 +467,7 @@ impl SpeculativeConfig {
                 initial_acceptance.to_string(),
             ),
             ("adaptive.probe_every", probe_every.to_string()),
+            ("jump_forward", jump_forward.to_string()),
         ]
     }
 }
@@ -742,8 +750,16 @@ impl Config {
             )));
         }
 
+        if file.speculative.jump_forward != self.speculative.jump_forward {
+            return Err(refuse(format!(
+                "speculative.jump_forward changed ({} -> {}); it needs a restart",
+                self.speculative.jump_forward, file.speculative.jump_forward
+            )));
+        }
+
         let speculative = SpeculativeConfig {
             method: in_force.method,
+            jump_forward: in_force.jump_forward,
             ..file.speculative.clone()
         };
         let policy = speculative.policy()?;

@@ -174,7 +174,7 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Gramma
     }
     let tokenizer = Arc::new(tokenizer);
     let grammars = match Grammars::from_shared(tokenizer.clone(), target.config().vocab_size) {
-        Ok(g) => Some(g),
+        Ok(g) => Some(g.with_jump_forward(cfg.speculative.jump_forward)),
         Err(e) => {
             tracing::warn!(error = %e, "no grammar engine: response_format and forced tool calls are refused");
             None

@@ -49,6 +49,10 @@ fn target() -> Model {
 /// One engine with the draft model loaded; each request picks its method
 /// (n-gram is always available) and its k.
 fn engine(tokens: usize) -> EngineHandle {
+    engine_sized(256, 64, tokens)
+}
+
+fn engine_sized(blocks: usize, max_num_seqs: usize, tokens: usize) -> EngineHandle {
     let draft = tiny_model(
         &TinySpec {
             dtype: GgmlDType::Q4K,
@@ -57,10 +61,10 @@ fn engine(tokens: usize) -> EngineHandle {
         "draft.gguf",
     );
     let cfg = EngineConfig {
-        kv: KvSize::Blocks(256),
+        kv: KvSize::Blocks(blocks),
         block_size: 16,
         scheduler: SchedulerConfig {
-            max_num_seqs: 64,
+            max_num_seqs,
             max_num_batched_tokens: tokens,
         },
         policy: DraftPolicy::Fixed { k: 3 },
@@ -721,4 +725,64 @@ fn bad_controls_are_refused_naming_their_part() {
             ..base()
         })
         .is_ok());
+}
+
+/// Preemption (recompute) keeps the processing state, the logprobs and the
+/// prompt logprobs (each prompt token once) as they are without it.
+#[test]
+fn preemption_keeps_controls_logprobs_and_prompt_logprobs() {
+    let req = |i: usize| {
+        let len = 3 + (i * 7) % 40;
+        GenRequest {
+            prompt: (0..len)
+                .map(|j| ((i * 31 + j * 5) % 300) as u32 + 1)
+                .collect(),
+            max_new_tokens: 60,
+            logprobs: Some(2),
+            prompt_logprobs: Some(2),
+            controls: Controls {
+                presence_penalty: 10.0,
+                frequency_penalty: 2.0,
+                ..Controls::default()
+            },
+            ..base()
+        }
+    };
+    let alone = engine(64);
+    let reference: Vec<Output> = (0..12)
+        .map(|i| collect(alone.submit(req(i)).unwrap()))
+        .collect();
+    // 12 blocks of 16 cannot hold the 12 sequences as they grow.
+    let h = engine_sized(12, 12, 64);
+    let rxs: Vec<_> = (0..12)
+        .map(|i| {
+            h.submit(GenRequest {
+                method: Some(if i % 2 == 0 {
+                    SpecMethod::Draft
+                } else {
+                    SpecMethod::Ngram
+                }),
+                ..req(i)
+            })
+            .unwrap()
+        })
+        .collect();
+    for (i, (rx, r)) in rxs.into_iter().zip(&reference).enumerate() {
+        let out = collect(rx);
+        let what = format!("request {i}");
+        assert_eq!(out.error, None, "{what}");
+        assert_eq!(out.ids, r.ids, "{what}");
+        assert_logprobs_close(&out.logprobs, &r.logprobs, &what);
+        let (got, want) = (
+            out.prompt_logprobs.unwrap(),
+            r.prompt_logprobs.clone().unwrap(),
+        );
+        assert_eq!(got.len(), req(i).prompt.len() - 1, "{what}");
+        assert_logprobs_close(&got, &want, &what);
+    }
+    wait_idle(&h);
+    assert!(
+        h.stats().preemptions > 0,
+        "the pool was meant to be too small"
+    );
 }

@@ -31,6 +31,7 @@ pub(super) struct LlgSource {
     label: String,
     vocab_size: usize,
     eos: Arc<[u32]>,
+    jump_forward: bool,
 }
 
 impl std::fmt::Debug for LlgSource {
@@ -54,6 +55,7 @@ impl LlgSource {
         label: String,
         vocab_size: usize,
         eos: Arc<[u32]>,
+        jump_forward: bool,
     ) -> Result<Self, GrammarError> {
         // llguidance may append a listing of the grammar ("  4 | rule: ..."):
         // clients get the reason only.
@@ -71,6 +73,7 @@ impl LlgSource {
             label,
             vocab_size,
             eos,
+            jump_forward,
         })
     }
 }
@@ -92,11 +95,9 @@ impl ConstraintSource for LlgSource {
         if let Some(e) = matcher.get_error() {
             return Err(ConstraintError(e));
         }
-        Ok(Box::new(LlgConstraint::new(
-            matcher,
-            self.vocab_size,
-            self.eos.clone(),
-        )))
+        let mut c = LlgConstraint::new(matcher, self.vocab_size, self.eos.clone());
+        c.jump_forward = self.jump_forward;
+        Ok(Box::new(c))
     }
 }
 
@@ -135,6 +136,9 @@ pub(super) struct LlgConstraint {
     path: Vec<Step>,
     masks: Vec<Option<TokenMask>>,
     broken: Option<String>,
+    /// Whether [`TokenConstraint::forced`] answers (see
+    /// [`super::Grammars::with_jump_forward`]).
+    jump_forward: bool,
 }
 
 impl LlgConstraint {
@@ -147,6 +151,7 @@ impl LlgConstraint {
             path: Vec::new(),
             masks: vec![None],
             broken: None,
+            jump_forward: true,
         }
     }
 
@@ -313,6 +318,9 @@ impl TokenConstraint for LlgConstraint {
     /// could also start there). Empty when the grammar is complete, when
     /// `pending` is not allowed, or when the constraint is broken.
     fn forced(&mut self, pending: &[u32]) -> Vec<u32> {
+        if !self.jump_forward {
+            return Vec::new();
+        }
         match self.seek(pending, Check::Grammar) {
             Ok(n) if n == pending.len() => {}
             _ => return Vec::new(),

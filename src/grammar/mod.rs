@@ -80,6 +80,8 @@ pub enum GrammarError {
 #[derive(Clone)]
 pub struct Grammars {
     inner: Arc<Inner>,
+    /// Whether constraints offer forced tokens as drafts (jump-forward).
+    jump_forward: bool,
 }
 
 struct Inner {
@@ -93,6 +95,7 @@ impl std::fmt::Debug for Grammars {
         f.debug_struct("Grammars")
             .field("vocab_size", &self.inner.vocab_size)
             .field("eos", &self.inner.eos)
+            .field("jump_forward", &self.jump_forward)
             .finish_non_exhaustive()
     }
 }
@@ -137,7 +140,18 @@ impl Grammars {
                 vocab_size,
                 eos,
             }),
+            jump_forward: true,
         })
+    }
+
+    /// These grammars with jump-forward on (the default) or off: when off,
+    /// their constraints force nothing ([`TokenConstraint::forced`] is
+    /// empty), so drafts are only what the proposer guessed. Off exists to
+    /// measure what jump-forward is worth (`[speculative] jump_forward`);
+    /// outputs are the same either way.
+    pub fn with_jump_forward(mut self, on: bool) -> Self {
+        self.jump_forward = on;
+        self
     }
 
     /// The width of every mask (the model's logits width).
@@ -171,6 +185,7 @@ impl Grammars {
             label,
             self.inner.vocab_size,
             self.inner.eos.clone(),
+            self.jump_forward,
         )
     }
 

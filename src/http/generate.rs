@@ -16,15 +16,13 @@
 //! token or stop string); `length` stays `length`.
 
 use super::convert::EngineFailure;
-use super::output::{Shaped, TokenWire, ToolStage};
-use super::request_id::RequestId;
+use super::output::{chat_body, echo_logprobs, sse, Labels, StreamShape, TokenWire};
 use super::request_log::RequestLog;
 use super::stop::{OffsetQueue, StopMatcher};
 use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
-use crate::api::tool_calls::parse_tool_calls;
 use crate::api::{
-    self, ApiError, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Completion, CompletionChunk,
-    CompletionLogprobs, FinishReason, Input, ResponseFormat, ToolCall, Usage, ValidRequest,
+    self, ApiError, ChatCompletionChunk, Completion, CompletionLogprobs, FinishReason, Input,
+    ResponseFormat, Usage, ValidRequest,
 };
 use crate::engine::{Event, GenRequest, SpecMethod};
 use crate::grammar::{GrammarError, GrammarSpec};
@@ -39,21 +37,6 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
-
-/// What one response needs to label and shape its output.
-struct Labels {
-    id: String,
-    created: u64,
-    model: String,
-    chat: bool,
-    /// Log-probabilities asked for: how tokens are shown.
-    logprobs: Option<TokenWire>,
-    /// Names of the tools calls may use; `Some` when the output is parsed
-    /// for calls.
-    tools: Option<Vec<String>>,
-    /// Completions' `echo`: the prompt text and its first token.
-    echo: Option<(String, Option<u32>)>,
-}
 
 /// One step of a response, after stop strings.
 enum Piece {
@@ -248,6 +231,17 @@ pub(super) async fn handle(
     };
     drop(body);
     log.set_model(&v.model);
+    // Who sent it (`user`, `safety_identifier`, `metadata`): for the log
+    // only, never shown to the model.
+    if v.meta != api::RequestMeta::default() {
+        tracing::debug!(
+            request_id = log.id().as_str(),
+            user = ?v.meta.user,
+            safety_identifier = ?v.meta.safety_identifier,
+            metadata = ?v.meta.metadata,
+            "request client fields"
+        );
+    }
     if v.model != state.settings.model_name {
         return Err(ApiError::model_not_found(&v.model));
     }
@@ -456,21 +450,6 @@ fn grammar(
     }
 }
 
-/// A new tool call id: `call_` and 16 random hex digits.
-fn call_id() -> String {
-    format!("call_{}", RequestId::generate().as_str())
-}
-
-/// `reason` as the turn reports it: `tool_calls` when it made calls and
-/// ended on its own.
-fn turn_reason(reason: FinishReason, calls: usize) -> FinishReason {
-    if calls > 0 && reason == FinishReason::Stop {
-        FinishReason::ToolCalls
-    } else {
-        reason
-    }
-}
-
 /// Collects the whole answer into one JSON response.
 async fn whole(
     mut driver: Driver,
@@ -515,176 +494,6 @@ async fn whole(
         }
     }
     Err(ApiError::internal("The response ended without a finish."))
-}
-
-/// A whole chat answer: content, tool calls parsed out of the text when
-/// tools are active, log-probabilities when asked.
-fn chat_body(
-    l: &Labels,
-    text: String,
-    lps: &[TokenLogprob],
-    reason: FinishReason,
-    usage: Usage,
-) -> ChatCompletion {
-    let logprobs = l.logprobs.as_ref().map(|w| ChatLogprobs::new(w.chat(lps)));
-    let Some(names) = &l.tools else {
-        return ChatCompletion::new(&l.id, l.created, &l.model, text, reason, usage)
-            .with_logprobs(logprobs);
-    };
-    let (content, calls) = parse_tool_calls(&text, names);
-    let reason = turn_reason(reason, calls.len());
-    let calls = calls
-        .into_iter()
-        .map(|c| ToolCall::function(call_id(), c.name, c.arguments))
-        .collect();
-    ChatCompletion::new(&l.id, l.created, &l.model, String::new(), reason, usage)
-        .with_tool_calls(content, calls)
-        .with_logprobs(logprobs)
-}
-
-/// The echoed prompt's entries of a completion's `logprobs` (the first
-/// token's `null`, then the engine's), when the request asked for
-/// log-probabilities.
-fn echo_logprobs(
-    l: &Labels,
-    first: Option<u32>,
-    prompt_lps: &[TokenLogprob],
-    offset: &mut usize,
-) -> Option<CompletionLogprobs> {
-    let w = l.logprobs.as_ref()?;
-    let mut out = CompletionLogprobs::default();
-    if let Some(id) = first {
-        w.completion_first(id, offset, &mut out);
-    }
-    w.completion(prompt_lps, offset, &mut out);
-    Some(out)
-}
-
-/// The state of one streamed answer between pieces and chunks.
-struct StreamShape {
-    /// Tool-call parsing (chat with active tools).
-    tools: Option<ToolStage>,
-    /// Index of the next tool call.
-    next_call: u32,
-    /// The echoed prompt is still to be sent (completions).
-    echo_pending: bool,
-    /// Character offset of the next completions token (`text_offset`).
-    offset: usize,
-}
-
-impl StreamShape {
-    fn new(l: &Labels) -> Self {
-        Self {
-            tools: l.tools.clone().map(ToolStage::new),
-            next_call: 0,
-            echo_pending: l.echo.is_some(),
-            offset: 0,
-        }
-    }
-
-    /// The echoed prompt's chunk, once (with its log-probabilities when
-    /// asked: `prompt_lps`, which the engine sends first).
-    fn echo(&mut self, l: &Labels, prompt_lps: &[TokenLogprob]) -> Option<Bytes> {
-        if !std::mem::take(&mut self.echo_pending) {
-            return None;
-        }
-        let (prompt, first) = l.echo.as_ref()?;
-        let logprobs = echo_logprobs(l, *first, prompt_lps, &mut self.offset);
-        Some(sse(&CompletionChunk::text(
-            &l.id,
-            l.created,
-            &l.model,
-            prompt.clone(),
-        )
-        .with_logprobs(logprobs)))
-    }
-
-    /// The chunks of released text.
-    fn text(&mut self, l: &Labels, text: String, lps: Vec<TokenLogprob>) -> Vec<Bytes> {
-        if !l.chat {
-            let mut out: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
-            let logprobs = l.logprobs.as_ref().map(|w| {
-                let mut lp = CompletionLogprobs::default();
-                w.completion(&lps, &mut self.offset, &mut lp);
-                lp
-            });
-            out.push(sse(&CompletionChunk::text(
-                &l.id, l.created, &l.model, text,
-            )
-            .with_logprobs(logprobs)));
-            return out;
-        }
-        let shaped = match &mut self.tools {
-            Some(t) => t.push(&text, lps),
-            None => vec![Shaped::Content(text, lps)],
-        };
-        self.chat_chunks(l, shaped)
-    }
-
-    fn chat_chunks(&mut self, l: &Labels, shaped: Vec<Shaped>) -> Vec<Bytes> {
-        let lp = |lps: &[TokenLogprob]| l.logprobs.as_ref().map(|w| ChatLogprobs::new(w.chat(lps)));
-        shaped
-            .into_iter()
-            .map(|s| match s {
-                Shaped::Content(c, lps) => {
-                    sse(&ChatCompletionChunk::content(&l.id, l.created, &l.model, c)
-                        .with_logprobs(lp(&lps)))
-                }
-                Shaped::Call(c, lps) => {
-                    let index = self.next_call;
-                    self.next_call += 1;
-                    let call = ToolCall::function(call_id(), c.name, c.arguments);
-                    sse(
-                        &ChatCompletionChunk::tool_call(&l.id, l.created, &l.model, index, call)
-                            .with_logprobs(lp(&lps)),
-                    )
-                }
-            })
-            .collect()
-    }
-
-    /// The chunks that end the answer: what the tool stage held, the
-    /// finish chunk, the usage chunk when asked, `[DONE]`.
-    fn done(
-        &mut self,
-        l: &Labels,
-        reason: FinishReason,
-        usage: Usage,
-        include_usage: bool,
-    ) -> Vec<Bytes> {
-        let mut v: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
-        let mut reason = reason;
-        if let Some(mut t) = self.tools.take() {
-            let shaped = t.finish();
-            v.extend(self.chat_chunks(l, shaped));
-            reason = turn_reason(reason, t.calls());
-        }
-        v.push(if l.chat {
-            sse(&ChatCompletionChunk::finish(
-                &l.id, l.created, &l.model, reason,
-            ))
-        } else {
-            sse(&CompletionChunk::finish(&l.id, l.created, &l.model, reason))
-        });
-        if include_usage {
-            v.push(if l.chat {
-                sse(&ChatCompletionChunk::usage(
-                    &l.id, l.created, &l.model, usage,
-                ))
-            } else {
-                sse(&CompletionChunk::usage(&l.id, l.created, &l.model, usage))
-            });
-        }
-        v.push(Bytes::from_static(b"data: [DONE]\n\n"));
-        v
-    }
-}
-
-fn sse<T: serde::Serialize>(v: &T) -> Bytes {
-    Bytes::from(format!(
-        "data: {}\n\n",
-        serde_json::to_string(v).expect("chunks serialize")
-    ))
 }
 
 /// Streams the answer as Server-Sent Events from a task; the client going

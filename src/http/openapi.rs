@@ -9,12 +9,13 @@
 
 use super::{json_response, AppState, ResBody};
 use crate::api::{
-    SpecMethod, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY, MAX_SPECULATIVE_TOKENS,
-    MAX_STOP_BYTES, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MAX_TEMPERATURE, MAX_TOOLS,
+    SpecMethod, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
     MAX_TOP_LOGPROBS,
 };
 use hyper::{Response, StatusCode};
 use serde_json::{json, Map, Value};
+
+mod agent;
 
 /// What the loaded model bounds, written into the schemas so that a
 /// request the document calls valid is not refused for them.
@@ -280,6 +281,7 @@ fn schemas() -> Value {
     s.extend(generation_schemas());
     s.extend(response_schemas());
     s.extend(tokenize_schemas());
+    s.extend(agent::schemas());
     Value::Object(s)
 }
 
@@ -331,77 +333,6 @@ fn wire_schemas() -> Map<String, Value> {
                 "function_call": {"type": "null"},
             },
         },
-        "ToolCall": {
-            "type": "object",
-            "required": ["id", "function"],
-            "properties": {
-                "id": {"type": "string"},
-                "type": {"const": "function"},
-                "function": {
-                    "type": "object",
-                    "required": ["name", "arguments"],
-                    "properties": {
-                        "name": {"type": "string"},
-                        "arguments": {"type": "string", "description": "JSON text."},
-                    },
-                },
-            },
-        },
-        "Tool": {
-            "type": "object",
-            "required": ["type", "function"],
-            "additionalProperties": false,
-            "properties": {
-                "type": {"const": "function"},
-                "function": {
-                    "type": "object",
-                    "required": ["name"],
-                    "additionalProperties": false,
-                    "properties": {
-                        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                        "description": {"type": "string"},
-                        "parameters": {"type": "object"},
-                        "strict": {"type": "boolean"},
-                    },
-                },
-            },
-        },
-        "ToolChoice": {"oneOf": [
-            {"enum": ["none", "auto", "required"]},
-            {
-                "type": "object",
-                "required": ["type", "function"],
-                "properties": {
-                    "type": {"const": "function"},
-                    "function": {
-                        "type": "object",
-                        "required": ["name"],
-                        "properties": {"name": {"type": "string"}},
-                    },
-                },
-            },
-        ]},
-        "ResponseFormat": {"oneOf": [
-            {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
-            {
-                "type": "object",
-                "required": ["type", "json_schema"],
-                "properties": {
-                    "type": {"const": "json_schema"},
-                    "json_schema": {
-                        "type": "object",
-                        "required": ["name"],
-                        "additionalProperties": false,
-                        "properties": {
-                            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                            "schema": {"type": "object"},
-                            "strict": {"type": "boolean"},
-                            "description": {"type": "string"},
-                        },
-                    },
-                },
-            },
-        ]},
         "Messages": {
             "type": "array",
             "minItems": 1,
@@ -425,44 +356,6 @@ fn wire_schemas() -> Map<String, Value> {
             },
         })),
         "FinishReason": {"enum": ["stop", "length", "tool_calls"]},
-        "ChatLogprobs": {
-            "type": "object",
-            "required": ["content", "refusal"],
-            "properties": {
-                "content": {"type": "array", "items": {
-                    "type": "object",
-                    "required": ["token", "logprob", "bytes", "top_logprobs"],
-                    "properties": {
-                        "token": {"type": "string"},
-                        "logprob": {"type": "number", "maximum": 0},
-                        "bytes": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0, "maximum": 255}},
-                        "top_logprobs": {"type": "array", "items": {
-                            "type": "object",
-                            "required": ["token", "logprob", "bytes"],
-                            "properties": {
-                                "token": {"type": "string"},
-                                "logprob": {"type": "number", "maximum": 0},
-                                "bytes": {"type": ["array", "null"], "items": {"type": "integer"}},
-                            },
-                        }},
-                    },
-                }},
-                "refusal": {"type": "null"},
-            },
-        },
-        "CompletionLogprobs": {
-            "type": "object",
-            "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
-            "properties": {
-                "tokens": {"type": "array", "items": {"type": "string"}},
-                "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},
-                "top_logprobs": {"type": "array", "items": {
-                    "type": ["object", "null"],
-                    "additionalProperties": {"type": "number"},
-                }},
-                "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-            },
-        },
         "Usage": {
             "type": "object",
             "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
@@ -497,26 +390,10 @@ fn common_request_fields() -> Map<String, Value> {
         "ignore_eos": {"type": "boolean"},
         "user": {"type": "string", "description": "Kept for the log only."},
         "speculative": {"$ref": "#/components/schemas/Speculative"},
-        "presence_penalty": {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
-        "frequency_penalty": {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
-        "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "description": "vLLM's; 1 is off."},
-        "logit_bias": {
-            "type": "object",
-            "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
-            "propertyNames": {"pattern": "^[0-9]+$"},
-            "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS},
-            "description": "Token id (decimal) -> bias added to its logit.",
-        },
-        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "min_tokens": {"type": "integer", "minimum": 0, "description": "At most max_tokens."},
-        "stop_token_ids": {
-            "type": "array",
-            "maxItems": MAX_STOP_TOKEN_IDS,
-            "items": {"type": "integer", "minimum": 0, "maximum": u32::MAX},
-        },
-        "response_format": {"$ref": "#/components/schemas/ResponseFormat"},
     });
-    into_map(v)
+    let mut m = into_map(v);
+    m.extend(agent::control_fields());
+    m
 }
 
 fn generation_schemas() -> Map<String, Value> {
@@ -525,19 +402,7 @@ fn generation_schemas() -> Map<String, Value> {
         "messages".into(),
         json!({"$ref": "#/components/schemas/Messages"}),
     );
-    chat.extend(into_map(json!({
-        "logprobs": {"type": "boolean"},
-        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS, "description": "Requires logprobs: true."},
-        "tools": {"type": "array", "maxItems": MAX_TOOLS, "items": {"$ref": "#/components/schemas/Tool"}},
-        "tool_choice": {"$ref": "#/components/schemas/ToolChoice"},
-        "parallel_tool_calls": {"type": "boolean"},
-        "metadata": {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 512}, "description": "Kept for the log only."},
-        "safety_identifier": {"type": "string", "description": "Kept for the log only."},
-        "prompt_cache_key": {"type": "string", "description": "Accepted; prefix caching is automatic."},
-        "store": {"const": false, "description": "Nothing is ever stored."},
-        "service_tier": {"enum": ["auto", "default"]},
-        "modalities": {"type": "array", "items": {"const": "text"}},
-    })));
+    chat.extend(agent::chat_fields());
     let mut completion = common_request_fields();
     completion.insert(
         "prompt".into(),

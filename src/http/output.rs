@@ -7,15 +7,22 @@
 //! a token's entry with the chunk that releases the end of its text (and
 //! drops the entries of tokens a stop string cut), and the tool-call stage
 //! does the same for the content or call its text became, so a chunk's
-//! `logprobs` are exactly its tokens'.
+//! `logprobs` are exactly its tokens'. [`Labels`] says how one response is
+//! shaped; [`chat_body`] builds a whole chat answer and [`StreamShape`]
+//! turns streamed pieces into SSE chunks.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use specgate_verify::TokenLogprob;
 
+use super::request_id::RequestId;
 use super::stop::OffsetQueue;
-use crate::api::tool_calls::{ParsedCall, ToolCallStream, ToolOutput};
-use crate::api::{ChatTokenLogprob, CompletionLogprobs, TopLogprob, TopMap};
+use crate::api::tool_calls::{parse_tool_calls, ParsedCall, ToolCallStream, ToolOutput};
+use crate::api::{
+    ChatCompletion, ChatCompletionChunk, ChatLogprobs, ChatTokenLogprob, CompletionChunk,
+    CompletionLogprobs, FinishReason, ToolCall, TopLogprob, TopMap, Usage,
+};
 use crate::tokenizer::TextTokenizer;
 
 /// What a log-probability is reported as when it is not finite (never
@@ -203,5 +210,258 @@ impl ToolStage {
             }
         }
         shaped
+    }
+}
+
+/// What one response needs to label and shape its output.
+pub(super) struct Labels {
+    pub(super) id: String,
+    pub(super) created: u64,
+    pub(super) model: String,
+    pub(super) chat: bool,
+    /// Log-probabilities asked for: how tokens are shown.
+    pub(super) logprobs: Option<TokenWire>,
+    /// Names of the tools calls may use; `Some` when the output is parsed
+    /// for calls.
+    pub(super) tools: Option<Vec<String>>,
+    /// Completions' `echo`: the prompt text and its first token.
+    pub(super) echo: Option<(String, Option<u32>)>,
+}
+
+/// A new tool call id: `call_` and 16 random hex digits.
+pub(super) fn call_id() -> String {
+    format!("call_{}", RequestId::generate().as_str())
+}
+
+/// `reason` as the turn reports it: `tool_calls` when it made calls and
+/// ended on its own.
+pub(super) fn turn_reason(reason: FinishReason, calls: usize) -> FinishReason {
+    if calls > 0 && reason == FinishReason::Stop {
+        FinishReason::ToolCalls
+    } else {
+        reason
+    }
+}
+
+/// A whole chat answer: content, tool calls parsed out of the text when
+/// tools are active, log-probabilities when asked.
+pub(super) fn chat_body(
+    l: &Labels,
+    text: String,
+    lps: &[TokenLogprob],
+    reason: FinishReason,
+    usage: Usage,
+) -> ChatCompletion {
+    let logprobs = l.logprobs.as_ref().map(|w| ChatLogprobs::new(w.chat(lps)));
+    let Some(names) = &l.tools else {
+        return ChatCompletion::new(&l.id, l.created, &l.model, text, reason, usage)
+            .with_logprobs(logprobs);
+    };
+    let (content, calls) = parse_tool_calls(&text, names);
+    let reason = turn_reason(reason, calls.len());
+    let calls = calls
+        .into_iter()
+        .map(|c| ToolCall::function(call_id(), c.name, c.arguments))
+        .collect();
+    ChatCompletion::new(&l.id, l.created, &l.model, String::new(), reason, usage)
+        .with_tool_calls(content, calls)
+        .with_logprobs(logprobs)
+}
+
+/// The echoed prompt's entries of a completion's `logprobs` (the first
+/// token's `null`, then the engine's), when the request asked for
+/// log-probabilities.
+pub(super) fn echo_logprobs(
+    l: &Labels,
+    first: Option<u32>,
+    prompt_lps: &[TokenLogprob],
+    offset: &mut usize,
+) -> Option<CompletionLogprobs> {
+    let w = l.logprobs.as_ref()?;
+    let mut out = CompletionLogprobs::default();
+    if let Some(id) = first {
+        w.completion_first(id, offset, &mut out);
+    }
+    w.completion(prompt_lps, offset, &mut out);
+    Some(out)
+}
+
+/// The state of one streamed answer between pieces and chunks.
+pub(super) struct StreamShape {
+    /// Tool-call parsing (chat with active tools).
+    tools: Option<ToolStage>,
+    /// Index of the next tool call.
+    next_call: u32,
+    /// The echoed prompt is still to be sent (completions).
+    echo_pending: bool,
+    /// Character offset of the next completions token (`text_offset`).
+    offset: usize,
+}
+
+impl StreamShape {
+    pub(super) fn new(l: &Labels) -> Self {
+        Self {
+            tools: l.tools.clone().map(ToolStage::new),
+            next_call: 0,
+            echo_pending: l.echo.is_some(),
+            offset: 0,
+        }
+    }
+
+    /// The echoed prompt's chunk, once (with its log-probabilities when
+    /// asked: `prompt_lps`, which the engine sends first).
+    pub(super) fn echo(&mut self, l: &Labels, prompt_lps: &[TokenLogprob]) -> Option<Bytes> {
+        if !std::mem::take(&mut self.echo_pending) {
+            return None;
+        }
+        let (prompt, first) = l.echo.as_ref()?;
+        let logprobs = echo_logprobs(l, *first, prompt_lps, &mut self.offset);
+        Some(sse(&CompletionChunk::text(
+            &l.id,
+            l.created,
+            &l.model,
+            prompt.clone(),
+        )
+        .with_logprobs(logprobs)))
+    }
+
+    /// The chunks of released text.
+    pub(super) fn text(&mut self, l: &Labels, text: String, lps: Vec<TokenLogprob>) -> Vec<Bytes> {
+        if !l.chat {
+            let mut out: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
+            let logprobs = l.logprobs.as_ref().map(|w| {
+                let mut lp = CompletionLogprobs::default();
+                w.completion(&lps, &mut self.offset, &mut lp);
+                lp
+            });
+            out.push(sse(&CompletionChunk::text(
+                &l.id, l.created, &l.model, text,
+            )
+            .with_logprobs(logprobs)));
+            return out;
+        }
+        let shaped = match &mut self.tools {
+            Some(t) => t.push(&text, lps),
+            None => vec![Shaped::Content(text, lps)],
+        };
+        self.chat_chunks(l, shaped)
+    }
+
+    fn chat_chunks(&mut self, l: &Labels, shaped: Vec<Shaped>) -> Vec<Bytes> {
+        let lp = |lps: &[TokenLogprob]| l.logprobs.as_ref().map(|w| ChatLogprobs::new(w.chat(lps)));
+        shaped
+            .into_iter()
+            .map(|s| match s {
+                Shaped::Content(c, lps) => {
+                    sse(&ChatCompletionChunk::content(&l.id, l.created, &l.model, c)
+                        .with_logprobs(lp(&lps)))
+                }
+                Shaped::Call(c, lps) => {
+                    let index = self.next_call;
+                    self.next_call += 1;
+                    let call = ToolCall::function(call_id(), c.name, c.arguments);
+                    sse(
+                        &ChatCompletionChunk::tool_call(&l.id, l.created, &l.model, index, call)
+                            .with_logprobs(lp(&lps)),
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// The chunks that end the answer: what the tool stage held, the
+    /// finish chunk, the usage chunk when asked, `[DONE]`.
+    pub(super) fn done(
+        &mut self,
+        l: &Labels,
+        reason: FinishReason,
+        usage: Usage,
+        include_usage: bool,
+    ) -> Vec<Bytes> {
+        let mut v: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
+        let mut reason = reason;
+        if let Some(mut t) = self.tools.take() {
+            let shaped = t.finish();
+            v.extend(self.chat_chunks(l, shaped));
+            reason = turn_reason(reason, t.calls());
+        }
+        v.push(if l.chat {
+            sse(&ChatCompletionChunk::finish(
+                &l.id, l.created, &l.model, reason,
+            ))
+        } else {
+            sse(&CompletionChunk::finish(&l.id, l.created, &l.model, reason))
+        });
+        if include_usage {
+            v.push(if l.chat {
+                sse(&ChatCompletionChunk::usage(
+                    &l.id, l.created, &l.model, usage,
+                ))
+            } else {
+                sse(&CompletionChunk::usage(&l.id, l.created, &l.model, usage))
+            });
+        }
+        v.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        v
+    }
+}
+
+pub(super) fn sse<T: serde::Serialize>(v: &T) -> Bytes {
+    Bytes::from(format!(
+        "data: {}\n\n",
+        serde_json::to_string(v).expect("chunks serialize")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lp(token: u32) -> TokenLogprob {
+        TokenLogprob {
+            token,
+            logprob: -1.0,
+            top: Vec::new(),
+        }
+    }
+
+    fn ids(lps: &[TokenLogprob]) -> Vec<u32> {
+        lps.iter().map(|l| l.token).collect()
+    }
+
+    /// Each piece carries exactly the log-probabilities of the tokens
+    /// whose text it released; none is lost or duplicated.
+    #[test]
+    fn tool_stage_carries_each_tokens_logprobs_with_its_text() {
+        let mut t = ToolStage::new(vec!["add".into()]);
+        let mut out = Vec::new();
+        // Token 1: content; 2-3: a partial tag, then the call; 4: after
+        // it. An entry goes with the piece that releases the end of its
+        // token's text (the held space of token 2 goes with the call).
+        out.extend(t.push("Hi", vec![lp(1)]));
+        out.extend(t.push(" <tool_", vec![lp(2)]));
+        out.extend(t.push(
+            "call>{\"name\": \"add\", \"arguments\": {}}</tool_call>",
+            vec![lp(3)],
+        ));
+        out.extend(t.push("\n", vec![lp(4)]));
+        out.extend(t.finish());
+        assert_eq!(t.calls(), 1);
+        let got: Vec<(String, Vec<u32>)> = out
+            .iter()
+            .map(|s| match s {
+                Shaped::Content(c, l) => (c.clone(), ids(l)),
+                Shaped::Call(c, l) => (format!("call {} {}", c.name, c.arguments), ids(l)),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("Hi".to_owned(), vec![1]),
+                ("call add {}".to_owned(), vec![2, 3]),
+                // The dropped trailing newline's token still comes out.
+                (String::new(), vec![4]),
+            ]
+        );
     }
 }

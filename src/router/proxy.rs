@@ -317,9 +317,11 @@ mod tests {
     fn affinity_text_is_the_messages_or_the_prompt() {
         let chat = br#"{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"U"}],"max_tokens":3}"#;
         let t = String::from_utf8(prompt_text(chat)).unwrap();
+        // Keys keep the request's order (serde_json `preserve_order`, which
+        // llguidance turns on workspace-wide).
         assert_eq!(
             t,
-            r#"{"content":"S","role":"system"}{"content":"U","role":"user"}"#
+            r#"{"role":"system","content":"S"}{"role":"user","content":"U"}"#
         );
         // Other fields do not change it.
         let chat2 = br#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"U"}],"temperature":1}"#;

@@ -10,6 +10,7 @@
 pub mod client;
 pub mod logs;
 pub mod models;
+pub mod schemas;
 pub mod tiny;
 
 pub use client::*;
