@@ -151,9 +151,7 @@ fn main() {
     for temperature in [0.0f32, 1.0] {
         let off = run(Mode::Off, temperature, &base, &tok, n, conc);
         let off_tps = off.tokens as f64 / off.secs;
-        println!(
-            "| {temperature} | off | - | {off_tps:.1} | 1.00x | - | - | - | - |"
-        );
+        println!("| {temperature} | off | - | {off_tps:.1} | 1.00x | - | - | - | - |");
         for mode in [Mode::Ngram, Mode::Draft] {
             for jf in [false, true] {
                 let g = base.clone().with_jump_forward(jf);

@@ -18,7 +18,9 @@ use common::real_model;
 use common::schemas::schemas;
 use serde_json::Value;
 use specgate::engine::scheduler::SchedulerConfig;
-use specgate::engine::{spawn, EngineConfig, Event, FinishReason, GenRequest, KvSize, ProposerKind};
+use specgate::engine::{
+    spawn, EngineConfig, Event, FinishReason, GenRequest, KvSize, ProposerKind,
+};
 use specgate::grammar::{GrammarSpec, Grammars};
 use specgate::tokenizer::{ChatMessage, TextTokenizer};
 use specgate_draft::DraftPolicy;
@@ -69,7 +71,11 @@ fn run(
     let schemas = schemas();
     let compiled: Vec<_> = schemas
         .iter()
-        .map(|(_, s)| grammars.compile(&GrammarSpec::JsonSchema(s.clone())).unwrap())
+        .map(|(_, s)| {
+            grammars
+                .compile(&GrammarSpec::JsonSchema(s.clone()))
+                .unwrap()
+        })
         .collect();
     let rxs: Vec<_> = (0..n)
         .map(|i| {
@@ -161,7 +167,9 @@ fn json_schema_outputs_validate_with_speculation_off_ngram_and_draft() {
         } else {
             accepted as f64 / drafted as f64
         };
-        eprintln!("{mode:?}: {n} samples valid; drafted {drafted}, accepted {accepted} ({rate:.3})");
+        eprintln!(
+            "{mode:?}: {n} samples valid; drafted {drafted}, accepted {accepted} ({rate:.3})"
+        );
         if !matches!(mode, Mode::Off) {
             assert!(drafted > 0, "{mode:?} drafted nothing");
         }
