@@ -21,7 +21,7 @@ mod incremental;
 mod template_override;
 pub mod testing;
 
-pub use chat::ChatMessage;
+pub use chat::{ChatFunctionCall, ChatMessage, ChatToolCall};
 pub use incremental::IncrementalDecoder;
 
 use std::collections::HashMap;
