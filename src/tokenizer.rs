@@ -144,6 +144,7 @@ const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 const TOKEN_TYPE_NORMAL: i64 = 1;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+const TOKEN_TYPE_UNUSED: i64 = 5;
 
 /// Token texts that end generation besides the declared EOS (llama.cpp's EOG list).
 const END_OF_GENERATION_TEXTS: &[&str] = &[
@@ -258,6 +259,9 @@ pub struct TextTokenizer {
     eos_ids: Vec<u32>,
     /// Bytes with no token in the vocabulary (empty for complete byte-level vocabularies).
     missing_bytes: Vec<u8>,
+    /// Ids the GGUF marks unused (padding such as Qwen's `[PAD151665]`),
+    /// ascending; empty for tokenizers that do not say.
+    unused: Vec<u32>,
     template_source: Option<String>,
     template: TemplateState,
 }
@@ -405,6 +409,12 @@ impl TextTokenizer {
             add_bos: md_bool(md, KEY_ADD_BOS)?.unwrap_or(false),
             eos_ids,
             missing_bytes,
+            unused: types
+                .iter()
+                .enumerate()
+                .filter(|(_, &ty)| ty == TOKEN_TYPE_UNUSED)
+                .map(|(id, _)| id as u32)
+                .collect(),
             template: TemplateState::new(template_source.clone()),
             template_source,
         })
@@ -469,6 +479,7 @@ impl TextTokenizer {
             add_bos: false,
             eos_ids,
             missing_bytes: Vec::new(),
+            unused: Vec::new(),
             template: TemplateState::new(chat_template.clone()),
             template_source: chat_template,
         })
@@ -556,6 +567,13 @@ impl TextTokenizer {
     /// `tokenizer.ggml.tokens`, which matches the model's embedding rows.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    /// Whether the vocabulary marks `id` unused (GGUF token type 5: padding
+    /// rows such as Qwen's `[PAD151665]`, never trained). A grammar never
+    /// allows them, so constrained output cannot contain their text.
+    pub fn is_unused(&self, id: u32) -> bool {
+        self.unused.binary_search(&id).is_ok()
     }
 
     /// The vocabulary string of `id` (byte-level form, e.g. `"Ġworld"`), or `None`.

@@ -869,3 +869,38 @@ fn costs() {
         );
     }
 }
+
+/// Padding ids (GGUF type "unused", Qwen's `[PAD151665]`…) are never
+/// allowed: their text would otherwise be a legal way to fill a JSON string.
+#[test]
+fn unused_padding_ids_are_never_allowed() {
+    let md: crate::tokenizer::GgufMetadata = crate::tokenizer::testing::tiny_chatml_metadata(300)
+        .into_iter()
+        .collect();
+    let tok = Arc::new(TextTokenizer::from_gguf_metadata(&md).expect("tiny chatml"));
+    let first_pad = (0..300u32)
+        .find(|&t| tok.is_unused(t))
+        .expect("padded vocabulary");
+    assert!(!tok.is_unused(u32::from(b'a')));
+    let grammars = Grammars::new(&tok, 300).expect("grammars build");
+    let schema = json!({
+        "type": "object",
+        "properties": {"s": {"type": "string"}},
+        "required": ["s"]
+    });
+    let mut c = grammars
+        .compile(&GrammarSpec::JsonSchema(schema))
+        .expect("compiles")
+        .start()
+        .expect("starts");
+    let prefix = tok.encode("{\"s\": \"", false).expect("encodes");
+    let mask = c.allowed(&prefix).expect("prefix allowed");
+    let a = tok.encode("a", false).expect("encodes")[0];
+    assert!(mask.is_allowed(a), "a string takes letters");
+    for t in first_pad..300 {
+        assert!(
+            !mask.is_allowed(t),
+            "padding id {t} allowed inside a string"
+        );
+    }
+}

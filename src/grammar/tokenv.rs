@@ -65,8 +65,14 @@ pub(super) fn token_env(
             .token_bytes(id)
             .ok_or_else(|| GrammarError::Setup(format!("token {id} has no bytes")))?;
         // Control tokens decode to nothing when specials are skipped.
+        // Unused (padding) ids are marked special too: their text
+        // (`[PAD151665]`) must never be a way to spell JSON.
         let control = tok.decode(&[id], true).is_ok_and(|text| text.is_empty());
-        words.push(if control { special(&bytes) } else { bytes });
+        words.push(if control || tok.is_unused(id) {
+            special(&bytes)
+        } else {
+            bytes
+        });
     }
     for id in n..vocab_size {
         words.push(special(format!("<|specgate:pad:{id}|>").as_bytes()));

@@ -393,6 +393,7 @@ impl TextTokenizer {
             add_bos,
             eos_ids,
             missing_bytes: Vec::new(),
+            unused: Vec::new(),
             template,
             template_source,
         })
