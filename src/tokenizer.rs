@@ -3,7 +3,8 @@
 //! Owns everything between request text and token ids: [`TextTokenizer`] builds a
 //! byte-level BPE tokenizer (on the `tokenizers` crate) from GGUF metadata
 //! (`tokenizer.ggml.*`), from a Hugging Face `tokenizer.json`, or from a whole Hugging
-//! Face model directory ([`hf_dir`]: template, BOS/EOS, stop ids), encodes and decodes,
+//! Face model directory ([`hf_dir`]: template, BOS/EOS, stop ids; or, for Kimi, a
+//! tiktoken `tiktoken.model` in place of `tokenizer.json`: [`tiktoken`]), encodes and decodes,
 //! knows the model's BOS and end-of-generation ids, and renders the model's chat
 //! template ([`chat`], minijinja) and encodes chat prompts so that client text cannot
 //! forge control tokens ([`chat_encode`]). [`IncrementalDecoder`] turns a stream of
@@ -11,15 +12,18 @@
 //!
 //! GGUF pre-tokenizer regexes are those of llama.cpp's `llama-vocab.cpp`, so ids match
 //! llama.cpp for the same file (checked against committed vectors in
-//! `tests/fixtures/tokenizer-vectors.json`). Nothing here panics on bad input: malformed
+//! `tests/fixtures/tokenizer-vectors.json`), except Kimi's `kimi-k2`, which matches
+//! tiktoken (`tests/fixtures/kimi_k3/tokenizer-vectors.json`). Nothing here panics on bad input: malformed
 //! metadata, unknown ids and template failures come back as [`TokenizerError`].
 
 mod chat;
 mod chat_encode;
+mod gguf_meta;
 pub mod hf_dir;
 mod incremental;
 mod template_override;
 pub mod testing;
+pub mod tiktoken;
 
 pub use chat::{ChatFunctionCall, ChatMessage, ChatToolCall};
 pub use incremental::IncrementalDecoder;
@@ -73,7 +77,7 @@ pub enum TokenizerError {
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this module does not know.
     #[error(
-        "unknown pre-tokenizer `{0}` (known: qwen2, smollm, gpt2, llama3, default and aliases)"
+        "unknown pre-tokenizer `{0}` (known: qwen2, smollm, gpt2, llama3, kimi-k2, default and aliases)"
     )]
     UnknownPreTokenizer(String),
     /// The `tokenizers` library rejected the vocabulary, merges or regexes.
@@ -94,6 +98,17 @@ pub enum TokenizerError {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// A line of a tiktoken BPE file (`tiktoken.model`: `base64(token bytes) rank` per
+    /// line) is malformed, or its ranks are not the ids `0..n` each used once.
+    #[error("{path}:{line}: {reason}")]
+    Tiktoken {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line number.
+        line: usize,
+        /// What is wrong with the line.
         reason: String,
     },
     /// A token string given by the caller is not in the vocabulary.
@@ -158,6 +173,10 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "_<EOT>",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    // Kimi K2/K3 (llama.cpp lists the first two; `<|end_of_msg|>` ends a K3 turn).
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_msg|>",
 ];
 
 // Pre-tokenizer regexes, verbatim from llama.cpp `llama-vocab.cpp` (llm_tokenizer_bpe).
@@ -174,6 +193,7 @@ const PRE_GPT2: &[&str] = &[RE_GPT2];
 const PRE_SMOLLM: &[&str] = &[r"\p{N}", RE_GPT2];
 const PRE_QWEN2: &[&str] = &[RE_QWEN2];
 const PRE_LLAMA3: &[&str] = &[RE_LLAMA3];
+const PRE_KIMI_K2: &[&str] = &[tiktoken::KIMI_PATTERN];
 
 /// Maps a `tokenizer.ggml.pre` name to its split regexes (applied in order, each
 /// keeping matches and the text between them as separate pieces) and whether whole
@@ -188,6 +208,8 @@ fn pre_tokenizer_for(name: &str) -> Result<(&'static [&'static str], bool), Toke
         }
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => (PRE_LLAMA3, true),
         "dbrx" | "smaug-bpe" => (PRE_LLAMA3, false),
+        // Kimi's tiktoken vocabulary: tiktoken looks a whole piece up before merging.
+        "kimi-k2" => (PRE_KIMI_K2, true),
         other => return Err(TokenizerError::UnknownPreTokenizer(other.to_owned())),
     })
 }
@@ -284,7 +306,9 @@ impl TextTokenizer {
     /// Builds the tokenizer from GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
     ///
     /// Supports `tokenizer.ggml.model = "gpt2"` (byte-level BPE) with pre-tokenizers
-    /// `qwen2`, `smollm`, `gpt2`, `llama3`, `default` and their llama.cpp aliases; a
+    /// `qwen2`, `smollm`, `gpt2`, `llama3`, `kimi-k2` ([`tiktoken::KIMI_PATTERN`], whole
+    /// pieces found in the vocabulary skip merges as in tiktoken), `default` and their
+    /// llama.cpp aliases; a
     /// missing `tokenizer.ggml.pre` means `default`. Control (type 3) and user-defined
     /// (type 4) tokens are matched as whole tokens in input text; control tokens are the
     /// "special" ones that `decode(.., skip_special = true)` drops.
@@ -340,34 +364,8 @@ impl TextTokenizer {
             })
             .collect::<Result<Vec<_>, _>>()?;
 
-        // Later duplicates win, as in llama.cpp's token_to_id map.
-        let mut vocab = Vocab::with_capacity(n);
-        for (id, tok) in tokens.iter().enumerate() {
-            vocab.insert((*tok).to_owned(), id as u32);
-        }
-        let missing_bytes: Vec<u8> = (0..=255u8)
-            .filter(|&b| !vocab.contains_key(byte_level_char(b).to_string().as_str()))
-            .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(ignore_merges)
-            .build()
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-        let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(byte_level_pre_tokenizer(regexes)?));
-        inner.with_decoder(Some(ByteLevel::default()));
-        let (mut control, mut user) = (Vec::new(), Vec::new());
-        for (tok, ty) in tokens.iter().zip(&types) {
-            match *ty {
-                TOKEN_TYPE_CONTROL => control.push(AddedToken::from(*tok, true)),
-                TOKEN_TYPE_USER_DEFINED => user.push(AddedToken::from(*tok, false)),
-                _ => {}
-            }
-        }
-        inner
-            .add_special_tokens(control)
-            .and_then(|_| inner.add_tokens(user))
-            .map_err(|e| TokenizerError::Build(format!("adding special tokens: {e}")))?;
+        let (inner, missing_bytes) =
+            build_byte_level(&tokens, &types, merges, regexes, ignore_merges)?;
 
         let id_key = |key: &'static str| -> Result<Option<u32>, TokenizerError> {
             match md_u32(md, key)? {
@@ -420,7 +418,8 @@ impl TextTokenizer {
         })
     }
 
-    /// Reads only the metadata of a GGUF file (no tensor data) and builds the tokenizer.
+    /// Reads only the header and metadata of a GGUF file (not the tensor directory, so
+    /// tensor types unknown to candle, e.g. MXFP4, do not matter) and builds the tokenizer.
     ///
     /// Errors: [`TokenizerError::Io`] if the file cannot be opened, [`TokenizerError::Gguf`]
     /// if it is not valid GGUF, then as [`from_gguf_metadata`](Self::from_gguf_metadata).
@@ -429,12 +428,13 @@ impl TextTokenizer {
             path: path.to_owned(),
             source,
         })?;
-        let mut reader = std::io::BufReader::new(file);
-        let content = gguf_file::Content::read(&mut reader).map_err(|e| TokenizerError::Gguf {
-            path: path.to_owned(),
-            message: e.to_string(),
+        let md = gguf_meta::read_metadata(std::io::BufReader::new(file)).map_err(|message| {
+            TokenizerError::Gguf {
+                path: path.to_owned(),
+                message,
+            }
         })?;
-        Self::from_gguf_metadata(&content.metadata)
+        Self::from_gguf_metadata(&md)
     }
 
     /// Loads a Hugging Face `tokenizer.json`.
@@ -674,6 +674,53 @@ impl TextTokenizer {
             vocab_size: self.vocab_size,
         }
     }
+}
+
+/// The byte-level BPE of a GGUF-style vocabulary: `tokens[id]` in GPT-2 byte-to-unicode
+/// form, `types[id]` the llama.cpp token type, `merges` in priority order, the
+/// pre-tokenizer `regexes` applied in order. Control tokens (type 3) become special added
+/// tokens, user-defined ones (type 4) plain added tokens; both keep their ids because
+/// they are in the BPE vocabulary too. Returns the tokenizer and the bytes no token
+/// stands for.
+///
+/// Errors: [`TokenizerError::Build`] when a merge names a token that is not in the
+/// vocabulary, a regex does not compile, or the special tokens cannot be added.
+pub(crate) fn build_byte_level(
+    tokens: &[&str],
+    types: &[i64],
+    merges: Vec<(String, String)>,
+    regexes: &[&str],
+    ignore_merges: bool,
+) -> Result<(Tokenizer, Vec<u8>), TokenizerError> {
+    // Later duplicates win, as in llama.cpp's token_to_id map.
+    let mut vocab = Vocab::with_capacity(tokens.len());
+    for (id, tok) in tokens.iter().enumerate() {
+        vocab.insert((*tok).to_owned(), id as u32);
+    }
+    let missing_bytes: Vec<u8> = (0..=255u8)
+        .filter(|&b| !vocab.contains_key(byte_level_char(b).to_string().as_str()))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    let mut inner = Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(byte_level_pre_tokenizer(regexes)?));
+    inner.with_decoder(Some(ByteLevel::default()));
+    let (mut control, mut user) = (Vec::new(), Vec::new());
+    for (tok, ty) in tokens.iter().zip(types) {
+        match *ty {
+            TOKEN_TYPE_CONTROL => control.push(AddedToken::from(*tok, true)),
+            TOKEN_TYPE_USER_DEFINED => user.push(AddedToken::from(*tok, false)),
+            _ => {}
+        }
+    }
+    inner
+        .add_special_tokens(control)
+        .and_then(|_| inner.add_tokens(user))
+        .map_err(|e| TokenizerError::Build(format!("adding special tokens: {e}")))?;
+    Ok((inner, missing_bytes))
 }
 
 /// `Split` (isolated) for each regex in order, then the byte-to-char mapping.

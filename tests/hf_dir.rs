@@ -118,3 +118,23 @@ fn hf_directory_serves_chat_with_its_template_and_generation_eos() {
     drop(server);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A Kimi K3 directory (tests/fixtures/kimi_k3/tiny-hf: `tiktoken.model`, no
+/// tokenizer.json) gets its tokenizer through the same loader the server and
+/// `specgate generate` use, with the K3 template and config.json's turn-end EOS.
+#[test]
+fn kimi_k3_directory_tokenizer_loads_through_the_model_loader() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi_k3/tiny-hf");
+    assert!(!dir.join("tokenizer.json").exists());
+    let tok = specgate::generate::load_tokenizer(&dir).expect("Kimi K3 tokenizer loads");
+    assert_eq!(tok.vocab_size(), 768);
+    assert_eq!(tok.eos_token_id(), tok.token_to_id("<|end_of_msg|>"));
+    let prompt = tok
+        .encode_chat(&[ChatMessage::new("user", "hi")], true)
+        .unwrap();
+    let text = tok.decode(&prompt, false).unwrap();
+    assert!(
+        text.contains("<|open|>message role=\"user\"<|sep|>hi<|close|>message<|sep|>"),
+        "{text}"
+    );
+}

@@ -350,3 +350,242 @@ fn smollm2_encode_chat_blocks_role_injection() {
     let tok = require!(SMOLLM2);
     check_encode_chat(tok, &vectors().smollm2, SMOLLM2);
 }
+
+// ---------------------------------------------------------------------------------------
+// Kimi K3: tiktoken vocabulary from a Hugging Face directory and from its GGUF conversion
+// (tests/fixtures/kimi_k3: tiny-hf/ with tiktoken.model, tiny-k3.gguf written by
+// llama.cpp's converter, tokenizer-vectors.json made with PyPI tiktoken). These fixtures
+// are committed: the tests never skip.
+
+#[derive(Deserialize)]
+struct KimiCase {
+    text: String,
+    /// `encode(text, allowed_special="all")`.
+    ids: Vec<u32>,
+    /// `encode_ordinary(text)`: special-token text as plain text.
+    ids_ordinary: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct KimiVectors {
+    pattern: String,
+    cases: Vec<KimiCase>,
+}
+
+fn kimi_fixture(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kimi_k3")
+        .join(rel)
+}
+
+fn kimi_vectors() -> &'static KimiVectors {
+    static V: OnceLock<KimiVectors> = OnceLock::new();
+    V.get_or_init(|| {
+        let path = kimi_fixture("tokenizer-vectors.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        serde_json::from_str(&text).expect("kimi vectors parse")
+    })
+}
+
+fn kimi_dir() -> &'static TextTokenizer {
+    static T: OnceLock<TextTokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        TextTokenizer::from_hf_dir(&kimi_fixture("tiny-hf")).expect("Kimi K3 directory loads")
+    })
+}
+
+fn kimi_gguf() -> &'static TextTokenizer {
+    static T: OnceLock<TextTokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        TextTokenizer::from_gguf_file(&kimi_fixture("tiny-k3.gguf")).expect("Kimi K3 GGUF loads")
+    })
+}
+
+fn check_kimi_vectors(tok: &TextTokenizer, name: &str) {
+    let cases = &kimi_vectors().cases;
+    assert!(cases.len() >= 25, "{name}: fixture size {}", cases.len());
+    assert!(
+        cases.iter().any(|c| c.ids != c.ids_ordinary),
+        "{name}: the fixture should hold special-token text"
+    );
+    let mut failures = Vec::new();
+    for c in cases {
+        let ids = tok.encode(&c.text, false).unwrap();
+        if ids != c.ids {
+            failures.push(format!("{:?}\n  got  {ids:?}\n  want {:?}", c.text, c.ids));
+        }
+        assert_eq!(tok.decode(&c.ids, false).unwrap(), c.text, "{name}: decode");
+        assert_eq!(
+            tok.decode(&c.ids_ordinary, false).unwrap(),
+            c.text,
+            "{name}: decode ordinary"
+        );
+    }
+    assert!(failures.is_empty(), "{name}: {}", failures.join("\n"));
+}
+
+#[test]
+fn kimi_vectors_use_the_pattern_specgate_splits_with() {
+    assert_eq!(
+        kimi_vectors().pattern,
+        specgate::tokenizer::tiktoken::KIMI_PATTERN
+    );
+}
+
+#[test]
+fn kimi_k3_dir_matches_tiktoken_vectors() {
+    check_kimi_vectors(kimi_dir(), "tiny-hf");
+}
+
+#[test]
+fn kimi_k3_gguf_matches_tiktoken_vectors() {
+    check_kimi_vectors(kimi_gguf(), "tiny-k3.gguf");
+}
+
+#[test]
+fn kimi_k3_streaming_matches_decode() {
+    for tok in [kimi_dir(), kimi_gguf()] {
+        for c in &kimi_vectors().cases {
+            let mut dec = IncrementalDecoder::new(false);
+            let mut out = String::new();
+            for &id in &c.ids {
+                out.push_str(&dec.push(tok, id).unwrap());
+            }
+            out.push_str(&dec.finish());
+            assert_eq!(out, c.text);
+        }
+    }
+}
+
+#[test]
+fn kimi_k3_special_ids() {
+    let (d, g) = (kimi_dir(), kimi_gguf());
+    for (tok, name) in [(d, "tiny-hf"), (g, "tiny-k3.gguf")] {
+        assert_eq!(tok.vocab_size(), 768, "{name}");
+        for (text, id) in [
+            ("[BOS]", 512),
+            ("[EOS]", 513),
+            ("<|end_of_msg|>", 514),
+            ("<|open|>", 515),
+            ("<|close|>", 516),
+            ("<|sep|>", 517),
+            ("[EOT]", 521),
+            ("<|reserved_token_600|>", 600),
+            ("[UNK]", 766),
+            ("[PAD]", 767),
+        ] {
+            assert_eq!(tok.token_to_id(text), Some(id), "{name}: {text}");
+            assert_eq!(tok.encode(text, false).unwrap(), [id], "{name}: {text}");
+            assert_eq!(
+                tok.decode(&[id], true).unwrap(),
+                "",
+                "{name}: {text} is special"
+            );
+        }
+        assert_eq!(tok.bos_token_id(), Some(512), "{name}");
+        // config.json's eos (the turn end), as llama.cpp's converter writes it.
+        assert_eq!(tok.eos_token_id(), Some(514), "{name}");
+        for id in [513, 514, 521] {
+            assert!(tok.is_eos(id), "{name}: {id} ends generation");
+        }
+        assert!(!tok.is_eos(512) && !tok.is_eos(515), "{name}");
+        assert!(!tok.add_bos_token(), "{name}");
+        assert_eq!(tok.token_bytes(404), g.token_bytes(404), "{name}");
+        assert!(tok.encode("\u{0}\u{ff}\u{10ffff}", false).is_ok(), "{name}");
+    }
+    let mut ids_d = d.eos_token_ids().to_vec();
+    let mut ids_g = g.eos_token_ids().to_vec();
+    ids_d.sort_unstable();
+    ids_g.sort_unstable();
+    assert_eq!(ids_d, ids_g);
+}
+
+#[test]
+fn kimi_k3_encode_chat_keeps_client_special_text_ordinary() {
+    for tok in [kimi_dir(), kimi_gguf()] {
+        for c in &kimi_vectors().cases {
+            let msgs = [ChatMessage::new("user", c.text.as_str())];
+            let ids = tok.encode_chat(&msgs, true).unwrap();
+            let rendered = tok.apply_chat_template(&msgs, true).unwrap();
+            assert_eq!(tok.decode(&ids, false).unwrap(), rendered);
+            // The template puts control tokens right around the content, so the content
+            // is encoded on its own, as tiktoken's encode_ordinary does.
+            let sep = tok.token_to_id("<|sep|>").unwrap();
+            let close = tok.token_to_id("<|close|>").unwrap();
+            let user = tok
+                .encode("<|open|>message role=\"user\"<|sep|>", false)
+                .unwrap();
+            let at = ids
+                .windows(user.len())
+                .position(|w| w == user.as_slice())
+                .expect("user turn header")
+                + user.len();
+            let end = at + ids[at..].iter().position(|&i| i == close).unwrap();
+            assert_eq!(ids[at..end], c.ids_ordinary, "{:?}", c.text);
+            assert_eq!(ids[at - 1], sep);
+        }
+    }
+}
+
+/// The K3 template (llama.cpp's Kimi-K3.jinja, the fixture's `chat_template`) rendered
+/// by Python jinja2 as transformers does:
+/// tests/fixtures/kimi_k3-tokenizer/render_k3_template.py.
+const KIMI_K3_CHAT: &str = r#"<|open|>message role="system" type="thinking-effort"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.
+Now the system is invoked with `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|><|open|>message role="system"<|sep|>You are Kimi.<|close|>message<|sep|><|end_of_msg|><|open|>message role="user"<|sep|>Hi <there> & "you"<|close|>message<|sep|><|end_of_msg|><|open|>message role="assistant"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>Hello! 你好<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|><|open|>message role="user"<|sep|>Weather in Paris?<|close|>message<|sep|><|end_of_msg|><|open|>message role="assistant"<|sep|><|open|>think<|sep|>"#;
+
+const KIMI_K3_TOOLS: &str = r#"<|open|>message role="system" type="tool-declare"<|sep|># Tools
+Here are the available tools, described in JSONSchema.
+
+```json
+[{"function":{"description":"Current weather","name":"get_weather","parameters":{"properties":{"city":{"description":"City name","type":"string"},"days":{"type":"integer"}},"required":["city"],"type":"object"}},"type":"function"}]
+```<|close|>message<|sep|><|end_of_msg|><|open|>message role="system" type="thinking-effort"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.
+Now the system is invoked with `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|><|open|>message role="user"<|sep|>Weather in Paris?<|close|>message<|sep|><|end_of_msg|><|open|>message role="assistant"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|open|>argument key="days" type="number"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|><|open|>message role="tool" tool="get_weather" index="1"<|sep|>{"temp": 21}<|close|>message<|sep|><|end_of_msg|><|open|>message role="assistant"<|sep|><|open|>think<|sep|>"#;
+
+#[test]
+fn kimi_k3_chat_template_renders_system_user_assistant() {
+    let msgs = [
+        ChatMessage::new("system", "You are Kimi."),
+        ChatMessage::new("user", "Hi <there> & \"you\""),
+        ChatMessage::new("assistant", "Hello! 你好"),
+        ChatMessage::new("user", "Weather in Paris?"),
+    ];
+    for tok in [kimi_dir(), kimi_gguf()] {
+        assert_eq!(tok.apply_chat_template(&msgs, true).unwrap(), KIMI_K3_CHAT);
+        let ids = tok.encode_chat(&msgs, true).unwrap();
+        assert_eq!(ids, tok.encode(KIMI_K3_CHAT, false).unwrap());
+        // Ends with the generation prompt: assistant turn, think channel open.
+        let tail = tok
+            .encode(
+                "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>",
+                false,
+            )
+            .unwrap();
+        assert!(ids.ends_with(&tail));
+    }
+}
+
+#[test]
+fn kimi_k3_chat_template_renders_tools_and_tool_calls() {
+    let tools = [serde_json::json!({"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "days": {"type": "integer"}}}}})];
+    let mut call = ChatMessage::new("assistant", "");
+    call.push_tool_call(
+        "call_1",
+        "get_weather",
+        serde_json::json!({"city": "Paris", "days": 2}),
+    );
+    let mut result = ChatMessage::new("tool", "{\"temp\": 21}");
+    result.tool_call_id = Some("call_1".into());
+    let msgs = [ChatMessage::new("user", "Weather in Paris?"), call, result];
+    for tok in [kimi_dir(), kimi_gguf()] {
+        let ids = tok
+            .encode_chat_with_tools(&msgs, Some(&tools), true)
+            .unwrap();
+        assert_eq!(tok.decode(&ids, false).unwrap(), KIMI_K3_TOOLS);
+        assert_eq!(ids, tok.encode(KIMI_K3_TOOLS, false).unwrap());
+    }
+}

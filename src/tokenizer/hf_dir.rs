@@ -9,12 +9,17 @@
 //! (`eos_token_id` as an int or a list, `bos_token_id`). Every file but `tokenizer.json`
 //! is optional; a file that is present but malformed is a
 //! [`TokenizerError::HfFile`] naming it.
+//!
+//! A directory without `tokenizer.json` but with `tiktoken.model` (Kimi K2/K3) gets its
+//! vocabulary from [`super::tiktoken`] instead (and `config.json`'s `vocab_size` and
+//! `eos_token_id`); everything else above applies unchanged.
 
 use std::path::Path;
 
 use serde_json::Value;
 use tokenizers::{AddedToken, Tokenizer};
 
+use super::tiktoken::{self, TIKTOKEN_MODEL};
 use super::{TemplateState, TextTokenizer, TokenizerError, END_OF_GENERATION_TEXTS};
 
 /// The vocabulary file (required).
@@ -308,21 +313,39 @@ impl TextTokenizer {
     ///   turn end (`<|im_end|>`, `<|eot_id|>`, ...), without duplicates.
     /// - `added_tokens_decoder` entries become added tokens with their ids and specialness.
     ///
-    /// Errors: [`TokenizerError::Json`] if `tokenizer.json` is missing or unreadable;
+    /// Kimi directories (no `tokenizer.json`, a `tiktoken.model`): the vocabulary is the
+    /// tiktoken ranks, 258 special (control) ids after them named by
+    /// `added_tokens_decoder` (else `<|reserved_token_{id}|>`) and unused `[PAD{id}]` rows
+    /// up to `config.json`'s `vocab_size`, exactly as llama.cpp's GGUF conversion lists
+    /// them, so both encode alike (and as tiktoken does). `config.json`'s
+    /// `eos_token_id` (K3: `<|end_of_msg|>`, the turn end) is then the declared EOS, as
+    /// the converter writes it, and the config's `eos_token` stops generation too.
+    ///
+    /// Errors: [`TokenizerError::Json`] if `tokenizer.json` is missing or unreadable (and
+    /// there is no `tiktoken.model`); [`TokenizerError::Tiktoken`] naming the file and
+    /// line for a malformed `tiktoken.model`;
     /// [`TokenizerError::Io`] if another file exists but cannot be read;
     /// [`TokenizerError::HfFile`] naming the file if it is malformed, names a token that
     /// is not in the vocabulary, or gives an id outside it.
     pub fn from_hf_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let json_path = dir.join(TOKENIZER_JSON);
-        let mut inner = Tokenizer::from_file(&json_path).map_err(|e| TokenizerError::Json {
-            path: json_path.clone(),
-            message: e.to_string(),
-        })?;
         let tc_path = dir.join(TOKENIZER_CONFIG);
-        let tc = parsed(&tc_path, parse_tokenizer_config)?;
         let gc_path = dir.join(GENERATION_CONFIG);
+        let tiktoken_dir = !json_path.exists() && dir.join(TIKTOKEN_MODEL).is_file();
+        let (inner, tc, missing_bytes, unused, model_eos) = if tiktoken_dir {
+            let tc = parsed(&tc_path, parse_tokenizer_config)?;
+            let v = tiktoken::load_kimi_dir(dir, &tc)?;
+            (v.inner, tc, v.missing_bytes, v.unused, v.eos_token_ids)
+        } else {
+            let mut inner = Tokenizer::from_file(&json_path).map_err(|e| TokenizerError::Json {
+                path: json_path.clone(),
+                message: e.to_string(),
+            })?;
+            let tc = parsed(&tc_path, parse_tokenizer_config)?;
+            register_added(&mut inner, &tc.added_tokens, &tc_path)?;
+            (inner, tc, Vec::new(), Vec::new(), Vec::new())
+        };
         let gc = parsed(&gc_path, parse_generation_config)?;
-        register_added(&mut inner, &tc.added_tokens, &tc_path)?;
 
         let vocab_size = next_free_id(&inner) as usize;
         let by_text = |text: &Option<String>, key: &str| -> Result<Option<u32>, TokenizerError> {
@@ -356,9 +379,19 @@ impl TextTokenizer {
             .iter()
             .map(|&id| check_id(id, "eos_token_id"))
             .collect::<Result<Vec<u32>, _>>()?;
-        let eos = by_text(&tc.eos_token, "eos_token")?.or(gen_eos.first().copied());
+        let tc_eos = by_text(&tc.eos_token, "eos_token")?;
+        let eos = model_eos
+            .first()
+            .copied()
+            .or(tc_eos)
+            .or(gen_eos.first().copied());
         let mut eos_ids: Vec<u32> = Vec::new();
-        for id in eos.into_iter().chain(gen_eos) {
+        for id in eos
+            .into_iter()
+            .chain(model_eos)
+            .chain(tc_eos)
+            .chain(gen_eos)
+        {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
@@ -392,8 +425,8 @@ impl TextTokenizer {
             pad: None,
             add_bos,
             eos_ids,
-            missing_bytes: Vec::new(),
-            unused: Vec::new(),
+            missing_bytes,
+            unused,
             template,
             template_source,
         })

@@ -7,6 +7,7 @@
 pub mod accept;
 pub mod constraint;
 pub mod error;
+pub mod gguf;
 pub mod kernels;
 pub mod kv_pool;
 pub mod model;

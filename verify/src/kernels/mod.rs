@@ -49,6 +49,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod layout;
+pub mod mxfp4;
 mod scalar;
 
 use candle_core::quantized::{GgmlDType, QTensor};

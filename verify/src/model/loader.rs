@@ -1,9 +1,10 @@
-//! Weight loading: GGUF files (weights stay quantized as candle `QTensor`s)
-//! and Hugging Face safetensors directories + config.json (dense) for the
-//! llama family, and the directory reading the DeepSeek-V3 family shares. A
-//! missing tensor or metadata key is an error naming it. The llama loaders
-//! read a matrix whole and cut it at once into the ranks' shards
-//! (`shard.rs`), so at most one unsharded matrix is in memory extra.
+//! Weight loading, the family-neutral part: the public entry points, GGUF
+//! reading (weights stay quantized as candle `QTensor`s), Hugging Face
+//! directories (config.json + safetensors), and the ONE dispatch from an
+//! architecture to its family's loaders ([`family`]). Each family's own
+//! tensor names, config keys and sharding live in its folder
+//! (`llama/load.rs`, `deepseek/load.rs`). A missing tensor or metadata key
+//! is an error naming it.
 //!
 //! Safetensors are memory-mapped (`safetensors_weights.rs`): one
 //! `model.safetensors`, or the `model-0000x-of-0000y.safetensors` files of
@@ -11,8 +12,9 @@
 //! columns, is copied out of the mapping when a loader asks for it, so no
 //! file is read whole and a rank that asks for its shard pages in only that.
 
-use super::shard::{rank_parts, FullLayer, Matrix, ShardPlan, SplitLimits};
-use super::{Arch, Embedding, Model, ModelConfig, RopeStyle};
+use super::config::{Arch, ModelConfig};
+use super::shard::Matrix;
+use super::{deepseek, llama, Model};
 use crate::error::{Result, VerifyError};
 use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::quantized::{gguf_file, QTensor};
@@ -43,14 +45,16 @@ pub fn read_gguf_content(path: &Path) -> Result<gguf_file::Content> {
     })
 }
 
-struct GgufReader<'a> {
-    content: &'a gguf_file::Content,
+/// A GGUF file being read: its directory, the open file, and the
+/// `general.architecture` prefix of its metadata keys.
+pub(crate) struct GgufReader<'a> {
+    pub(crate) content: &'a gguf_file::Content,
     reader: BufReader<File>,
     prefix: String,
 }
 
 impl GgufReader<'_> {
-    fn meta(&self, key: &str) -> Result<&gguf_file::Value> {
+    pub(crate) fn meta(&self, key: &str) -> Result<&gguf_file::Value> {
         let full = format!("{}.{key}", self.prefix);
         self.content
             .metadata
@@ -58,7 +62,7 @@ impl GgufReader<'_> {
             .ok_or(VerifyError::MissingMetadata(full))
     }
 
-    fn meta_usize(&self, key: &str) -> Result<usize> {
+    pub(crate) fn meta_usize(&self, key: &str) -> Result<usize> {
         let v = self.meta(key)?;
         v.to_u64()
             .or_else(|_| v.to_u32().map(u64::from))
@@ -66,17 +70,17 @@ impl GgufReader<'_> {
             .map_err(|_| VerifyError::MissingMetadata(format!("{}.{key}", self.prefix)))
     }
 
-    fn meta_f32(&self, key: &str) -> Result<f32> {
+    pub(crate) fn meta_f32(&self, key: &str) -> Result<f32> {
         self.meta(key)?
             .to_f32()
             .map_err(|_| VerifyError::MissingMetadata(format!("{}.{key}", self.prefix)))
     }
 
-    fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
 
-    fn qtensor(&mut self, name: &str) -> Result<Arc<QTensor>> {
+    pub(crate) fn qtensor(&mut self, name: &str) -> Result<Arc<QTensor>> {
         if !self.has(name) {
             return Err(VerifyError::MissingTensor(name.to_string()));
         }
@@ -87,11 +91,11 @@ impl GgufReader<'_> {
         )?))
     }
 
-    fn dense(&mut self, name: &str) -> Result<Tensor> {
+    pub(crate) fn dense(&mut self, name: &str) -> Result<Tensor> {
         Ok(self.qtensor(name)?.dequantize(&Device::Cpu)?)
     }
 
-    fn with_bias(&mut self, name: &str, bias: bool) -> Result<(Matrix, Option<Tensor>)> {
+    pub(crate) fn with_bias(&mut self, name: &str, bias: bool) -> Result<(Matrix, Option<Tensor>)> {
         let w = Matrix::Quant(self.qtensor(&format!("{name}.weight"))?);
         let b = if bias {
             Some(self.dense(&format!("{name}.bias"))?)
@@ -101,13 +105,13 @@ impl GgufReader<'_> {
         Ok((w, b))
     }
 
-    fn matrix(&mut self, name: &str) -> Result<Matrix> {
+    pub(crate) fn matrix(&mut self, name: &str) -> Result<Matrix> {
         Ok(Matrix::Quant(self.qtensor(&format!("{name}.weight"))?))
     }
 
     /// Largest quantization block size among `blk.*.{suffix}` and the first
     /// tensor that has it.
-    fn widest_block(&self, layers: usize, suffix: &str) -> Result<(usize, String)> {
+    pub(crate) fn widest_block(&self, layers: usize, suffix: &str) -> Result<(usize, String)> {
         let mut best = (0, String::new());
         for i in 0..layers {
             let name = format!("blk.{i}.{suffix}");
@@ -147,143 +151,41 @@ pub fn load_gguf_tp(path: &Path, world: usize) -> Result<Model> {
         .cloned()
         .ok_or_else(|| VerifyError::MissingMetadata("general.architecture".into()))?;
     let arch = Arch::from_name(&arch_name)?;
+    let family = family(arch);
+    let Some(gguf) = family.gguf else {
+        return Err(VerifyError::BadConfig(format!(
+            "{}: GGUF architecture {arch_name} is not supported for the {} family; \
+             load its safetensors directory",
+            path.display(),
+            family.name
+        )));
+    };
     let reader = BufReader::new(File::open(path).map_err(io_err(path))?);
     let mut r = GgufReader {
         content: &content,
         reader,
-        prefix: arch_name.clone(),
+        prefix: arch_name,
     };
-
-    let hidden_size = r.meta_usize("embedding_length")?;
-    let num_heads = r.meta_usize("attention.head_count")?;
-    let num_kv_heads = r.meta_usize("attention.head_count_kv")?;
-    let head_dim = r
-        .meta_usize("attention.key_length")
-        .unwrap_or(hidden_size / num_heads.max(1));
-    if !r.has("token_embd.weight") {
-        return Err(VerifyError::MissingTensor("token_embd.weight".into()));
-    }
-    let vocab_size = content.tensor_infos["token_embd.weight"].shape.dims()[0];
-    let cfg = ModelConfig {
-        arch,
-        vocab_size,
-        hidden_size,
-        intermediate_size: r.meta_usize("feed_forward_length")?,
-        num_layers: r.meta_usize("block_count")?,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        rms_norm_eps: r.meta_f32("attention.layer_norm_rms_epsilon")? as f64,
-        rope_theta: r.meta_f32("rope.freq_base").unwrap_or(10_000.0),
-        // llama.cpp permutes llama's q/k rows to interleaved pairs at conversion.
-        rope_style: match arch {
-            Arch::Llama => RopeStyle::Interleaved,
-            Arch::Qwen2 => RopeStyle::Neox,
-            Arch::DeepseekV3 => {
-                return Err(VerifyError::BadConfig(format!(
-                "{}: GGUF architecture {arch_name} is not supported for the DeepSeek-V3 family; \
-                     load its safetensors directory",
-                path.display()
-            )))
-            }
-        },
-        max_position: r.meta_usize("context_length")?,
-        mla: None,
-        moe: None,
-        yarn: None,
-    };
-    cfg.validate()?;
-    let bias = arch == Arch::Qwen2;
-    let head_name = if r.has("output.weight") {
-        "output.weight"
-    } else {
-        "token_embd.weight"
-    };
-    let limits = SplitLimits {
-        attn_out: r.widest_block(cfg.num_layers, "attn_output.weight")?,
-        ffn_down: r.widest_block(cfg.num_layers, "ffn_down.weight")?,
-        kv_tensor: "blk.0.attn_k.weight".into(),
-        vocab_tensor: head_name.into(),
-    };
-    let plan = ShardPlan::new(&cfg, &limits, world)?;
-
-    let embed_q = r.qtensor("token_embd.weight")?;
-    let mut weight_bytes = embed_q.storage_size_in_bytes() / vocab_size;
-    let mut ranks: Vec<Vec<_>> = (0..world).map(|_| Vec::new()).collect();
-    for i in 0..cfg.num_layers {
-        let p = format!("blk.{i}");
-        let full = FullLayer {
-            attn_norm: r.dense(&format!("{p}.attn_norm.weight"))?,
-            q: r.with_bias(&format!("{p}.attn_q"), bias)?,
-            k: r.with_bias(&format!("{p}.attn_k"), bias)?,
-            v: r.with_bias(&format!("{p}.attn_v"), bias)?,
-            o: r.matrix(&format!("{p}.attn_output"))?,
-            ffn_norm: r.dense(&format!("{p}.ffn_norm.weight"))?,
-            gate: r.matrix(&format!("{p}.ffn_gate"))?,
-            up: r.matrix(&format!("{p}.ffn_up"))?,
-            down: r.matrix(&format!("{p}.ffn_down"))?,
-            prefix: p,
-        };
-        weight_bytes += full.bytes();
-        for (rank, layer) in full.split(&plan, cfg.head_dim)?.into_iter().enumerate() {
-            ranks[rank].push(layer);
-        }
-    }
-    let norm = r.dense("output_norm.weight")?;
-    let head = if head_name == "output.weight" {
-        r.matrix("output")?
-    } else {
-        Matrix::Quant(embed_q.clone())
-    };
-    weight_bytes += head.bytes();
-    let parts = rank_parts(&plan, Embedding::Quantized(embed_q), ranks, norm, &head)?;
-    Model::from_rank_parts(cfg, parts, weight_bytes, head.bytes())
+    gguf(&mut r, arch, world)
 }
 
-pub(super) fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
+/// The unsigned integer `key` of a config.json, for every family's parser.
+pub(crate) fn json_usize(cfg: &serde_json::Value, key: &str) -> Result<usize> {
     cfg.get(key)
         .and_then(|v| v.as_u64())
         .map(|v| v as usize)
         .ok_or_else(|| VerifyError::MissingMetadata(format!("config.json: {key}")))
 }
 
-/// Parses a Hugging Face config.json of a llama or qwen2 model.
+/// Parses a Hugging Face config.json (llama, qwen2 or the DeepSeek-V3
+/// family, by its `model_type`).
 pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
     let arch_name = cfg
         .get("model_type")
         .and_then(|v| v.as_str())
         .ok_or_else(|| VerifyError::MissingMetadata("config.json: model_type".into()))?;
     let arch = Arch::from_name(arch_name)?;
-    if arch == Arch::DeepseekV3 {
-        return super::deepseek::config_from_hf_json(cfg);
-    }
-    let hidden_size = json_usize(cfg, "hidden_size")?;
-    let num_heads = json_usize(cfg, "num_attention_heads")?;
-    let config = ModelConfig {
-        arch,
-        vocab_size: json_usize(cfg, "vocab_size")?,
-        hidden_size,
-        intermediate_size: json_usize(cfg, "intermediate_size")?,
-        num_layers: json_usize(cfg, "num_hidden_layers")?,
-        num_heads,
-        num_kv_heads: json_usize(cfg, "num_key_value_heads").unwrap_or(num_heads),
-        head_dim: json_usize(cfg, "head_dim").unwrap_or(hidden_size / num_heads.max(1)),
-        rms_norm_eps: cfg
-            .get("rms_norm_eps")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(1e-6),
-        rope_theta: cfg
-            .get("rope_theta")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(10_000.0) as f32,
-        rope_style: RopeStyle::Neox,
-        max_position: json_usize(cfg, "max_position_embeddings")?,
-        mla: None,
-        moe: None,
-        yarn: None,
-    };
-    config.validate()?;
-    Ok(config)
+    (family(arch).hf_config)(cfg, arch)
 }
 
 /// Reads `config.json` of a Hugging Face directory and maps its weights.
@@ -309,13 +211,13 @@ fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, Safetensor
 /// work), or a llama/qwen2 directory (not sharded by this loader).
 pub fn load_safetensors_shard(dir: &Path, comm: Box<dyn Communicator>) -> Result<Model> {
     let (_, cfg, weights) = read_hf_dir(dir)?;
-    if cfg.arch != Arch::DeepseekV3 {
-        return Err(VerifyError::BadConfig(format!(
+    match family(cfg.arch).safetensors_shard {
+        Some(load) => load(&weights, cfg, comm),
+        None => Err(VerifyError::BadConfig(format!(
             "sharded safetensors loading serves the DeepSeek-V3 family, not {:?}",
             cfg.arch
-        )));
+        ))),
     }
-    super::deepseek::load(&weights, cfg, vec![comm])
 }
 
 /// Loads a model from a directory holding `config.json` and
@@ -337,93 +239,7 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
 /// an error naming the tensor and the world sizes that work).
 pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
     let (json, cfg, weights) = read_hf_dir(dir)?;
-    if cfg.arch == Arch::DeepseekV3 {
-        let comms: Vec<Box<dyn Communicator>> = match world {
-            0 => {
-                return Err(VerifyError::BadConfig(
-                    "tensor-parallel world size 0".into(),
-                ))
-            }
-            1 => vec![Box::new(LocalComm)],
-            n => ThreadComm::group(n)?
-                .into_iter()
-                .map(|c| Box::new(c) as Box<dyn Communicator>)
-                .collect(),
-        };
-        return super::deepseek::load(&weights, cfg, comms);
-    }
-    let tied = json
-        .get("tie_word_embeddings")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    let head_name = if tied {
-        "model.embed_tokens.weight"
-    } else {
-        "lm_head.weight"
-    };
-    // Dense rows cut anywhere: only head and vocabulary counts limit a split.
-    let limits = SplitLimits {
-        attn_out: (1, "model.layers.0.self_attn.o_proj.weight".into()),
-        ffn_down: (1, "model.layers.0.mlp.down_proj.weight".into()),
-        kv_tensor: "model.layers.0.self_attn.k_proj.weight".into(),
-        vocab_tensor: head_name.into(),
-    };
-    let plan = ShardPlan::new(&cfg, &limits, world)?;
-    // One matrix at a time out of the mapping, cut into the ranks' shards
-    // right away (FullLayer::split): the file is never in memory whole.
-    let mut take = |name: &str, shape: &[usize]| weights.tensor(name, shape);
-    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-    let (qd, kvd, ff) = (
-        cfg.num_heads * hd,
-        cfg.num_kv_heads * hd,
-        cfg.intermediate_size,
-    );
-    let bias = cfg.arch == Arch::Qwen2;
-    let lin = |take: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>,
-               name: &str,
-               out: usize,
-               inp: usize,
-               with_bias: bool|
-     -> Result<(Matrix, Option<Tensor>)> {
-        let w = take(&format!("{name}.weight"), &[out, inp])?;
-        let b = if with_bias {
-            Some(take(&format!("{name}.bias"), &[out])?)
-        } else {
-            None
-        };
-        Ok((Matrix::Dense(w), b))
-    };
-    let embed = take("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
-    let mut weight_bytes = h * 4;
-    let mut ranks: Vec<Vec<_>> = (0..world).map(|_| Vec::new()).collect();
-    for i in 0..cfg.num_layers {
-        let p = format!("model.layers.{i}");
-        let full = FullLayer {
-            attn_norm: take(&format!("{p}.input_layernorm.weight"), &[h])?,
-            q: lin(&mut take, &format!("{p}.self_attn.q_proj"), qd, h, bias)?,
-            k: lin(&mut take, &format!("{p}.self_attn.k_proj"), kvd, h, bias)?,
-            v: lin(&mut take, &format!("{p}.self_attn.v_proj"), kvd, h, bias)?,
-            o: lin(&mut take, &format!("{p}.self_attn.o_proj"), h, qd, false)?.0,
-            ffn_norm: take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-            gate: lin(&mut take, &format!("{p}.mlp.gate_proj"), ff, h, false)?.0,
-            up: lin(&mut take, &format!("{p}.mlp.up_proj"), ff, h, false)?.0,
-            down: lin(&mut take, &format!("{p}.mlp.down_proj"), h, ff, false)?.0,
-            prefix: p,
-        };
-        weight_bytes += full.bytes();
-        for (rank, layer) in full.split(&plan, hd)?.into_iter().enumerate() {
-            ranks[rank].push(layer);
-        }
-    }
-    let norm = take("model.norm.weight", &[h])?;
-    let head = if tied {
-        Matrix::Dense(embed.clone())
-    } else {
-        lin(&mut take, "lm_head", cfg.vocab_size, h, false)?.0
-    };
-    weight_bytes += head.bytes();
-    let parts = rank_parts(&plan, Embedding::Dense(embed), ranks, norm, &head)?;
-    Model::from_rank_parts(cfg, parts, weight_bytes, head.bytes())
+    (family(cfg.arch).safetensors)(&json, &weights, cfg, world)
 }
 
 /// Loads a model from a `.gguf` file or a safetensors directory, unsharded.
@@ -441,6 +257,69 @@ pub fn load_model_tp(path: &Path, world: usize) -> Result<Model> {
     } else {
         load_gguf_tp(path, world)
     }
+}
+
+/// Parses a config.json whose `model_type` is the given `Arch`.
+type HfConfigFn = fn(&serde_json::Value, Arch) -> Result<ModelConfig>;
+/// Loads a safetensors directory (config.json, parsed config, mapped
+/// weights) sharded over `world` ranks the model runs itself.
+type SafetensorsFn =
+    fn(&serde_json::Value, &SafetensorsWeights, ModelConfig, usize) -> Result<Model>;
+/// Loads one rank of a group its caller drives (its communicator given).
+type SafetensorsShardFn =
+    fn(&SafetensorsWeights, ModelConfig, Box<dyn Communicator>) -> Result<Model>;
+/// Loads a GGUF file of the given `Arch` sharded over `world` ranks.
+type GgufFn = fn(&mut GgufReader, Arch, usize) -> Result<Model>;
+
+/// One family's loaders, as [`family`] hands them out.
+struct Family {
+    /// The family's name in errors.
+    name: &'static str,
+    hf_config: HfConfigFn,
+    safetensors: SafetensorsFn,
+    /// `None`: the family loads no lone rank.
+    safetensors_shard: Option<SafetensorsShardFn>,
+    /// `None`: the family has no GGUF layout.
+    gguf: Option<GgufFn>,
+}
+
+/// The loader's ONE dispatch from an architecture to its family: a new
+/// family is one more arm here (and one in `mod.rs`'s `Body`).
+fn family(arch: Arch) -> Family {
+    match arch {
+        Arch::Llama | Arch::Qwen2 => Family {
+            name: "llama",
+            hf_config: llama::config_from_hf_json,
+            safetensors: llama::load_safetensors,
+            safetensors_shard: None,
+            gguf: Some(llama::load_gguf),
+        },
+        Arch::DeepseekV3 => Family {
+            name: "DeepSeek-V3",
+            hf_config: |json, _| deepseek::config_from_hf_json(json),
+            safetensors: |_, weights, cfg, world| deepseek::load(weights, cfg, comms(world)?),
+            safetensors_shard: Some(|weights, cfg, comm| deepseek::load(weights, cfg, vec![comm])),
+            gguf: None,
+        },
+    }
+}
+
+/// The communicators of `world` ranks run in this process, in rank order.
+///
+/// Errors: `world` 0, or a thread group that cannot be made.
+fn comms(world: usize) -> Result<Vec<Box<dyn Communicator>>> {
+    Ok(match world {
+        0 => {
+            return Err(VerifyError::BadConfig(
+                "tensor-parallel world size 0".into(),
+            ))
+        }
+        1 => vec![Box::new(LocalComm)],
+        n => ThreadComm::group(n)?
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn Communicator>)
+            .collect(),
+    })
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! [`ShardPlan`]), and cutting quantized or dense matrices into those parts
 //! along whole quantization blocks.
 //!
-//! Megatron-style layout for the llama family:
+//! Megatron-style layout (the llama family cuts its layers by it in
+//! `llama/load.rs`; this module names no family):
 //! - q/k/v and gate/up are column-parallel: rank r keeps the output rows of
 //!   its heads / its intermediate slice (a row cut of a `[out, in]` matrix,
 //!   always possible);
@@ -18,7 +19,7 @@
 //! `n % w` ranks one unit more (35 blocks over 2 ranks: 18 + 17).
 
 use crate::error::{Result, VerifyError};
-use crate::model::{Embedding, Layer, Linear, ModelConfig, RankParts};
+use crate::model::config::ModelConfig;
 use candle_core::quantized::{QMatMul, QStorage, QTensor};
 use candle_core::{Device, Tensor};
 use std::borrow::Cow;
@@ -268,99 +269,10 @@ pub(crate) fn slice_bias(b: &Tensor, range: Range<usize>) -> Result<Tensor> {
     Ok(b.narrow(0, range.start, range.len())?)
 }
 
-/// A column-parallel input: weight plus optional bias (both cut by rows).
-pub(crate) type WithBias = (Matrix, Option<Tensor>);
-
-/// One transformer block's unsharded weights as read from the file.
-pub(crate) struct FullLayer {
-    /// Tensor-name prefix of the layer (for errors), e.g. `blk.3`.
-    pub(crate) prefix: String,
-    pub(crate) attn_norm: Tensor,
-    pub(crate) q: WithBias,
-    pub(crate) k: WithBias,
-    pub(crate) v: WithBias,
-    pub(crate) o: Matrix,
-    pub(crate) ffn_norm: Tensor,
-    pub(crate) gate: Matrix,
-    pub(crate) up: Matrix,
-    pub(crate) down: Matrix,
-}
-
-impl FullLayer {
-    /// Bytes of the layer's matrices.
-    pub(crate) fn bytes(&self) -> usize {
-        [
-            &self.q.0, &self.k.0, &self.v.0, &self.o, &self.gate, &self.up, &self.down,
-        ]
-        .iter()
-        .map(|m| m.bytes())
-        .sum()
-    }
-
-    /// Cuts the layer into one [`Layer`] per rank of `plan`. At world size 1
-    /// the one layer shares the loaded storage.
-    pub(crate) fn split(self, plan: &ShardPlan, head_dim: usize) -> Result<Vec<Layer>> {
-        let col = |(w, b): &WithBias, r: Range<usize>| -> Result<Linear> {
-            let bias = b.as_ref().map(|b| slice_bias(b, r.clone())).transpose()?;
-            Linear::new(w.rows(r)?.into_qmatmul()?, bias)
-        };
-        let hd = |r: &Range<usize>| r.start * head_dim..r.end * head_dim;
-        let mut out = Vec::with_capacity(plan.world());
-        for r in 0..plan.world() {
-            let (heads, kv, ff) = (hd(&plan.heads[r]), hd(&plan.kv_heads[r]), &plan.ff[r]);
-            let o_name = format!("{}.attn_output.weight", self.prefix);
-            let down_name = format!("{}.ffn_down.weight", self.prefix);
-            out.push(Layer {
-                attn_norm: self.attn_norm.flatten_all()?.to_vec1()?,
-                q: col(&self.q, heads.clone())?,
-                k: col(&self.k, kv.clone())?,
-                v: col(&self.v, kv)?,
-                // Row-parallel: the all-reduce sums the ranks' partial
-                // outputs (llama-family o/down carry no bias to add once).
-                o: Linear::new(self.o.cols(heads, &o_name)?.into_qmatmul()?, None)?,
-                ffn_norm: self.ffn_norm.flatten_all()?.to_vec1()?,
-                gate: Linear::new(self.gate.rows(ff.clone())?.into_qmatmul()?, None)?,
-                up: Linear::new(self.up.rows(ff.clone())?.into_qmatmul()?, None)?,
-                down: Linear::new(
-                    self.down.cols(ff.clone(), &down_name)?.into_qmatmul()?,
-                    None,
-                )?,
-            });
-        }
-        Ok(out)
-    }
-}
-
-/// Per-rank parts of a whole model: `layers[r]` are rank r's layers, the
-/// output head is cut into `plan`'s vocabulary rows, embedding and final
-/// norm are shared.
-pub(crate) fn rank_parts(
-    plan: &ShardPlan,
-    embed: Embedding,
-    layers: Vec<Vec<Layer>>,
-    norm: Tensor,
-    head: &Matrix,
-) -> Result<Vec<RankParts>> {
-    layers
-        .into_iter()
-        .enumerate()
-        .map(|(r, layers)| {
-            Ok(RankParts {
-                embed: embed.clone(),
-                layers,
-                norm: norm.clone(),
-                lm_head: Linear::new(head.rows(plan.vocab[r].clone())?.into_qmatmul()?, None)?,
-                vocab: plan.vocab[r].clone(),
-                num_kv_heads: plan.kv_heads[r].len(),
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Arch, RopeStyle};
+    use crate::model::config::{Arch, RopeStyle};
     use candle_core::quantized::GgmlDType;
 
     fn cfg(heads: usize, kv: usize, hd: usize, ff: usize) -> ModelConfig {

@@ -3,12 +3,12 @@
 //! shard of the weights, cut at load time (see the parent module's docs for
 //! what each rank holds).
 
-use super::{
-    yarn_mscale, Attention, Dense, DsLayer, Ffn, MlaPrefill, Mlp, Moe, Query, Rope, Weights,
-};
+use super::{yarn_mscale, Attention, DsLayer, Ffn, MlaPrefill, Mlp, Moe, Query, Rope, Weights};
 use crate::error::{Result, VerifyError};
+use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
+use crate::model::dense::Dense;
 use crate::model::loader::{json_usize, SafetensorsWeights};
-use crate::model::{Arch, Body, MlaConfig, Model, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
+use crate::model::{Body, Model};
 use crate::tp::Communicator;
 use serde_json::Value;
 
@@ -247,22 +247,14 @@ impl Tensors<'_> {
     fn rows(&self, name: &str, out: usize, inp: usize, r: std::ops::Range<usize>) -> Result<Dense> {
         let name = format!("{name}.weight");
         let w = self.st.rows(&name, (out, inp), r.clone())?;
-        Ok(Dense {
-            w: w.flatten_all()?.to_vec1::<f32>()?,
-            out: r.len(),
-            inp,
-        })
+        Ok(Dense::new(w.flatten_all()?.to_vec1::<f32>()?, r.len(), inp))
     }
 
     /// Columns `c` of the `[out, inp]` matrix `name`.
     fn cols(&self, name: &str, out: usize, inp: usize, c: std::ops::Range<usize>) -> Result<Dense> {
         let name = format!("{name}.weight");
         let w = self.st.cols(&name, (out, inp), c.clone())?;
-        Ok(Dense {
-            w: w.flatten_all()?.to_vec1::<f32>()?,
-            out,
-            inp: c.len(),
-        })
+        Ok(Dense::new(w.flatten_all()?.to_vec1::<f32>()?, out, c.len()))
     }
 
     /// Column-parallel gate/up, row-parallel down, over `f` of `ff`.

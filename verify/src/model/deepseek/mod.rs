@@ -33,10 +33,12 @@
 //! of rows in every batch, stay batch-invariant too. Greedy speculative
 //! decoding's "identical output" guarantee rests on that.
 
-use super::llama::Rows;
+use super::config::{ModelConfig, MoeConfig, RopeStyle};
+use super::dense::Dense;
 use super::ops::{rms_norm, silu};
 use super::ranks::{assemble_vocab, run_ranks, Rank};
-use super::{Model, ModelConfig, MoeConfig, RopeStyle, SeqInput};
+use super::rows::{flatten, Rows, SeqInput};
+use super::Model;
 use crate::error::Result;
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
 use crate::tp::Communicator;
@@ -59,33 +61,6 @@ pub enum MlaPrefill {
     /// query-key pair); other rows attend in the latent space. Same logits
     /// up to float rounding.
     ExpandFresh,
-}
-
-/// A dense f32 matrix `[out, inp]` (row-major, as stored) applied row-wise.
-pub(crate) struct Dense {
-    w: Vec<f32>,
-    out: usize,
-    inp: usize,
-}
-
-impl Dense {
-    /// `x` is `[n, inp]`; returns `[n, out]`. Each output element is one
-    /// `dot` of an input row with a weight row: batch-invariant.
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let (out, inp) = (self.out, self.inp);
-        (0..x.len() / inp * out)
-            .into_par_iter()
-            .with_min_len(64)
-            .map(|i| {
-                let (r, o) = (i / out, i % out);
-                dot(&x[r * inp..(r + 1) * inp], &self.w[o * inp..(o + 1) * inp])
-            })
-            .collect()
-    }
-
-    fn row(&self, o: usize) -> &[f32] {
-        &self.w[o * self.inp..(o + 1) * self.inp]
-    }
 }
 
 struct Mlp {
@@ -444,7 +419,7 @@ pub(crate) fn forward(
     pool: &mut KvPool,
     seqs: &[SeqInput],
 ) -> Result<Tensor> {
-    let rows = model.flatten(pool, seqs)?;
+    let rows = flatten(model, pool, seqs)?;
     // Two sharded forwards at once would interleave their collectives.
     let _one_step = (ranks.len() > 1).then(|| model.step.lock().unwrap_or_else(|e| e.into_inner()));
     run_ranks(ranks, pool.shards_mut(), |w, kv| {

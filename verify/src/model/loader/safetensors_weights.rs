@@ -94,6 +94,26 @@ impl SafetensorsWeights {
         Ok((view.data(), dtype))
     }
 
+    /// The bytes of the `u8` tensor `name` of `shape` (packed formats such
+    /// as MXFP4), borrowed from the mapping.
+    ///
+    /// Errors: as [`tensor`](Self::tensor), and another dtype than `u8`.
+    pub(crate) fn bytes(&self, name: &str, shape: &[usize]) -> Result<&[u8]> {
+        let (data, dtype) = self.raw(name, shape)?;
+        if dtype != DType::U8 {
+            return Err(VerifyError::BadConfig(format!(
+                "{}: tensor '{name}' is {dtype:?}, expected packed u8",
+                self.source.display()
+            )));
+        }
+        Ok(data)
+    }
+
+    /// The shape of tensor `name`, or `None` when the files lack it.
+    pub(crate) fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
+        self.st.get(name).ok().map(|v| v.shape().to_vec())
+    }
+
     /// Checks that `name` exists with `shape` without reading its data.
     ///
     /// Errors: [`VerifyError::MissingTensor`], [`VerifyError::BadTensorShape`].

@@ -1,4 +1,7 @@
-//! The forward pass of the llama family (llama, qwen2) over a paged KV pool.
+//! The llama family (llama, and qwen2: llama with q/k/v biases and
+//! neox-style RoPE): its weights ([`Layer`], one [`Shard`] per
+//! tensor-parallel rank), its loading (`load.rs`), and its ONE forward pass
+//! over a paged KV pool.
 //!
 //! One call takes a flattened batch of rows from many sequences: every row
 //! is one new token at its own position. Each layer first writes every new
@@ -20,14 +23,130 @@
 //! norms, activation and residual adds (`ops.rs`) work on buffers reused by
 //! every layer.
 
+use super::config::{ModelConfig, RopeStyle};
+use super::linear::{forward_many, Embedding, Linear};
+use super::ops;
 use super::ranks::{assemble_vocab, run_ranks, Rank};
-use super::{forward_many, ops, Body, LogitsWanted, Model, RopeStyle, SeqInput, Shard};
+use super::rows::{flatten, Rows, SeqInput};
+use super::{Body, Model};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{KvPool, KvShard};
-use crate::tp::Communicator;
+use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use std::ops::Range;
+
+mod load;
+pub(crate) use load::{config_from_hf_json, load_gguf, load_safetensors};
+
+/// One transformer block's weights.
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+}
+
+/// One tensor-parallel rank's part of a model: its query and KV heads of
+/// every layer, its slice of every MLP, its rows of the output head, and its
+/// end of the rank group. At world size 1 the one shard is the whole model.
+pub(crate) struct Shard {
+    pub(crate) comm: Box<dyn Communicator>,
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Tensor,
+    /// The vocabulary rows `vocab` of the output head.
+    pub(crate) lm_head: Linear,
+    pub(crate) vocab: Range<usize>,
+    /// Query heads of this rank.
+    pub(crate) num_heads: usize,
+    /// KV heads of this rank (its [`crate::KvPool`] shard holds these).
+    pub(crate) num_kv_heads: usize,
+}
+
+/// What a loader hands [`from_rank_parts`] for one rank.
+pub(crate) struct RankParts {
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Tensor,
+    pub(crate) lm_head: Linear,
+    pub(crate) vocab: Range<usize>,
+    pub(crate) num_kv_heads: usize,
+}
+
+/// Assembles a model from per-rank shards in rank order, connecting them
+/// with a [`LocalComm`] (one shard) or a [`ThreadComm`] group.
+pub(crate) fn from_rank_parts(
+    cfg: ModelConfig,
+    parts: Vec<RankParts>,
+    weight_bytes: usize,
+    lm_bytes: usize,
+) -> Result<Model> {
+    let comms: Vec<Box<dyn Communicator>> = if parts.len() == 1 {
+        vec![Box::new(LocalComm)]
+    } else {
+        ThreadComm::group(parts.len())?
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn Communicator>)
+            .collect()
+    };
+    let group = cfg.num_heads / cfg.num_kv_heads;
+    let shards = parts
+        .into_iter()
+        .zip(comms)
+        .map(|(p, comm)| Shard {
+            comm,
+            embed: p.embed,
+            layers: p.layers,
+            norm: p.norm,
+            lm_head: p.lm_head,
+            vocab: p.vocab,
+            num_heads: p.num_kv_heads * group,
+            num_kv_heads: p.num_kv_heads,
+        })
+        .collect();
+    Ok(Model {
+        cfg,
+        body: Body::Llama(shards),
+        weight_bytes,
+        head_tokens: None,
+        lm_bytes,
+        step: std::sync::Mutex::new(()),
+    })
+}
+
+/// Family-specific checks of [`ModelConfig::validate`]: the llama family
+/// has none of the DeepSeek-V3 family's parts.
+pub(crate) fn validate(cfg: &ModelConfig) -> Result<()> {
+    if cfg.mla.is_some() || cfg.moe.is_some() || cfg.yarn.is_some() {
+        Err(VerifyError::BadConfig(format!(
+            "latent attention, experts and YaRN are DeepseekV3-family only, not {:?}",
+            cfg.arch
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+/// The family's part of [`Model::restrict_head`]: replaces the one shard's
+/// output head by its rows `tokens` (already checked against the
+/// vocabulary).
+///
+/// Errors: a sharded model (world size above 1).
+pub(crate) fn restrict_head(shards: &mut [Shard], tokens: &[u32]) -> Result<()> {
+    let [shard] = shards else {
+        return Err(VerifyError::BadConfig(
+            "a restricted head needs an unsharded model (tensor-parallel world size 1)".into(),
+        ));
+    };
+    shard.lm_head = shard.lm_head.select_rows(tokens)?;
+    Ok(())
+}
 
 /// Per-row rotary tables for one forward: cos/sin of `head_dim / 2` angles.
 struct RopeRows {
@@ -83,14 +202,6 @@ impl RopeRows {
     }
 }
 
-/// The batch flattened into rows.
-pub(super) struct Rows {
-    pub(super) tokens: Vec<u32>,
-    pub(super) positions: Vec<usize>,
-    pub(super) seq: Vec<usize>,
-    pub(super) logit_rows: Vec<u32>,
-}
-
 /// Everything one forward shares across ranks (read-only).
 struct Step<'a> {
     rows: &'a Rows,
@@ -103,166 +214,63 @@ struct Step<'a> {
     vocab: &'a [Range<usize>],
 }
 
-impl Model {
-    pub(super) fn flatten(&self, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
-        if !pool.fits(&self.cfg, &self.kv_heads_per_rank()) {
-            return Err(VerifyError::BadBatch(format!(
-                "KV pool was built for a different model shape (a model sharded over {} \
-                 ranks needs KvPool::for_model)",
-                self.world_size()
-            )));
-        }
-        let mut rows = Rows {
-            tokens: Vec::new(),
-            positions: Vec::new(),
-            seq: Vec::new(),
-            logit_rows: Vec::new(),
-        };
-        for (si, s) in seqs.iter().enumerate() {
-            let end = s.start_pos + s.tokens.len();
-            if end > self.cfg.max_position {
-                return Err(VerifyError::BadBatch(format!(
-                    "sequence {si} reaches position {end}, beyond the model's {}",
-                    self.cfg.max_position
-                )));
-            }
-            if let Some(t) = s
-                .tokens
-                .iter()
-                .find(|&&t| t as usize >= self.cfg.vocab_size)
-            {
-                return Err(VerifyError::BadBatch(format!(
-                    "token id {t} outside the vocabulary of {}",
-                    self.cfg.vocab_size
-                )));
-            }
-            pool.check_table(s.block_table, end)?;
-            let base = rows.tokens.len();
-            rows.logit_rows
-                .extend(s.logits.rows(s.tokens.len()).map(|r| (base + r) as u32));
-            rows.tokens.extend_from_slice(s.tokens);
-            rows.positions.extend(s.start_pos..end);
-            rows.seq.extend(std::iter::repeat_n(si, s.tokens.len()));
-        }
-        if rows.tokens.is_empty() {
-            return Err(VerifyError::BadBatch("no tokens in the batch".into()));
-        }
-        Ok(rows)
-    }
+/// The family's forward over `shards` (one per tensor-parallel rank, in
+/// rank order): see [`Model::forward`] for the contract.
+pub(crate) fn forward(
+    model: &Model,
+    shards: &[Shard],
+    pool: &mut KvPool,
+    seqs: &[SeqInput],
+) -> Result<Tensor> {
+    let cfg = &model.cfg;
+    let rows = flatten(model, pool, seqs)?;
+    let rope = RopeRows::new(
+        cfg.head_dim,
+        cfg.rope_theta,
+        cfg.rope_style,
+        &rows.positions,
+    );
+    let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
+    let vocab: Vec<Range<usize>> = shards.iter().map(|s| s.vocab.clone()).collect();
+    let step = Step {
+        rows: &rows,
+        tables: &tables,
+        rope: &rope,
+        eps: cfg.rms_norm_eps as f32,
+        head_dim: cfg.head_dim,
+        vocab_size: cfg.vocab_size,
+        vocab: &vocab,
+    };
+    // Two sharded forwards at once would interleave their collectives
+    // on the one rank group.
+    let _one_step =
+        (shards.len() > 1).then(|| model.step.lock().unwrap_or_else(|e| e.into_inner()));
+    let logits = rank0(run_ranks(shards, pool.shards_mut(), |shard, kv| {
+        shard.forward(&step, kv)
+    }))?;
+    spread_restricted_head(model, logits)
+}
 
-    /// Runs one forward over all new tokens of `seqs`, writing their K/V into
-    /// `pool`, and returns logits `[n, vocab]` for the rows each sequence asked
-    /// for (see [`LogitsWanted`]), in batch order. `n` may be 0.
-    ///
-    /// Errors: a token outside the vocabulary, a position beyond the model's
-    /// context, a block table too short or naming a block outside the pool,
-    /// a pool built for another model shape or world size, or (sharded) a
-    /// rank that failed ([`VerifyError::RankFailed`]).
-    pub fn forward(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
-        match &self.body {
-            Body::Llama(shards) => self.forward_llama(shards, pool, seqs),
-            Body::Deepseek(ranks) => super::deepseek::forward(self, ranks, pool, seqs),
+/// With a restricted head ([`Model::restrict_head`], world size 1 only)
+/// spreads its columns over the full vocabulary, -inf elsewhere, so
+/// callers always see `[n, vocab]` logits.
+fn spread_restricted_head(model: &Model, logits: Tensor) -> Result<Tensor> {
+    let Some(ids) = &model.head_tokens else {
+        return Ok(logits);
+    };
+    let vocab = model.cfg.vocab_size;
+    let m = logits.dim(0)?;
+    let sub = logits.flatten_all()?.to_vec1::<f32>()?;
+    let mut full = vec![f32::NEG_INFINITY; m * vocab];
+    for (row, src) in full
+        .chunks_exact_mut(vocab)
+        .zip(sub.chunks_exact(ids.len()))
+    {
+        for (&t, &v) in ids.iter().zip(src) {
+            row[t as usize] = v;
         }
     }
-
-    fn forward_llama(
-        &self,
-        shards: &[Shard],
-        pool: &mut KvPool,
-        seqs: &[SeqInput],
-    ) -> Result<Tensor> {
-        let cfg = &self.cfg;
-        let rows = self.flatten(pool, seqs)?;
-        let rope = RopeRows::new(
-            cfg.head_dim,
-            cfg.rope_theta,
-            cfg.rope_style,
-            &rows.positions,
-        );
-        let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
-        let vocab: Vec<Range<usize>> = shards.iter().map(|s| s.vocab.clone()).collect();
-        let step = Step {
-            rows: &rows,
-            tables: &tables,
-            rope: &rope,
-            eps: cfg.rms_norm_eps as f32,
-            head_dim: cfg.head_dim,
-            vocab_size: cfg.vocab_size,
-            vocab: &vocab,
-        };
-        // Two sharded forwards at once would interleave their collectives
-        // on the one rank group.
-        let _one_step =
-            (shards.len() > 1).then(|| self.step.lock().unwrap_or_else(|e| e.into_inner()));
-        let logits = rank0(run_ranks(shards, pool.shards_mut(), |shard, kv| {
-            shard.forward(&step, kv)
-        }))?;
-        self.spread_restricted_head(logits)
-    }
-
-    /// With a restricted head ([`Model::restrict_head`], world size 1 only)
-    /// spreads its columns over the full vocabulary, -inf elsewhere, so
-    /// callers always see `[n, vocab]` logits.
-    fn spread_restricted_head(&self, logits: Tensor) -> Result<Tensor> {
-        let Some(ids) = &self.head_tokens else {
-            return Ok(logits);
-        };
-        let vocab = self.cfg.vocab_size;
-        let m = logits.dim(0)?;
-        let sub = logits.flatten_all()?.to_vec1::<f32>()?;
-        let mut full = vec![f32::NEG_INFINITY; m * vocab];
-        for (row, src) in full
-            .chunks_exact_mut(vocab)
-            .zip(sub.chunks_exact(ids.len()))
-        {
-            for (&t, &v) in ids.iter().zip(src) {
-                row[t as usize] = v;
-            }
-        }
-        Ok(Tensor::from_vec(full, (m, vocab), &Device::Cpu)?)
-    }
-
-    /// Runs a throwaway two-row forward so that candle packs every weight
-    /// into its kernel layout now (it does so lazily, on first use: about
-    /// 1.5 s for the 1.5B model) rather than inside the first request.
-    pub fn warm_up(&self) -> Result<()> {
-        let mut pool = KvPool::for_model(self, 1, 2)?;
-        self.forward(
-            &mut pool,
-            &[SeqInput {
-                tokens: &[0, 0],
-                start_pos: 0,
-                block_table: &[0],
-                logits: LogitsWanted::Last,
-            }],
-        )?;
-        Ok(())
-    }
-
-    /// [`Model::forward`] with the logits as one `Vec<f32>` per row.
-    pub fn forward_rows(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Vec<Vec<f32>>> {
-        Ok(self.forward(pool, seqs)?.to_vec2::<f32>()?)
-    }
-
-    /// Convenience for one sequence: logits rows as `Vec<Vec<f32>>`.
-    pub fn forward_one(
-        &self,
-        pool: &mut KvPool,
-        tokens: &[u32],
-        start_pos: usize,
-        block_table: &[u32],
-        logits: LogitsWanted,
-    ) -> Result<Vec<Vec<f32>>> {
-        self.forward_rows(
-            pool,
-            &[SeqInput {
-                tokens,
-                start_pos,
-                block_table,
-                logits,
-            }],
-        )
-    }
+    Ok(Tensor::from_vec(full, (m, vocab), &Device::Cpu)?)
 }
 
 /// Rank 0's result of a forward: its logits.

@@ -1,0 +1,215 @@
+//! A GGUF container reader that knows every tensor type id: header,
+//! metadata (as candle's [`Value`], so metadata consumers share one type)
+//! and tensor directory, with raw tensor bytes read on demand.
+//!
+//! candle's reader rejects a file as soon as one tensor has a type it does
+//! not know (MXFP4, id 39, which llama.cpp writes for Kimi K3's routed
+//! experts), so families whose files carry such tensors read them here.
+
+use crate::error::{Result, VerifyError};
+use candle_core::quantized::gguf_file::Value;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// One tensor's directory entry.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    /// Dimensions in ggml order (`dims[0]` varies fastest).
+    pub dims: Vec<usize>,
+    /// ggml type id (0 F32, 1 F16, 30 BF16, 39 MXFP4, ...).
+    pub dtype: u32,
+    /// Offset from the start of the data section.
+    pub offset: u64,
+}
+
+/// A GGUF file's metadata and tensor directory.
+pub struct Gguf {
+    path: PathBuf,
+    pub metadata: HashMap<String, Value>,
+    pub tensors: HashMap<String, TensorInfo>,
+    data_start: u64,
+}
+
+fn bad(path: &Path, what: impl std::fmt::Display) -> VerifyError {
+    VerifyError::BadConfig(format!("{} is not a readable GGUF file: {what}", path.display()))
+}
+
+struct Cursor<R> {
+    r: R,
+}
+
+impl<R: Read> Cursor<R> {
+    fn bytes<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {
+        let mut b = [0u8; N];
+        self.r.read_exact(&mut b)?;
+        Ok(b)
+    }
+    fn u32(&mut self) -> std::io::Result<u32> {
+        Ok(u32::from_le_bytes(self.bytes()?))
+    }
+    fn u64(&mut self) -> std::io::Result<u64> {
+        Ok(u64::from_le_bytes(self.bytes()?))
+    }
+    fn string(&mut self) -> std::io::Result<String> {
+        let n = self.u64()? as usize;
+        if n > 1 << 30 {
+            return Err(std::io::Error::other(format!("string of {n} bytes")));
+        }
+        let mut b = vec![0u8; n];
+        self.r.read_exact(&mut b)?;
+        String::from_utf8(b).map_err(std::io::Error::other)
+    }
+    fn value(&mut self, ty: u32, depth: usize) -> std::io::Result<Value> {
+        Ok(match ty {
+            0 => Value::U8(self.bytes::<1>()?[0]),
+            1 => Value::I8(self.bytes::<1>()?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.bytes()?)),
+            3 => Value::I16(i16::from_le_bytes(self.bytes()?)),
+            4 => Value::U32(self.u32()?),
+            5 => Value::I32(i32::from_le_bytes(self.bytes()?)),
+            6 => Value::F32(f32::from_le_bytes(self.bytes()?)),
+            7 => Value::Bool(self.bytes::<1>()?[0] != 0),
+            8 => Value::String(self.string()?),
+            9 if depth == 0 => {
+                let inner = self.u32()?;
+                let n = self.u64()? as usize;
+                if n > 1 << 28 {
+                    return Err(std::io::Error::other(format!("array of {n} items")));
+                }
+                let mut v = Vec::with_capacity(n.min(1 << 20));
+                for _ in 0..n {
+                    v.push(self.value(inner, depth + 1)?);
+                }
+                Value::Array(v)
+            }
+            10 => Value::U64(self.u64()?),
+            11 => Value::I64(i64::from_le_bytes(self.bytes()?)),
+            12 => Value::F64(f64::from_le_bytes(self.bytes()?)),
+            t => return Err(std::io::Error::other(format!("metadata value type {t}"))),
+        })
+    }
+}
+
+impl Gguf {
+    /// Reads the header, metadata and tensor directory of `path`.
+    ///
+    /// Errors: unreadable file, wrong magic, unsupported version (1), or a
+    /// malformed header, each naming the file.
+    pub fn open(path: &Path) -> Result<Self> {
+        let f = File::open(path).map_err(|source| VerifyError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut c = Cursor { r: BufReader::new(f) };
+        let e = |x: std::io::Error| bad(path, x);
+        if &c.bytes::<4>().map_err(e)? != b"GGUF" {
+            return Err(bad(path, "wrong magic"));
+        }
+        let version = c.u32().map_err(e)?;
+        if !(2..=3).contains(&version) {
+            return Err(bad(path, format!("version {version}")));
+        }
+        let n_tensors = c.u64().map_err(e)?;
+        let n_kv = c.u64().map_err(e)?;
+        let mut metadata = HashMap::new();
+        for _ in 0..n_kv {
+            let key = c.string().map_err(e)?;
+            let ty = c.u32().map_err(e)?;
+            let v = c.value(ty, 0).map_err(e)?;
+            metadata.insert(key, v);
+        }
+        let mut tensors = HashMap::new();
+        for _ in 0..n_tensors {
+            let name = c.string().map_err(e)?;
+            let nd = c.u32().map_err(e)? as usize;
+            if nd > 8 {
+                return Err(bad(path, format!("tensor {name} has {nd} dimensions")));
+            }
+            let dims = (0..nd)
+                .map(|_| c.u64().map(|d| d as usize))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(e)?;
+            let dtype = c.u32().map_err(e)?;
+            let offset = c.u64().map_err(e)?;
+            tensors.insert(name, TensorInfo { dims, dtype, offset });
+        }
+        let align = match metadata.get("general.alignment") {
+            Some(Value::U32(a)) if *a > 0 => *a as u64,
+            _ => 32,
+        };
+        let pos = c.r.stream_position().map_err(e)?;
+        let data_start = pos.div_ceil(align) * align;
+        Ok(Self {
+            path: path.to_path_buf(),
+            metadata,
+            tensors,
+            data_start,
+        })
+    }
+
+    /// The file this was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Raw bytes of tensor `name`, `len` bytes long (the caller knows its
+    /// type's size).
+    ///
+    /// Errors: no such tensor, or a read past the end of the file.
+    pub fn raw(&self, name: &str, len: usize) -> Result<(TensorInfo, Vec<u8>)> {
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?
+            .clone();
+        let mut f = File::open(&self.path).map_err(|source| VerifyError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let mut b = vec![0u8; len];
+        f.seek(SeekFrom::Start(self.data_start + info.offset))
+            .and_then(|_| f.read_exact(&mut b))
+            .map_err(|x| bad(&self.path, format!("tensor {name}: {x}")))?;
+        Ok((info, b))
+    }
+
+    /// Tensor `name` decoded to f32 (types F32, F16, BF16 and MXFP4), with
+    /// its ggml-order dims.
+    ///
+    /// Errors: no such tensor, another type, or a short file.
+    pub fn f32_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
+        let n: usize = info.dims.iter().product();
+        let len = match info.dtype {
+            0 => n * 4,
+            1 | 30 => n * 2,
+            crate::kernels::mxfp4::GGML_TYPE_MXFP4 => n / 32 * crate::kernels::mxfp4::BLOCK_BYTES,
+            t => {
+                return Err(VerifyError::BadConfig(format!(
+                    "{}: tensor {name} has ggml type {t}; this reader decodes F32, F16, BF16 and MXFP4",
+                    self.path.display()
+                )))
+            }
+        };
+        let (info, b) = self.raw(name, len)?;
+        let v = match info.dtype {
+            0 => b.chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap())).collect(),
+            1 => b
+                .chunks_exact(2)
+                .map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f32())
+                .collect(),
+            30 => b
+                .chunks_exact(2)
+                .map(|x| half::bf16::from_le_bytes([x[0], x[1]]).to_f32())
+                .collect(),
+            _ => crate::kernels::mxfp4::decode_ggml(&b, n)
+                .map_err(|m| VerifyError::BadConfig(format!("{name}: {m}")))?,
+        };
+        Ok((info.dims, v))
+    }
+}

@@ -1,0 +1,743 @@
+//! Loading Kimi K3: its config from a Hugging Face `config.json` (text
+//! model under `text_config`) or from llama.cpp `kimi-k3` GGUF metadata,
+//! and one rank's shard of its weights from either source.
+//!
+//! Both sources are read through [`Source`], which hands out every tensor
+//! as f32 in the Hugging Face layout (`[out, in]` row-major); the GGUF
+//! side undoes llama.cpp's conversions (`ssm_a = -exp(A_log)`, `kv_b`
+//! split into `k_b` transposed and `v_b`, experts stacked, attention
+//! residual norm and projection fused into one score vector), and the HF
+//! side fuses the residual pair the same way and decodes the MXFP4
+//! experts. Ranks then slice what they hold out of the whole tensors: the
+//! tiny checkpoints this loads today fit easily; a full-size K3 needs
+//! sliced reads and packed MXFP4 kernels (see BENCHMARKS.md).
+
+use super::{Ablation, Expert, ExpertMat, Ffn, GatedMla, K3Config, K3Layer, Kda, LatentMoe, Mixer, Query, SituMlp, Weights};
+use crate::error::{Result, VerifyError};
+use crate::gguf::Gguf;
+use crate::kernels::mxfp4::{self, Mxfp4Matrix};
+use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle};
+use crate::model::dense::Dense;
+use crate::model::loader::SafetensorsWeights;
+use crate::model::{Body, Model};
+use crate::tp::Communicator;
+use candle_core::quantized::gguf_file::Value;
+use serde_json::Value as Json;
+use std::ops::Range;
+
+fn bad(m: String) -> VerifyError {
+    VerifyError::BadConfig(m)
+}
+
+/// The output-head rows (vocabulary ids) rank `rank` of `world` holds.
+pub(crate) fn vocab_rows(rank: usize, world: usize, vocab: usize) -> Range<usize> {
+    rank * vocab / world..(rank + 1) * vocab / world
+}
+
+fn split(name: &str, n: usize, world: usize, rank: usize) -> Result<Range<usize>> {
+    if !n.is_multiple_of(world) {
+        let ok: Vec<usize> = (1..=n).filter(|w| n.is_multiple_of(*w)).collect();
+        return Err(bad(format!(
+            "{name}: {n} does not split across {world} tensor-parallel ranks; world sizes that work: {ok:?}"
+        )));
+    }
+    let per = n / world;
+    Ok(rank * per..(rank + 1) * per)
+}
+
+fn ju(v: &Json, key: &str) -> Result<usize> {
+    v.get(key)
+        .and_then(Json::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| bad(format!("config.json: text_config.{key} missing or not an integer")))
+}
+
+fn jf(v: &Json, key: &str, default: Option<f64>) -> Result<f64> {
+    match (v.get(key).and_then(Json::as_f64), default) {
+        (Some(x), _) => Ok(x),
+        (None, Some(d)) => Ok(d),
+        (None, None) => Err(bad(format!("config.json: text_config.{key} missing or not a number"))),
+    }
+}
+
+/// Parses a K3 `config.json` (the whole file; the text model sits under
+/// `text_config`).
+///
+/// Errors: a missing key (named), an activation other than SiTU, a router
+/// other than sigmoid, tied embeddings, or an inconsistent layer schedule.
+pub(crate) fn config_from_hf_json(v: &Json) -> Result<(ModelConfig, K3Config)> {
+    let t = v.get("text_config").unwrap_or(v);
+    if t.get("hidden_act").and_then(Json::as_str) != Some("situ") {
+        return Err(bad("config.json: Kimi K3 needs hidden_act \"situ\"".into()));
+    }
+    if t.get("moe_router_activation_func").and_then(Json::as_str).unwrap_or("sigmoid") != "sigmoid" {
+        return Err(bad("config.json: Kimi K3's router must be sigmoid".into()));
+    }
+    if t.get("tie_word_embeddings").and_then(Json::as_bool) == Some(true) {
+        return Err(bad("config.json: tied embeddings in a Kimi K3 config".into()));
+    }
+    let lin = t
+        .get("linear_attn_config")
+        .ok_or_else(|| bad("config.json: text_config.linear_attn_config missing".into()))?;
+    let layers = ju(t, "num_hidden_layers")?;
+    let full: Vec<usize> = lin
+        .get("full_attn_layers")
+        .and_then(Json::as_array)
+        .ok_or_else(|| bad("config.json: linear_attn_config.full_attn_layers missing".into()))?
+        .iter()
+        .map(|x| x.as_u64().map(|x| x as usize))
+        .collect::<Option<_>>()
+        .ok_or_else(|| bad("config.json: full_attn_layers must be integers".into()))?;
+    // 1-indexed, as KimiLinearConfig reads them.
+    let mla_layers: Vec<bool> = (0..layers).map(|l| full.contains(&(l + 1))).collect();
+    let heads = ju(t, "num_attention_heads")?;
+    let mla = MlaConfig {
+        q_lora_rank: t.get("q_lora_rank").and_then(Json::as_u64).map(|x| x as usize),
+        kv_lora_rank: ju(t, "kv_lora_rank")?,
+        qk_nope_head_dim: ju(t, "qk_nope_head_dim")?,
+        qk_rope_head_dim: ju(t, "qk_rope_head_dim")?,
+        v_head_dim: ju(t, "v_head_dim")?,
+    };
+    let moe = MoeConfig {
+        n_routed_experts: ju(t, "num_experts")?,
+        num_experts_per_tok: ju(t, "num_experts_per_token")?,
+        moe_intermediate_size: ju(t, "moe_intermediate_size")?,
+        n_shared_experts: ju(t, "num_shared_experts")?,
+        n_group: t.get("num_expert_group").and_then(Json::as_u64).unwrap_or(1) as usize,
+        topk_group: t.get("topk_group").and_then(Json::as_u64).unwrap_or(1) as usize,
+        norm_topk_prob: t.get("moe_renormalize").and_then(Json::as_bool).unwrap_or(true),
+        routed_scaling_factor: jf(t, "routed_scaling_factor", Some(1.0))? as f32,
+        first_k_dense_replace: ju(t, "first_k_dense_replace")?,
+    };
+    let k3 = K3Config {
+        mla_layers,
+        kda_heads: ju(lin, "num_heads")?,
+        kda_head_dim: ju(lin, "head_dim")?,
+        conv_kernel: ju(lin, "short_conv_kernel_size")?,
+        gate_lower_bound: lin.get("gate_lower_bound").and_then(Json::as_f64).map(|x| x as f32),
+        latent: t.get("routed_expert_hidden_size").and_then(Json::as_u64).map(|x| x as usize),
+        situ_beta: jf(t, "activation_situ_beta", None)? as f32,
+        situ_linear_beta: jf(t, "activation_situ_linear_beta", Some(0.0))? as f32,
+        attn_res_block: t.get("attn_res_block_size").and_then(Json::as_u64).unwrap_or(0) as usize,
+    };
+    let cfg = ModelConfig {
+        arch: Arch::KimiK3,
+        vocab_size: ju(t, "vocab_size")?,
+        hidden_size: ju(t, "hidden_size")?,
+        intermediate_size: ju(t, "intermediate_size")?,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+        rms_norm_eps: jf(t, "rms_norm_eps", Some(1e-5))?,
+        rope_theta: 10000.0,
+        rope_style: RopeStyle::Neox,
+        max_position: t.get("max_position_embeddings").and_then(Json::as_u64).unwrap_or(131072) as usize,
+        mla: Some(Box::new(mla)),
+        moe: Some(Box::new(moe)),
+        yarn: None,
+    };
+    validate(&cfg, &k3)?;
+    Ok((cfg, k3))
+}
+
+/// Checks what the forward relies on.
+pub(crate) fn validate(cfg: &ModelConfig, k3: &K3Config) -> Result<()> {
+    if k3.mla_layers.len() != cfg.num_layers {
+        return Err(bad(format!(
+            "layer schedule has {} entries for {} layers",
+            k3.mla_layers.len(),
+            cfg.num_layers
+        )));
+    }
+    if k3.kda_heads == 0 || k3.kda_head_dim == 0 || k3.conv_kernel < 2 || k3.situ_beta <= 0.0 {
+        return Err(bad(format!("degenerate Kimi K3 linear-attention settings {k3:?}")));
+    }
+    if cfg.mla.is_none() || cfg.moe.is_none() {
+        return Err(bad("a Kimi K3 config needs MLA and MoE settings".into()));
+    }
+    let moe = cfg.moe.as_ref().expect("checked");
+    if moe.n_group == 0 || !moe.n_routed_experts.is_multiple_of(moe.n_group) || moe.topk_group > moe.n_group {
+        return Err(bad(format!("expert groups {moe:?} do not divide the experts")));
+    }
+    Ok(())
+}
+
+fn meta<'a>(g: &'a Gguf, key: &str) -> Result<&'a Value> {
+    g.metadata
+        .get(&format!("kimi-k3.{key}"))
+        .ok_or_else(|| VerifyError::MissingMetadata(format!("kimi-k3.{key}")))
+}
+
+fn as_usize(v: &Value, key: &str) -> Result<usize> {
+    Ok(match v {
+        Value::U8(x) => *x as usize,
+        Value::U16(x) => *x as usize,
+        Value::U32(x) => *x as usize,
+        Value::U64(x) => *x as usize,
+        Value::I32(x) if *x >= 0 => *x as usize,
+        Value::I64(x) if *x >= 0 => *x as usize,
+        _ => return Err(bad(format!("GGUF kimi-k3.{key} is not a count: {v:?}"))),
+    })
+}
+
+fn as_f32(v: &Value, key: &str) -> Result<f32> {
+    Ok(match v {
+        Value::F32(x) => *x,
+        Value::F64(x) => *x as f32,
+        _ => return Err(bad(format!("GGUF kimi-k3.{key} is not a number: {v:?}"))),
+    })
+}
+
+fn mu(g: &Gguf, key: &str) -> Result<usize> {
+    as_usize(meta(g, key)?, key)
+}
+
+fn mu_or(g: &Gguf, key: &str, d: usize) -> Result<usize> {
+    match g.metadata.get(&format!("kimi-k3.{key}")) {
+        Some(v) => as_usize(v, key),
+        None => Ok(d),
+    }
+}
+
+fn mf_opt(g: &Gguf, key: &str) -> Result<Option<f32>> {
+    g.metadata
+        .get(&format!("kimi-k3.{key}"))
+        .map(|v| as_f32(v, key))
+        .transpose()
+}
+
+/// Reads the config out of a llama.cpp `kimi-k3` GGUF's metadata.
+///
+/// Errors: another architecture, or missing/mistyped keys (named).
+pub(crate) fn config_from_gguf(g: &Gguf) -> Result<(ModelConfig, K3Config)> {
+    match g.metadata.get("general.architecture") {
+        Some(Value::String(a)) if a == "kimi-k3" => {}
+        other => return Err(bad(format!("{}: not a kimi-k3 GGUF ({other:?})", g.path().display()))),
+    }
+    let layers = mu(g, "block_count")?;
+    let kv = meta(g, "attention.head_count_kv")?;
+    let mla_layers: Vec<bool> = match kv {
+        Value::Array(a) => a
+            .iter()
+            .map(|x| as_usize(x, "attention.head_count_kv").map(|n| n > 0))
+            .collect::<Result<_>>()?,
+        v => vec![as_usize(v, "attention.head_count_kv")? > 0; layers],
+    };
+    let rope = mu(g, "rope.dimension_count")?;
+    let k_mla = mu(g, "attention.key_length_mla")?;
+    let mla = MlaConfig {
+        q_lora_rank: match g.metadata.get("kimi-k3.attention.q_lora_rank") {
+            Some(v) => Some(as_usize(v, "attention.q_lora_rank")?),
+            None => None,
+        },
+        kv_lora_rank: mu(g, "attention.kv_lora_rank")?,
+        qk_nope_head_dim: k_mla - rope,
+        qk_rope_head_dim: rope,
+        v_head_dim: mu(g, "attention.value_length_mla")?,
+    };
+    let norm = match g.metadata.get("kimi-k3.expert_weights_norm") {
+        Some(Value::Bool(b)) => *b,
+        _ => false,
+    };
+    let moe = MoeConfig {
+        n_routed_experts: mu(g, "expert_count")?,
+        num_experts_per_tok: mu(g, "expert_used_count")?,
+        moe_intermediate_size: mu(g, "expert_feed_forward_length")?,
+        n_shared_experts: mu(g, "expert_shared_count")?,
+        n_group: mu_or(g, "expert_group_count", 1)?.max(1),
+        topk_group: mu_or(g, "expert_group_used_count", 1)?.max(1),
+        norm_topk_prob: norm,
+        routed_scaling_factor: mf_opt(g, "expert_weights_scale")?.unwrap_or(1.0),
+        first_k_dense_replace: mu_or(g, "leading_dense_block_count", 0)?,
+    };
+    let heads = mu(g, "attention.head_count")?;
+    let k3 = K3Config {
+        mla_layers,
+        kda_heads: heads,
+        kda_head_dim: mu(g, "kda.head_dim")?,
+        conv_kernel: mu(g, "ssm.conv_kernel")?,
+        gate_lower_bound: mf_opt(g, "kda.gate_lower_bound")?.filter(|x| x.is_finite()),
+        latent: match mu_or(g, "expert_latent_length", 0)? {
+            0 => None,
+            l => Some(l),
+        },
+        situ_beta: mf_opt(g, "activation.situ_beta")?
+            .ok_or_else(|| VerifyError::MissingMetadata("kimi-k3.activation.situ_beta".into()))?,
+        situ_linear_beta: mf_opt(g, "activation.situ_linear_beta")?.unwrap_or(0.0),
+        attn_res_block: mu_or(g, "attn_res.block_size", 0)?,
+    };
+    let vocab = match g.metadata.get("kimi-k3.vocab_size") {
+        Some(v) => as_usize(v, "vocab_size")?,
+        None => match g.metadata.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(a)) => a.len(),
+            _ => return Err(VerifyError::MissingMetadata("kimi-k3.vocab_size".into())),
+        },
+    };
+    let cfg = ModelConfig {
+        arch: Arch::KimiK3,
+        vocab_size: vocab,
+        hidden_size: mu(g, "embedding_length")?,
+        intermediate_size: mu(g, "feed_forward_length")?,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: k_mla,
+        rms_norm_eps: mf_opt(g, "attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f64,
+        rope_theta: 10000.0,
+        rope_style: RopeStyle::Neox,
+        max_position: mu_or(g, "context_length", 131072)?,
+        mla: Some(Box::new(mla)),
+        moe: Some(Box::new(moe)),
+        yarn: None,
+    };
+    validate(&cfg, &k3)?;
+    Ok((cfg, k3))
+}
+
+/// Where the weights come from; every getter returns f32 in the HF layout.
+enum Source<'a> {
+    Hf(&'a SafetensorsWeights, &'static str),
+    Gguf(&'a Gguf),
+}
+
+/// A tensor of one layer (`Some(l)`) or of the model, named both ways.
+struct Name<'a> {
+    layer: Option<usize>,
+    hf: &'a str,
+    gguf: &'a str,
+}
+
+fn lay<'a>(l: usize, hf: &'a str, gguf: &'a str) -> Name<'a> {
+    Name { layer: Some(l), hf, gguf }
+}
+
+impl Source<'_> {
+    fn hf_name(&self, n: &Name) -> String {
+        let prefix = match self {
+            Source::Hf(_, p) => *p,
+            Source::Gguf(_) => "",
+        };
+        match n.layer {
+            Some(l) => format!("{prefix}model.layers.{l}.{}", n.hf),
+            None => format!("{prefix}{}", n.hf),
+        }
+    }
+
+    fn gguf_name(n: &Name) -> String {
+        match n.layer {
+            Some(l) => format!("blk.{l}.{}", n.gguf),
+            None => n.gguf.to_string(),
+        }
+    }
+
+    fn has(&self, n: &Name) -> bool {
+        match self {
+            Source::Hf(st, _) => st.shape_of(&self.hf_name(n)).is_some(),
+            Source::Gguf(g) => g.tensors.contains_key(&Self::gguf_name(n)),
+        }
+    }
+
+    /// Tensor `n` with `len` elements (its layout as the HF checkpoint has it).
+    fn get(&self, n: &Name, len: usize) -> Result<Vec<f32>> {
+        let v = match self {
+            Source::Hf(st, _) => {
+                let name = self.hf_name(n);
+                let shape = st.shape_of(&name).ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
+                st.tensor(&name, &shape)?.flatten_all()?.to_vec1::<f32>()?
+            }
+            Source::Gguf(g) => g.f32_tensor(&Self::gguf_name(n))?.1,
+        };
+        if v.len() != len {
+            let name = match self {
+                Source::Hf(..) => self.hf_name(n),
+                Source::Gguf(_) => Self::gguf_name(n),
+            };
+            return Err(VerifyError::BadTensorShape {
+                name,
+                got: vec![v.len()],
+                expected: vec![len],
+            });
+        }
+        Ok(v)
+    }
+
+    fn opt(&self, n: &Name, len: usize) -> Result<Option<Vec<f32>>> {
+        if self.has(n) {
+            self.get(n, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// An attention-residual score vector: the GGUF's fused one, or the
+    /// checkpoint's `{p}_norm * {p}_proj`.
+    fn res_score(&self, layer: Option<usize>, hf_prefix: &str, gguf: &str, hidden: usize) -> Result<Option<Vec<f32>>> {
+        match self {
+            Source::Gguf(_) => self.opt(&Name { layer, hf: "", gguf }, hidden),
+            Source::Hf(..) => {
+                let (nn, pn) = (format!("{hf_prefix}_norm.weight"), format!("{hf_prefix}_proj.weight"));
+                let norm = Name { layer, hf: &nn, gguf: "" };
+                let proj = Name { layer, hf: &pn, gguf: "" };
+                match (self.opt(&norm, hidden)?, self.opt(&proj, hidden)?) {
+                    (Some(a), Some(b)) => Ok(Some(a.iter().zip(&b).map(|(a, b)| a * b).collect())),
+                    (None, None) => Ok(None),
+                    _ => Err(bad(format!("{hf_prefix}: a residual norm without its projection"))),
+                }
+            }
+        }
+    }
+
+    /// Routed expert `e`'s `which` (w1 gate, w2 down, w3 up), `[out, inp]`:
+    /// MXFP4 stays packed, anything else becomes f32.
+    fn expert(&self, l: usize, e: usize, n_exp: usize, which: &str, out: usize, inp: usize) -> Result<ExpertMat> {
+        match self {
+            Source::Hf(st, p) => {
+                let base = format!("{p}model.layers.{l}.block_sparse_moe.experts.{e}.{which}");
+                let packed = format!("{base}.weight_packed");
+                if st.shape_of(&packed).is_some() {
+                    let pk = st.bytes(&packed, &[out, inp / 2])?;
+                    let sc = st.bytes(&format!("{base}.weight_scale"), &[out, inp / 32])?;
+                    Mxfp4Matrix::from_packed(pk, sc, out, inp)
+                        .map(ExpertMat::Packed)
+                        .map_err(|m| bad(format!("{base}: {m}")))
+                } else {
+                    let w = st.tensor(&format!("{base}.weight"), &[out, inp])?.flatten_all()?.to_vec1::<f32>()?;
+                    Ok(ExpertMat::Dense(dense(w, out, inp)))
+                }
+            }
+            Source::Gguf(g) => {
+                let gname = match which {
+                    "w1" => "ffn_gate_exps",
+                    "w2" => "ffn_down_exps",
+                    _ => "ffn_up_exps",
+                };
+                let name = format!("blk.{l}.{gname}.weight");
+                let info = g.tensors.get(&name).ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
+                if info.dims != [inp, out, n_exp] {
+                    return Err(VerifyError::BadTensorShape {
+                        name,
+                        got: info.dims.clone(),
+                        expected: vec![inp, out, n_exp],
+                    });
+                }
+                if info.dtype == mxfp4::GGML_TYPE_MXFP4 {
+                    let per = out * inp / 32 * mxfp4::BLOCK_BYTES;
+                    let (_, all) = g.raw(&name, n_exp * per)?;
+                    Mxfp4Matrix::from_ggml(all[e * per..(e + 1) * per].to_vec(), out, inp)
+                        .map(ExpertMat::Packed)
+                        .map_err(|m| bad(format!("{name}: {m}")))
+                } else {
+                    let (_, all) = g.f32_tensor(&name)?;
+                    Ok(ExpertMat::Dense(dense(all[e * out * inp..(e + 1) * out * inp].to_vec(), out, inp)))
+                }
+            }
+        }
+    }
+
+    /// The MLA layer's kv_b_proj `[heads * (nope + v), kvr]` (GGUF: rebuilt
+    /// from `attn_k_b` `[heads][kvr, nope]` and `attn_v_b` `[heads][v, kvr]`).
+    fn kv_b(&self, l: usize, heads: usize, nope: usize, v: usize, kvr: usize) -> Result<Vec<f32>> {
+        let whole = lay(l, "self_attn.kv_b_proj.weight", "attn_kv_b.weight");
+        if matches!(self, Source::Hf(..)) || self.has(&whole) {
+            return self.get(&whole, heads * (nope + v) * kvr);
+        }
+        let kb = self.get(&lay(l, "", "attn_k_b.weight"), heads * kvr * nope)?;
+        let vb = self.get(&lay(l, "", "attn_v_b.weight"), heads * v * kvr)?;
+        let mut out = Vec::with_capacity(heads * (nope + v) * kvr);
+        for h in 0..heads {
+            let k_h = &kb[h * kvr * nope..(h + 1) * kvr * nope];
+            for j in 0..nope {
+                out.extend((0..kvr).map(|c| k_h[c * nope + j]));
+            }
+            out.extend_from_slice(&vb[h * v * kvr..(h + 1) * v * kvr]);
+        }
+        Ok(out)
+    }
+}
+
+fn dense(w: Vec<f32>, out: usize, inp: usize) -> Dense {
+    Dense::new(w, out, inp)
+}
+
+fn rows_of(w: &[f32], inp: usize, r: Range<usize>) -> Dense {
+    Dense::new(w[r.start * inp..r.end * inp].to_vec(), r.len(), inp)
+}
+
+fn cols_of(w: &[f32], out: usize, inp: usize, c: Range<usize>) -> Dense {
+    let v = (0..out).flat_map(|o| w[o * inp + c.start..o * inp + c.end].iter().copied()).collect();
+    Dense::new(v, out, c.len())
+}
+
+/// A SiTU MLP's column slice `f` of width `ff`.
+fn situ_mlp(src: &Source, l: usize, prefix: &str, gg: &str, h: usize, ff: usize, f: Range<usize>) -> Result<SituMlp> {
+    let n = |hf: &str, g: &str| (format!("{prefix}.{hf}_proj.weight"), format!("ffn_{g}{gg}.weight"));
+    let (gh, gq) = n("gate", "gate");
+    let (uh, uq) = n("up", "up");
+    let (dh, dq) = n("down", "down");
+    let gate = src.get(&lay(l, &gh, &gq), ff * h)?;
+    let up = src.get(&lay(l, &uh, &uq), ff * h)?;
+    let down = src.get(&lay(l, &dh, &dq), h * ff)?;
+    Ok(SituMlp {
+        gate: rows_of(&gate, h, f.clone()),
+        up: rows_of(&up, h, f.clone()),
+        down: cols_of(&down, h, ff, f),
+    })
+}
+
+fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Communicator>) -> Result<Weights> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let h = cfg.hidden_size;
+    let mla = cfg.mla.as_ref().expect("validated");
+    let moe = cfg.moe.as_ref().expect("validated");
+    let (hd, kh) = (k3.kda_head_dim, k3.kda_heads);
+    let kheads = split("KDA heads", kh, world, rank)?;
+    let mheads = split("MLA heads", cfg.num_heads, world, rank)?;
+    let chans = kheads.start * hd..kheads.end * hd;
+    let c = kh * hd;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    let mut state_offsets = Vec::with_capacity(cfg.num_layers);
+    let mut state_floats = 0;
+    for l in 0..cfg.num_layers {
+        let mixer = if k3.mla_layers[l] {
+            state_offsets.push(None);
+            let (nope, rope, v, kvr) = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank);
+            let qk = nope + rope;
+            let nh = cfg.num_heads;
+            let q = match mla.q_lora_rank {
+                Some(r) => Query::LowRank {
+                    a: dense(src.get(&lay(l, "self_attn.q_a_proj.weight", "attn_q_a.weight"), r * h)?, r, h),
+                    norm: src.get(&lay(l, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"), r)?,
+                    b: rows_of(
+                        &src.get(&lay(l, "self_attn.q_b_proj.weight", "attn_q_b.weight"), nh * qk * r)?,
+                        r,
+                        mheads.start * qk..mheads.end * qk,
+                    ),
+                },
+                None => Query::Full(rows_of(
+                    &src.get(&lay(l, "self_attn.q_proj.weight", "attn_q.weight"), nh * qk * h)?,
+                    h,
+                    mheads.start * qk..mheads.end * qk,
+                )),
+            };
+            let kv_b = src.kv_b(l, nh, nope, v, kvr)?;
+            let per = nope + v;
+            let gate = src
+                .opt(&lay(l, "self_attn.g_proj.weight", "attn_gate.weight"), nh * v * h)?
+                .map(|g| rows_of(&g, h, mheads.start * v..mheads.end * v));
+            Mixer::Mla(GatedMla {
+                q,
+                kv_a: dense(
+                    src.get(&lay(l, "self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"), (kvr + rope) * h)?,
+                    kvr + rope,
+                    h,
+                ),
+                kv_a_norm: src.get(&lay(l, "self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"), kvr)?,
+                kv_b: rows_of(&kv_b, kvr, mheads.start * per..mheads.end * per),
+                gate,
+                o: cols_of(
+                    &src.get(&lay(l, "self_attn.o_proj.weight", "attn_output.weight"), h * nh * v)?,
+                    h,
+                    nh * v,
+                    mheads.start * v..mheads.end * v,
+                ),
+                heads: mheads.len(),
+            })
+        } else {
+            state_offsets.push(Some(state_floats));
+            state_floats += k3.kda_state_floats(kheads.len());
+            let kernel = k3.conv_kernel;
+            let conv = |hf: &str, g: &str| -> Result<Vec<f32>> {
+                let w = src.get(&lay(l, hf, g), c * kernel)?;
+                Ok(w[chans.start * kernel..chans.end * kernel].to_vec())
+            };
+            let a = match src {
+                Source::Gguf(_) => src.get(&lay(l, "", "ssm_a"), kh)?.iter().map(|x| -x).collect::<Vec<_>>(),
+                Source::Hf(st, _) => {
+                    let n = lay(l, "self_attn.A_log", "");
+                    let name = src.hf_name(&n);
+                    let len = st.shape_of(&name).map(|s| s.iter().product()).unwrap_or(0);
+                    let raw = src.get(&n, len)?;
+                    if raw.len() < kh {
+                        return Err(bad(format!("{name} has {} entries for {kh} heads", raw.len())));
+                    }
+                    raw[..kh].iter().map(|x| x.exp()).collect()
+                }
+            };
+            let dt = src.get(&lay(l, "self_attn.dt_bias", "ssm_dt.bias"), c)?;
+            Mixer::Kda(Kda {
+                q: rows_of(&src.get(&lay(l, "self_attn.q_proj.weight", "attn_q.weight"), c * h)?, h, chans.clone()),
+                k: rows_of(&src.get(&lay(l, "self_attn.k_proj.weight", "attn_k.weight"), c * h)?, h, chans.clone()),
+                v: rows_of(&src.get(&lay(l, "self_attn.v_proj.weight", "attn_v.weight"), c * h)?, h, chans.clone()),
+                q_conv: conv("self_attn.q_conv1d.weight", "ssm_conv1d_q.weight")?,
+                k_conv: conv("self_attn.k_conv1d.weight", "ssm_conv1d_k.weight")?,
+                v_conv: conv("self_attn.v_conv1d.weight", "ssm_conv1d_v.weight")?,
+                f_a: dense(src.get(&lay(l, "self_attn.f_a_proj.weight", "ssm_f_a.weight"), hd * h)?, hd, h),
+                f_b: rows_of(&src.get(&lay(l, "self_attn.f_b_proj.weight", "ssm_f_b.weight"), c * hd)?, hd, chans.clone()),
+                beta: rows_of(&src.get(&lay(l, "self_attn.b_proj.weight", "ssm_beta.weight"), kh * h)?, h, kheads.clone()),
+                a: a[kheads.clone()].to_vec(),
+                dt_bias: dt[chans.clone()].to_vec(),
+                g: rows_of(&src.get(&lay(l, "self_attn.g_proj.weight", "ssm_g.weight"), c * h)?, h, chans.clone()),
+                o_norm: src.get(&lay(l, "self_attn.o_norm.weight", "ssm_norm.weight"), hd)?,
+                o: cols_of(&src.get(&lay(l, "self_attn.o_proj.weight", "attn_output.weight"), h * c)?, h, c, chans.clone()),
+                heads: kheads.len(),
+            })
+        };
+        let ffn = if l < moe.first_k_dense_replace {
+            let ff = cfg.intermediate_size;
+            Ffn::Dense(situ_mlp(src, l, "mlp", "", h, ff, split("dense MLP", ff, world, rank)?)?)
+        } else {
+            let (ne, mi) = (moe.n_routed_experts, moe.moe_intermediate_size);
+            let lat = k3.latent.unwrap_or(h);
+            let mut experts = Vec::new();
+            for e in (0..ne).filter(|e| e % world == rank) {
+                experts.push((
+                    e,
+                    Expert {
+                        gate: src.expert(l, e, ne, "w1", mi, lat)?,
+                        up: src.expert(l, e, ne, "w3", mi, lat)?,
+                        down: src.expert(l, e, ne, "w2", lat, mi)?,
+                    },
+                ));
+            }
+            let sff = mi * moe.n_shared_experts;
+            let shared = if moe.n_shared_experts > 0 {
+                Some(situ_mlp(src, l, "block_sparse_moe.shared_experts", "_shexp", h, sff, split("shared experts", sff, world, rank)?)?)
+            } else {
+                None
+            };
+            let latent = k3.latent.is_some();
+            Ffn::Moe(LatentMoe {
+                router: dense(src.get(&lay(l, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"), ne * h)?, ne, h),
+                bias: src.get(&lay(l, "block_sparse_moe.gate.e_score_correction_bias", "exp_probs_b.bias"), ne)?,
+                down: if latent {
+                    Some(dense(
+                        src.get(&lay(l, "block_sparse_moe.routed_expert_down_proj.weight", "ffn_routed_down.weight"), lat * h)?,
+                        lat,
+                        h,
+                    ))
+                } else {
+                    None
+                },
+                experts,
+                norm: if latent {
+                    src.opt(&lay(l, "block_sparse_moe.routed_expert_norm.weight", "ffn_routed_norm.weight"), lat)?
+                } else {
+                    None
+                },
+                up: if latent {
+                    Some(dense(
+                        src.get(&lay(l, "block_sparse_moe.routed_expert_up_proj.weight", "ffn_routed_up.weight"), h * lat)?,
+                        h,
+                        lat,
+                    ))
+                } else {
+                    None
+                },
+                shared,
+            })
+        };
+        let res = k3.attn_res_block > 0;
+        layers.push(K3Layer {
+            attn_norm: src.get(&lay(l, "input_layernorm.weight", "attn_norm.weight"), h)?,
+            mixer,
+            ffn_norm: src.get(&lay(l, "post_attention_layernorm.weight", "ffn_norm.weight"), h)?,
+            ffn,
+            attn_res: if res { src.res_score(Some(l), "self_attention_res", "attn_res_score.weight", h)? } else { None },
+            ffn_res: if res { src.res_score(Some(l), "mlp_res", "ffn_res_score.weight", h)? } else { None },
+        });
+    }
+    let v = cfg.vocab_size;
+    let vocab = vocab_rows(rank, world, v);
+    let head = src.get(&Name { layer: None, hf: "lm_head.weight", gguf: "output.weight" }, v * h)?;
+    let out_res = if k3.attn_res_block > 0 {
+        src.res_score(None, "model.output_attn_res", "output_res_score.weight", h)?
+    } else {
+        None
+    };
+    Ok(Weights {
+        embed: src.get(&Name { layer: None, hf: "model.embed_tokens.weight", gguf: "token_embd.weight" }, v * h)?,
+        layers,
+        norm: src.get(&Name { layer: None, hf: "model.norm.weight", gguf: "output_norm.weight" }, h)?,
+        out_res,
+        lm_head: rows_of(&head, h, vocab.clone()),
+        vocab,
+        k3: k3.clone(),
+        state_offsets,
+        state_floats,
+        comm,
+        ablation: Ablation::default(),
+    })
+}
+
+/// Bytes of weights one decode step reads (f32, experts one token uses).
+fn decode_weight_bytes(cfg: &ModelConfig, k3: &K3Config) -> usize {
+    let h = cfg.hidden_size;
+    let mla = cfg.mla.as_ref().expect("validated");
+    let moe = cfg.moe.as_ref().expect("validated");
+    let c = k3.kda_heads * k3.kda_head_dim;
+    let kda = 5 * c * h + 2 * c * k3.kda_head_dim + k3.kda_heads * h;
+    let qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
+    let q = match mla.q_lora_rank {
+        Some(r) => r * h + cfg.num_heads * qk * r,
+        None => cfg.num_heads * qk * h,
+    };
+    let mla_w = q
+        + (mla.kv_lora_rank + mla.qk_rope_head_dim) * h
+        + cfg.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank
+        + 2 * cfg.num_heads * mla.v_head_dim * h;
+    let lat = k3.latent.unwrap_or(h);
+    let routed = moe.num_experts_per_tok * 3 * moe.moe_intermediate_size * lat;
+    let moe_w = moe.n_routed_experts * h + 2 * lat * h + routed + 3 * moe.n_shared_experts * moe.moe_intermediate_size * h;
+    let dense_w = 3 * cfg.intermediate_size * h;
+    let mut total = cfg.vocab_size * h + h;
+    for l in 0..cfg.num_layers {
+        total += if k3.mla_layers[l] { mla_w } else { kda };
+        total += if l < moe.first_k_dense_replace { dense_w } else { moe_w };
+    }
+    total * 4
+}
+
+fn assemble(ranks: Vec<Weights>, cfg: ModelConfig, k3: &K3Config) -> Model {
+    let weight_bytes = decode_weight_bytes(&cfg, k3);
+    Model {
+        cfg,
+        body: Body::KimiK3(ranks),
+        weight_bytes,
+        head_tokens: None,
+        lm_bytes: 0,
+        step: std::sync::Mutex::new(()),
+    }
+}
+
+/// Loads a K3 Hugging Face directory's weights (tensor names with or
+/// without the released `language_model.` prefix) for `comms`' ranks.
+///
+/// Errors: missing or mis-shaped tensors (named), uneven head or width
+/// splits (naming the world sizes that work), bad MXFP4 data.
+pub(crate) fn load_hf(st: &SafetensorsWeights, cfg: ModelConfig, k3: K3Config, comms: Vec<Box<dyn Communicator>>) -> Result<Model> {
+    let prefix = if st.shape_of("language_model.model.norm.weight").is_some() {
+        "language_model."
+    } else {
+        ""
+    };
+    let src = Source::Hf(st, prefix);
+    let ranks = comms
+        .into_iter()
+        .map(|c| load_rank(&src, &cfg, &k3, c))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(assemble(ranks, cfg, &k3))
+}
+
+/// Loads a llama.cpp `kimi-k3` GGUF for `comms`' ranks.
+///
+/// Errors: as [`load_hf`], and metadata errors from [`config_from_gguf`].
+pub(crate) fn load_gguf(g: &Gguf, comms: Vec<Box<dyn Communicator>>) -> Result<Model> {
+    let (cfg, k3) = config_from_gguf(g)?;
+    let src = Source::Gguf(g);
+    let ranks = comms
+        .into_iter()
+        .map(|c| load_rank(&src, &cfg, &k3, c))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(assemble(ranks, cfg, &k3))
+}

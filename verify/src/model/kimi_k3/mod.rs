@@ -1,0 +1,644 @@
+//! The Kimi K3 family (config.json `model_type` `kimi_k3`, text model
+//! `kimi_linear` under `text_config`; llama.cpp GGUF architecture
+//! `kimi-k3`): its config, its loading from a Hugging Face directory or a
+//! GGUF (`load.rs`), and its ONE forward pass, sharded over
+//! tensor-parallel ranks.
+//!
+//! A K3 layer is either **KDA** (Kimi Delta Attention, `kda.rs`: fused
+//! short convolutions on q/k/v, a per-key-channel decay gate with K3's
+//! lower bound, a delta-rule recurrent state per sequence, a per-head
+//! norm and a full-rank sigmoid output gate) or **gated NoPE MLA** (latent
+//! attention with no rotary embedding, and a sigmoid gate on its output
+//! before `o_proj`). The FFN is a dense SiTU MLP for the first layers, then
+//! a **latent MoE**: the router scores the full-width input, the routed
+//! experts run in a down-projected latent width, their sum is RMS-normed
+//! and projected back up, and the shared experts run at full width.
+//! **Attention residuals** replace the plain residual stream: every
+//! `attn_res_block_size` layers the stream is banked, and each sublayer's
+//! input is a softmax-weighted mix of the banked streams and the current
+//! one, scored by an RMS-normed dot product with a learned vector.
+//!
+//! Caches: an MLA layer writes one latent row per token into the pool's
+//! latent blocks (as the DeepSeek family does); a KDA layer keeps a
+//! recurrent state in the sequence's state slot ([`SeqInput::state_slot`]):
+//! the last `kernel - 1` conv inputs of q, k and v, and a `[dk, dv]` state
+//! per head. A sequence whose input starts at position 0 starts from a zero
+//! state, so a recomputed (preempted) sequence rebuilds it.
+//!
+//! Tensor parallelism: KDA and MLA heads, dense and shared MLP columns and
+//! the vocabulary split across ranks; routed experts go to rank
+//! `e % world`. Replicated: norms, the decay projection `f_a`, the latent
+//! projections of the MLA and of the MoE, the router. Per layer one
+//! all-reduce after the mixer; the MoE adds one on the latent sum (the
+//! routed norm needs the whole sum) and one on the shared experts.
+//!
+//! Weights are f32 [`Dense`] matrices (routed experts arrive as MXFP4 and
+//! are decoded at load), applied row-wise, so a token's logits do not
+//! depend on the batch around it or on how its prompt was chunked.
+
+use super::dense::Dense;
+use super::mla::{attend_absorbed, MlaDims};
+use super::moe::route;
+use super::ops::rms_norm;
+use super::ranks::{assemble_vocab, run_ranks, Rank};
+use super::rows::{flatten, Rows};
+use super::{Model, MoeConfig, SeqInput};
+use crate::error::{Result, VerifyError};
+use crate::kernels::mxfp4::Mxfp4Matrix;
+use crate::kv_pool::{axpy, dot, KvPool, KvShard};
+use crate::tp::Communicator;
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+use std::ops::Range;
+
+mod kda;
+mod load;
+
+pub(crate) use load::{config_from_hf_json, load_gguf, load_hf};
+
+/// K3's numerics beyond the core [`super::ModelConfig`] (which holds the
+/// widths, the MLA shape and the MoE routing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct K3Config {
+    /// Per layer: `true` for gated MLA, `false` for KDA.
+    pub mla_layers: Vec<bool>,
+    pub kda_heads: usize,
+    pub kda_head_dim: usize,
+    pub conv_kernel: usize,
+    /// K3's decay form `lb * sigmoid(exp(A_log) * f)`; `None` is
+    /// Kimi-Linear's `-exp(A_log) * softplus(f)`.
+    pub gate_lower_bound: Option<f32>,
+    /// Width the routed experts run at (`routed_expert_hidden_size`);
+    /// `None`: full width.
+    pub latent: Option<usize>,
+    pub situ_beta: f32,
+    /// `<= 0` leaves the up branch linear.
+    pub situ_linear_beta: f32,
+    /// Layers per attention-residual block; 0 turns attention residuals off.
+    pub attn_res_block: usize,
+}
+
+impl K3Config {
+    /// Floats of one KDA layer's state for `heads` heads: three conv
+    /// histories and the per-head `[dk, dv]` states.
+    pub(crate) fn kda_state_floats(&self, heads: usize) -> usize {
+        let c = heads * self.kda_head_dim;
+        3 * (self.conv_kernel - 1) * c + heads * self.kda_head_dim * self.kda_head_dim
+    }
+
+    /// Number of KDA layers.
+    pub fn kda_layers(&self) -> usize {
+        self.mla_layers.iter().filter(|m| !**m).count()
+    }
+}
+
+/// Switches that remove one K3 feature, so tests can show each one matters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Ablation {
+    pub(crate) no_gate_lower_bound: bool,
+    pub(crate) no_mla_gate: bool,
+    pub(crate) no_attn_res: bool,
+    /// Routed experts multiply unrounded activations (not an ablation: the
+    /// exact product an f64 reference computes).
+    pub(crate) exact_experts: bool,
+}
+
+/// A routed expert's matrix: MXFP4 kept packed (multiplied with Q8_0
+/// activations, as ggml does), or f32 when the checkpoint ships it so.
+enum ExpertMat {
+    Packed(Mxfp4Matrix),
+    Dense(Dense),
+}
+
+impl ExpertMat {
+    /// `exact` multiplies packed weights with unrounded activations
+    /// (tests compare that against an f64 reference).
+    fn forward(&self, x: &[f32], exact: bool) -> Vec<f32> {
+        match self {
+            ExpertMat::Packed(m) if exact => Dense::new(m.dequantize(), m.out(), m.inp()).forward(x),
+            ExpertMat::Packed(m) => m.forward(x),
+            ExpertMat::Dense(d) => d.forward(x),
+        }
+    }
+}
+
+/// A routed expert: `down(situ(gate x, up x))` in the latent width.
+struct Expert {
+    gate: ExpertMat,
+    up: ExpertMat,
+    down: ExpertMat,
+}
+
+impl Expert {
+    fn forward(&self, x: &[f32], k3: &K3Config, exact: bool) -> Vec<f32> {
+        let g = self.gate.forward(x, exact);
+        let u = self.up.forward(x, exact);
+        let a: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
+            .collect();
+        self.down.forward(&a, exact)
+    }
+}
+
+/// A SiTU MLP: `down(situ(gate x, up x))`.
+struct SituMlp {
+    gate: Dense,
+    up: Dense,
+    down: Dense,
+}
+
+struct Kda {
+    q: Dense,
+    k: Dense,
+    v: Dense,
+    /// `[c, kernel]` each, this rank's channels.
+    q_conv: Vec<f32>,
+    k_conv: Vec<f32>,
+    v_conv: Vec<f32>,
+    /// hidden -> head_dim (replicated).
+    f_a: Dense,
+    /// head_dim -> this rank's channels.
+    f_b: Dense,
+    /// hidden -> this rank's heads.
+    beta: Dense,
+    /// `exp(A_log)` of this rank's heads.
+    a: Vec<f32>,
+    /// This rank's channels.
+    dt_bias: Vec<f32>,
+    /// hidden -> this rank's channels (full-rank output gate).
+    g: Dense,
+    /// `[head_dim]`, per-head RMSNorm weight.
+    o_norm: Vec<f32>,
+    /// Columns of this rank's channels.
+    o: Dense,
+    heads: usize,
+}
+
+enum Query {
+    Full(Dense),
+    LowRank { a: Dense, norm: Vec<f32>, b: Dense },
+}
+
+struct GatedMla {
+    q: Query,
+    /// hidden -> kv_lora_rank + qk_rope_head_dim (replicated).
+    kv_a: Dense,
+    kv_a_norm: Vec<f32>,
+    /// This rank's heads' rows of kv_b_proj (per head: nope rows of W_UK,
+    /// then v rows of W_UV).
+    kv_b: Dense,
+    /// hidden -> this rank's heads x v_head_dim.
+    gate: Option<Dense>,
+    o: Dense,
+    heads: usize,
+}
+
+enum Mixer {
+    Kda(Kda),
+    Mla(GatedMla),
+}
+
+struct LatentMoe {
+    router: Dense,
+    bias: Vec<f32>,
+    /// hidden -> latent (replicated); `None` without a latent width.
+    down: Option<Dense>,
+    /// The experts this rank holds, ascending by index.
+    experts: Vec<(usize, Expert)>,
+    norm: Option<Vec<f32>>,
+    up: Option<Dense>,
+    shared: Option<SituMlp>,
+}
+
+enum Ffn {
+    Dense(SituMlp),
+    Moe(LatentMoe),
+}
+
+struct K3Layer {
+    attn_norm: Vec<f32>,
+    mixer: Mixer,
+    ffn_norm: Vec<f32>,
+    ffn: Ffn,
+    /// Fused attention-residual score vectors (`res_norm * res_proj`).
+    attn_res: Option<Vec<f32>>,
+    ffn_res: Option<Vec<f32>>,
+}
+
+/// One rank's shard of a Kimi K3 model.
+pub(crate) struct Weights {
+    embed: Vec<f32>,
+    layers: Vec<K3Layer>,
+    norm: Vec<f32>,
+    out_res: Option<Vec<f32>>,
+    lm_head: Dense,
+    vocab: Range<usize>,
+    k3: K3Config,
+    /// Offsets of each KDA layer's part of a state slot (this rank's
+    /// heads); `None` for MLA layers.
+    state_offsets: Vec<Option<usize>>,
+    state_floats: usize,
+    comm: Box<dyn Communicator>,
+    pub(crate) ablation: Ablation,
+}
+
+impl Weights {
+    /// Floats of one sequence's recurrent state on this rank.
+    pub(crate) fn state_floats(&self) -> usize {
+        self.state_floats
+    }
+}
+
+impl Rank for Weights {
+    fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `beta * tanh(g / beta) * sigmoid(g) * linear(u)`, `linear(u) = lb *
+/// tanh(u / lb)` when `lb > 0`, else `u`.
+fn situ(g: f32, u: f32, beta: f32, lb: f32) -> f32 {
+    let a = beta * (g / beta).tanh() * sigmoid(g);
+    let u = if lb > 0.0 { lb * (u / lb).tanh() } else { u };
+    a * u
+}
+
+impl SituMlp {
+    fn forward(&self, x: &[f32], k3: &K3Config) -> Vec<f32> {
+        let g = self.gate.forward(x);
+        let u = self.up.forward(x);
+        let a: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
+            .collect();
+        self.down.forward(&a)
+    }
+}
+
+/// The attention-residual mix of one sublayer input: per row, a softmax
+/// over the banked streams and `cur` of `rms(v) . w`, then the weighted sum
+/// of the raw streams.
+fn res_mix(stack: &[Vec<f32>], cur: &[f32], w: &[f32], hidden: usize, eps: f32) -> Vec<f32> {
+    if stack.is_empty() {
+        return cur.to_vec();
+    }
+    let score = |v: &[f32]| dot(v, w) / (dot(v, v) / hidden as f32 + eps).sqrt();
+    let mut out = vec![0f32; cur.len()];
+    out.par_chunks_mut(hidden).enumerate().for_each(|(r, o)| {
+        let span = r * hidden..(r + 1) * hidden;
+        let mut s: Vec<f32> = stack.iter().map(|b| score(&b[span.clone()])).collect();
+        s.push(score(&cur[span.clone()]));
+        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = s.iter_mut().map(|x| {
+            *x = (*x - max).exp();
+            *x
+        }).sum();
+        for (b, p) in stack.iter().zip(&s) {
+            axpy(p / sum, &b[span.clone()], o);
+        }
+        axpy(s[stack.len()] / sum, &cur[span], o);
+    });
+    out
+}
+
+impl Kda {
+    /// This rank's part of the layer output for normed rows `h`, advancing
+    /// each sequence's state (at `state_off` in its slot).
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        h: &[f32],
+        k3: &K3Config,
+        eps: f32,
+        ablation: Ablation,
+        pool: &mut KvShard,
+        spans: &[(Range<usize>, u32)],
+        state_off: usize,
+    ) -> Result<Vec<f32>> {
+        let (hd, heads, kernel) = (k3.kda_head_dim, self.heads, k3.conv_kernel);
+        let c = heads * hd;
+        let q = self.q.forward(h);
+        let k = self.k.forward(h);
+        let v = self.v.forward(h);
+        let mut g = self.f_b.forward(&self.f_a.forward(h));
+        for row in g.chunks_exact_mut(c) {
+            for (i, x) in row.iter_mut().enumerate() {
+                let (a, f) = (self.a[i / hd], *x + self.dt_bias[i]);
+                *x = match k3.gate_lower_bound {
+                    Some(lb) if !ablation.no_gate_lower_bound => lb * sigmoid(a * f),
+                    _ => -a * softplus(f),
+                };
+            }
+        }
+        let beta: Vec<f32> = self.beta.forward(h).into_iter().map(sigmoid).collect();
+        let gate = self.g.forward(h);
+        let n = h.len() / self.f_a.inp;
+        let mut o = vec![0f32; n * c];
+        let hist = (kernel - 1) * c;
+        for (span, slot) in spans {
+            let st = pool.state_mut(*slot)?;
+            let st = &mut st[state_off..state_off + 3 * hist + heads * hd * hd];
+            let (convs, s) = st.split_at_mut(3 * hist);
+            let (cq, rest) = convs.split_at_mut(hist);
+            let (ck, cv) = rest.split_at_mut(hist);
+            let rows = span.start * c..span.end * c;
+            let mut qs = kda::conv_silu(&q[rows.clone()], cq, &self.q_conv, kernel);
+            let mut ks = kda::conv_silu(&k[rows.clone()], ck, &self.k_conv, kernel);
+            let vs = kda::conv_silu(&v[rows.clone()], cv, &self.v_conv, kernel);
+            qs.chunks_exact_mut(hd).for_each(|x| kda::l2_normalize(x, eps));
+            ks.chunks_exact_mut(hd).for_each(|x| kda::l2_normalize(x, eps));
+            let out = &mut o[rows];
+            // Heads are independent: each owns its state and output lanes.
+            s.par_chunks_mut(hd * hd)
+                .enumerate()
+                .map(|(hh, s_h)| {
+                    let mut scratch = Vec::new();
+                    let mut lane = vec![0f32; span.len() * hd];
+                    for t in 0..span.len() {
+                        let at = t * c + hh * hd..t * c + (hh + 1) * hd;
+                        kda::step(
+                            s_h,
+                            &qs[at.clone()],
+                            &ks[at.clone()],
+                            &vs[at.clone()],
+                            &g[(span.start + t) * c + hh * hd..][..hd],
+                            beta[(span.start + t) * heads + hh],
+                            &mut lane[t * hd..(t + 1) * hd],
+                            &mut scratch,
+                        );
+                    }
+                    lane
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .enumerate()
+                .for_each(|(hh, lane)| {
+                    for t in 0..span.len() {
+                        out[t * c + hh * hd..t * c + (hh + 1) * hd]
+                            .copy_from_slice(&lane[t * hd..(t + 1) * hd]);
+                    }
+                });
+        }
+        for (o_h, g_h) in o.chunks_exact_mut(hd).zip(gate.chunks_exact(hd)) {
+            let normed = rms_norm(o_h, &self.o_norm, eps);
+            for ((x, nv), gv) in o_h.iter_mut().zip(normed).zip(g_h) {
+                *x = nv * sigmoid(*gv);
+            }
+        }
+        Ok(self.o.forward(&o))
+    }
+}
+
+impl GatedMla {
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        h: &[f32],
+        d: MlaDims,
+        eps: f32,
+        ablation: Ablation,
+        pool: &mut KvShard,
+        layer: usize,
+        rows: &Rows,
+        tables: &[&[u32]],
+    ) -> Vec<f32> {
+        let n = rows.tokens.len();
+        let q = match &self.q {
+            Query::Full(p) => p.forward(h),
+            Query::LowRank { a, norm, b } => b.forward(&rms_norm(&a.forward(h), norm, eps)),
+        };
+        let lw = d.kvr + d.rope;
+        let mut lat = self.kv_a.forward(h);
+        for r in 0..n {
+            let row = &mut lat[r * lw..(r + 1) * lw];
+            let normed = rms_norm(&row[..d.kvr], &self.kv_a_norm, eps);
+            row[..d.kvr].copy_from_slice(&normed);
+            // NoPE: the shared key part is cached as projected, unrotated.
+            pool.write_latent(layer, tables[rows.seq[r]], rows.positions[r], row);
+        }
+        let qd = d.heads * (d.nope + d.rope);
+        let mut attn = vec![0f32; n * d.heads * d.v];
+        let pool = &*pool;
+        attn.par_chunks_mut(d.heads * d.v).enumerate().for_each_init(
+            || (Vec::new(), Vec::new(), Vec::new()),
+            |scratch, (r, out)| {
+                attend_absorbed(
+                    d,
+                    &self.kv_b,
+                    pool,
+                    layer,
+                    tables[rows.seq[r]],
+                    rows.positions[r] + 1,
+                    &q[r * qd..(r + 1) * qd],
+                    out,
+                    scratch,
+                )
+            },
+        );
+        if let (Some(gate), false) = (&self.gate, ablation.no_mla_gate) {
+            let g = gate.forward(h);
+            attn.iter_mut().zip(g).for_each(|(a, g)| *a *= sigmoid(g));
+        }
+        self.o.forward(&attn)
+    }
+}
+
+impl LatentMoe {
+    /// The whole MoE output (collectives included) for normed rows `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        x: &[f32],
+        hidden: usize,
+        moe: &MoeConfig,
+        k3: &K3Config,
+        eps: f32,
+        exact: bool,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<f32>> {
+        let n = x.len() / hidden;
+        let ne = moe.n_routed_experts;
+        let logits = self.router.forward(x);
+        let chosen: Vec<Vec<(usize, f32)>> = (0..n)
+            .map(|r| route(&logits[r * ne..(r + 1) * ne], &self.bias, moe))
+            .collect();
+        let xl = match &self.down {
+            Some(d) => d.forward(x),
+            None => x.to_vec(),
+        };
+        let width = xl.len() / n;
+        let mut yl = vec![0f32; n * width];
+        for (xi, mlp) in &self.experts {
+            let mut picked = Vec::new();
+            for (r, c) in chosen.iter().enumerate() {
+                if let Some(&(_, w)) = c.iter().find(|p| p.0 == *xi) {
+                    picked.push((r, w));
+                }
+            }
+            if picked.is_empty() {
+                continue;
+            }
+            let input: Vec<f32> = picked
+                .iter()
+                .flat_map(|&(r, _)| &xl[r * width..(r + 1) * width])
+                .copied()
+                .collect();
+            let y = mlp.forward(&input, k3, exact);
+            for (j, &(r, w)) in picked.iter().enumerate() {
+                axpy(w, &y[j * width..(j + 1) * width], &mut yl[r * width..(r + 1) * width]);
+            }
+        }
+        let mut shared = match &self.shared {
+            Some(s) => s.forward(x, k3),
+            None => vec![0f32; n * hidden],
+        };
+        if self.up.is_none() && self.norm.is_none() {
+            // Full-width experts: one collective for routed and shared.
+            shared.iter_mut().zip(&yl).for_each(|(s, y)| *s += y);
+            comm.all_reduce_sum(&mut shared)?;
+            return Ok(shared);
+        }
+        comm.all_reduce_sum(&mut yl)?;
+        comm.all_reduce_sum(&mut shared)?;
+        let normed = match &self.norm {
+            Some(w) => rms_norm(&yl, w, eps),
+            None => yl,
+        };
+        let mut y = match &self.up {
+            Some(u) => u.forward(&normed),
+            None => normed,
+        };
+        y.iter_mut().zip(&shared).for_each(|(y, s)| *y += s);
+        Ok(y)
+    }
+}
+
+/// The family's forward over `ranks` (one per tensor-parallel rank): see
+/// [`Model::forward`] for the contract.
+pub(crate) fn forward(model: &Model, ranks: &[Weights], pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
+    let rows = flatten(&model.cfg, pool, seqs)?;
+    for s in seqs {
+        pool.check_state_slot(s.state_slot)?;
+    }
+    let _one_step = (ranks.len() > 1).then(|| model.step.lock().unwrap_or_else(|e| e.into_inner()));
+    run_ranks(ranks, pool.shards_mut(), |w, kv| forward_rank(model, w, kv, &rows, seqs))
+}
+
+fn forward_rank(model: &Model, w: &Weights, pool: &mut KvShard, rows: &Rows, seqs: &[SeqInput]) -> Result<Tensor> {
+    let cfg = &model.cfg;
+    let (k3, hidden) = (&w.k3, cfg.hidden_size);
+    let eps = cfg.rms_norm_eps as f32;
+    let mla = cfg.mla.as_ref().expect("validated K3 config has mla");
+    let moe = cfg.moe.as_ref().expect("validated K3 config has moe");
+    let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
+    let mut spans = Vec::with_capacity(seqs.len());
+    let mut start = 0;
+    for s in seqs {
+        let span = start..start + s.tokens.len();
+        start = span.end;
+        if s.start_pos == 0 {
+            // A fresh (or recomputed) sequence starts from a zero state.
+            pool.state_mut(s.state_slot)?.fill(0.0);
+        }
+        spans.push((span, s.state_slot));
+    }
+    let res = k3.attn_res_block > 0 && !w.ablation.no_attn_res;
+    let mut x: Vec<f32> = rows
+        .tokens
+        .iter()
+        .flat_map(|&t| &w.embed[t as usize * hidden..(t as usize + 1) * hidden])
+        .copied()
+        .collect();
+    let mut stack: Vec<Vec<f32>> = Vec::new();
+    for (li, layer) in w.layers.iter().enumerate() {
+        let cur = match (&layer.attn_res, res) {
+            (Some(score), true) => res_mix(&stack, &x, score, hidden, eps),
+            _ => x.clone(),
+        };
+        let banked = res && li % k3.attn_res_block == 0;
+        if banked {
+            stack.push(x.clone());
+        }
+        let h = rms_norm(&cur, &layer.attn_norm, eps);
+        let mut a = match &layer.mixer {
+            Mixer::Kda(kda) => kda.forward(&h, k3, eps, w.ablation, pool, &spans, w.state_offsets[li].expect("KDA layer has a state"))?,
+            Mixer::Mla(m) => {
+                let d = MlaDims {
+                    heads: m.heads,
+                    nope: mla.qk_nope_head_dim,
+                    rope: mla.qk_rope_head_dim,
+                    v: mla.v_head_dim,
+                    kvr: mla.kv_lora_rank,
+                    scale: 1.0 / ((mla.qk_nope_head_dim + mla.qk_rope_head_dim) as f32).sqrt(),
+                };
+                m.forward(&h, d, eps, w.ablation, pool, li, rows, &tables)
+            }
+        };
+        w.comm.all_reduce_sum(&mut a)?;
+        if banked {
+            // The block's running sum restarts from this attention output.
+            x = a;
+        } else {
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+        }
+        let cur = match (&layer.ffn_res, res) {
+            (Some(score), true) => res_mix(&stack, &x, score, hidden, eps),
+            _ => x.clone(),
+        };
+        let h = rms_norm(&cur, &layer.ffn_norm, eps);
+        let f = match &layer.ffn {
+            Ffn::Dense(m) => {
+                let mut f = m.forward(&h, k3);
+                w.comm.all_reduce_sum(&mut f)?;
+                f
+            }
+            Ffn::Moe(m) => m.forward(&h, hidden, moe, k3, eps, w.ablation.exact_experts, w.comm.as_ref())?,
+        };
+        x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+    }
+    if let (Some(score), true) = (&w.out_res, res) {
+        x = res_mix(&stack, &x, score, hidden, eps);
+    }
+    let m = rows.logit_rows.len();
+    let picked: Vec<f32> = rows
+        .logit_rows
+        .iter()
+        .flat_map(|&r| &x[r as usize * hidden..(r as usize + 1) * hidden])
+        .copied()
+        .collect();
+    let local = w.lm_head.forward(&rms_norm(&picked, &w.norm, eps));
+    let v = cfg.vocab_size;
+    let logits = if w.comm.world_size() == 1 {
+        local
+    } else {
+        let all = w.comm.all_gather(&local)?;
+        let world = w.comm.world_size();
+        let ranges: Vec<Range<usize>> = (0..world).map(|r| load::vocab_rows(r, world, v)).collect();
+        debug_assert_eq!(ranges[w.comm.rank()], w.vocab);
+        assemble_vocab(&all, m, &ranges, v)
+    };
+    Ok(Tensor::from_vec(logits, (m, v), &Device::Cpu)?)
+}
+
+/// Errors for a K3 batch the pool cannot hold.
+pub(crate) fn no_state_slots() -> VerifyError {
+    VerifyError::BadConfig("a Kimi K3 pool needs recurrent-state slots".into())
+}
+
+#[cfg(test)]
+mod tests;
