@@ -218,6 +218,7 @@ pub fn verify_round(
             start_pos: r.seq.tokens.len() - 1,
             block_table: r.block_table,
             logits: LogitsWanted::All,
+            state_slot: 0,
         }))
         .collect();
     if inputs.is_empty() {

@@ -299,6 +299,7 @@ impl Setup {
                         start_pos: tokens.len() - 1,
                         block_table: &self.table,
                         logits: LogitsWanted::All,
+                        state_slot: 0,
                     }],
                 )
                 .unwrap()

@@ -5,6 +5,10 @@
 //! Models are looked up by `common::real_model` (`$SPECGATE_MODELS_DIR`, default
 //! `models/` in the workspace root, filled by `scripts/fetch-models.sh`); a test whose
 //! file is absent prints a line and passes.
+//!
+//! The Kimi K3 tests (`kimi_*`) use committed fixtures instead (tests/fixtures/kimi_k3: a
+//! tiktoken directory, its llama.cpp GGUF conversion and PyPI tiktoken's ids) and never
+//! skip.
 
 mod common;
 

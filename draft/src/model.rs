@@ -109,6 +109,7 @@ impl Proposer for ModelDraft {
                 start_pos: s,
                 block_table: batch[i].block_table,
                 logits: LogitsWanted::Last,
+                state_slot: 0,
             })
             .collect();
         let mut logits = self.model.forward_rows(&mut self.pool, &inputs)?;
@@ -139,6 +140,7 @@ impl Proposer for ModelDraft {
                     start_pos: batch[i].context.len() + step - 1,
                     block_table: batch[i].block_table,
                     logits: LogitsWanted::Last,
+                    state_slot: 0,
                 })
                 .collect();
             logits = self.model.forward_rows(&mut self.pool, &inputs)?;

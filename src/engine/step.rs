@@ -62,6 +62,16 @@ impl Engine {
         cfg: &EngineConfig,
     ) -> Result<Self, EngineError> {
         let invalid = |e: String| EngineError::Invalid(e);
+        if target.has_recurrent_state() {
+            // The batching loop keeps every sequence's cache in paged
+            // blocks, which speculation trims by truncation; a recurrent
+            // state cannot be trimmed, and this loop assigns no state slots.
+            return Err(invalid(
+                "this engine does not serve models with recurrent layers (Kimi K3) yet; \
+                 use `specgate generate` for them"
+                    .into(),
+            ));
+        }
         let draft_bytes = match &proposer {
             ProposerKind::Draft(m) => m.kv_bytes_per_token(),
             _ => 0,
@@ -717,6 +727,7 @@ fn inputs<'a>(
                 start_pos: p.start,
                 block_table: table,
                 logits,
+                state_slot: 0,
             });
         } else if let Some(d) = di.next_if(|d| d.idx == idx) {
             rounds.push(RoundInput {

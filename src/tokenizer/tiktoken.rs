@@ -159,7 +159,7 @@ fn decode_base64(s: &[u8]) -> Result<Vec<u8>, String> {
         .strip_suffix(b"==")
         .or_else(|| s.strip_suffix(b"="))
         .unwrap_or(s);
-    if body.len() % 4 == 1 || (body.len() < s.len() && s.len() % 4 != 0) {
+    if body.len() % 4 == 1 || (body.len() < s.len() && !s.len().is_multiple_of(4)) {
         return Err(format!("{:?} is not valid base64 (bad length)", shown()));
     }
     let mut out = Vec::with_capacity(body.len() * 3 / 4);

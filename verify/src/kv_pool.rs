@@ -14,6 +14,14 @@
 //! "head" in `k` (no `v`); heads are expanded from it inside attention.
 //! Under tensor parallelism every rank keeps its own full copy (its shard):
 //! the latent is shared by all heads, so it cannot be split by heads.
+//!
+//! Hybrid models (Kimi K3) cache per token only in their attention layers
+//! (the others get no per-token storage) and keep, for their recurrent
+//! layers, one **state slot** per sequence: a fixed-size float buffer whose
+//! layout the model family owns. A pool for such a model has as many slots
+//! as blocks, so a running sequence, which holds at least one block, never
+//! lacks a slot; which slot a sequence uses is the caller's
+//! ([`crate::SeqInput::state_slot`]).
 
 use crate::error::{Result, VerifyError};
 use crate::model::{Model, ModelConfig};
@@ -46,6 +54,10 @@ pub(crate) struct KvShard {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     latent: bool,
+    /// Floats of one recurrent-state slot on this shard (0: none).
+    state_floats: usize,
+    /// `num_state_slots * state_floats` floats.
+    states: Vec<f32>,
 }
 
 impl KvPool {
@@ -55,11 +67,12 @@ impl KvPool {
     ///
     /// Errors: zero blocks or a zero block size.
     pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<Self> {
-        Self::with_shards(cfg, &[cfg.num_kv_heads], num_blocks, block_size)
+        Self::with_shards(cfg, &[cfg.num_kv_heads], num_blocks, block_size, None, &[])
     }
 
     /// Allocates a zeroed pool shaped for `model`: one shard per
-    /// tensor-parallel rank, each holding that rank's KV heads.
+    /// tensor-parallel rank, each holding that rank's KV heads, and for a
+    /// model with recurrent layers `num_blocks` state slots.
     ///
     /// Errors: zero blocks or a zero block size.
     pub fn for_model(model: &Model, num_blocks: usize, block_size: usize) -> Result<Self> {
@@ -68,28 +81,36 @@ impl KvPool {
             &model.kv_heads_per_rank(),
             num_blocks,
             block_size,
+            model.per_token_cache_layers(),
+            &model.state_floats_per_rank(),
         )
     }
 
     /// A pool with one shard per entry of `kv_heads` (that rank's KV heads).
+    /// `cached[l]` says whether layer `l` caches per token (`None`: all
+    /// do); `state_floats[r]` is shard `r`'s state-slot size (empty: no
+    /// recurrent state).
     pub(crate) fn with_shards(
         cfg: &ModelConfig,
         kv_heads: &[usize],
         num_blocks: usize,
         block_size: usize,
+        cached: Option<Vec<bool>>,
+        state_floats: &[usize],
     ) -> Result<Self> {
         if num_blocks == 0 || block_size == 0 {
             return Err(VerifyError::BadConfig(
                 "KV pool needs at least one block of at least one slot".into(),
             ));
         }
-        let shards = match &cfg.mla {
+        let cached = cached.unwrap_or_else(|| vec![true; cfg.num_layers]);
+        let mut shards: Vec<KvShard> = match &cfg.mla {
             // Every rank of a latent model keeps the whole latent cache.
             Some(m) => kv_heads
                 .iter()
                 .map(|_| {
                     KvShard::zeroed(
-                        cfg.num_layers,
+                        &cached,
                         num_blocks,
                         block_size,
                         1,
@@ -102,7 +123,7 @@ impl KvPool {
                 .iter()
                 .map(|&heads| {
                     KvShard::zeroed(
-                        cfg.num_layers,
+                        &cached,
                         num_blocks,
                         block_size,
                         heads,
@@ -112,11 +133,40 @@ impl KvPool {
                 })
                 .collect(),
         };
+        for (shard, &f) in shards.iter_mut().zip(state_floats) {
+            shard.state_floats = f;
+            shard.states = vec![0.0; f * num_blocks];
+        }
         Ok(Self {
             block_size,
             num_blocks,
             shards,
         })
+    }
+
+    /// Recurrent-state slots (0 for a model without recurrent layers).
+    pub fn state_slots(&self) -> usize {
+        match self.shards.first() {
+            Some(s) if s.state_floats > 0 => self.num_blocks,
+            _ => 0,
+        }
+    }
+
+    /// Bytes of one state slot across all shards.
+    pub fn state_bytes_per_slot(&self) -> usize {
+        self.shards.iter().map(|s| s.state_floats).sum::<usize>() * std::mem::size_of::<f32>()
+    }
+
+    /// Checks that `slot` names one of this pool's state slots.
+    pub(crate) fn check_state_slot(&self, slot: u32) -> Result<()> {
+        if (slot as usize) < self.state_slots() {
+            Ok(())
+        } else {
+            Err(VerifyError::BadBatch(format!(
+                "state slot {slot} outside a pool of {} slots",
+                self.state_slots()
+            )))
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -235,8 +285,23 @@ impl KvShard {
         &self.k[layer][off..off + self.head_dim]
     }
 
+    /// The recurrent state in `slot` (its layout is the model family's).
+    ///
+    /// Errors: a slot outside the pool, or a pool without states.
+    pub(crate) fn state_mut(&mut self, slot: u32) -> Result<&mut [f32]> {
+        let f = self.state_floats;
+        let (a, b) = (slot as usize * f, (slot as usize + 1) * f);
+        if f == 0 || b > self.states.len() {
+            return Err(VerifyError::BadBatch(format!(
+                "state slot {slot} outside a pool of {} slots",
+                self.states.len().checked_div(f).unwrap_or(0)
+            )));
+        }
+        Ok(&mut self.states[a..b])
+    }
+
     fn zeroed(
-        layers: usize,
+        cached: &[bool],
         num_blocks: usize,
         block_size: usize,
         heads: usize,
@@ -244,14 +309,19 @@ impl KvShard {
         latent: bool,
     ) -> Self {
         let per_layer = num_blocks * heads * block_size * width;
-        let v_len = if latent { 0 } else { per_layer };
+        let len = |c: bool| if c { per_layer } else { 0 };
         KvShard {
             block_size,
             num_kv_heads: heads,
             head_dim: width,
-            k: (0..layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..layers).map(|_| vec![0.0; v_len]).collect(),
+            k: cached.iter().map(|&c| vec![0.0; len(c)]).collect(),
+            v: cached
+                .iter()
+                .map(|&c| vec![0.0; if latent { 0 } else { len(c) }])
+                .collect(),
             latent,
+            state_floats: 0,
+            states: Vec::new(),
         }
     }
 

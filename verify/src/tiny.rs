@@ -75,6 +75,8 @@ impl TinySpec {
             // scripts/kimi-reference.py; a TinySpec of this arch has no
             // latent attention and is refused at load.
             Arch::DeepseekV3 => "deepseek_v3",
+            // Tiny K3 checkpoints come from scripts/k3/gen_tiny_k3.py.
+            Arch::KimiK3 => "kimi_k3",
         }
     }
 

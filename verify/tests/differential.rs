@@ -242,6 +242,7 @@ fn mixed_batch_equals_each_sequence_alone() {
             start_pos: 0,
             block_table: &tables[i],
             logits: LogitsWanted::None,
+            state_slot: 0,
         })
         .collect();
     assert_eq!(model.forward(&mut pool, &seqs).unwrap().dims(), &[0, 384]);
@@ -251,6 +252,7 @@ fn mixed_batch_equals_each_sequence_alone() {
             start_pos: prompts[i].len(),
             block_table: &tables[i],
             logits: LogitsWanted::All,
+            state_slot: 0,
         })
         .collect();
     let together = model

@@ -19,7 +19,7 @@ fn b64(bytes: &[u8]) -> String {
             | u32::from(*chunk.get(2).unwrap_or(&0));
         for i in 0..4 {
             if i <= n {
-                out.push(char::from(A[(v >> (18 - 6 * i) & 63) as usize]));
+                out.push(char::from(A[((v >> (18 - 6 * i)) & 63) as usize]));
             } else {
                 out.push('=');
             }

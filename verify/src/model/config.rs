@@ -15,6 +15,11 @@ pub enum Arch {
     /// latent attention and mixture-of-experts layers; needs
     /// [`ModelConfig::mla`].
     DeepseekV3,
+    /// Kimi K3 (`kimi_k3`; llama.cpp's `kimi-k3`): KDA linear-attention
+    /// layers with a recurrent state, gated NoPE MLA layers, a latent MoE;
+    /// needs [`ModelConfig::mla`] and [`ModelConfig::moe`], its other
+    /// numerics live in the family.
+    KimiK3,
 }
 
 impl Arch {
@@ -24,6 +29,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "deepseek_v3" | "kimi_k2" => Ok(Arch::DeepseekV3),
+            "kimi_k3" | "kimi-k3" => Ok(Arch::KimiK3),
             other => Err(VerifyError::UnknownArchitecture(other.to_string())),
         }
     }
@@ -92,7 +98,8 @@ pub struct YarnConfig {
 ///
 /// Invariants (checked by [`ModelConfig::validate`]): `num_heads` is a
 /// multiple of `num_kv_heads`, `head_dim` is even, all sizes are non-zero;
-/// `mla`, `moe` and `yarn` only for [`Arch::DeepseekV3`], which needs `mla`.
+/// `mla`, `moe` and `yarn` only for [`Arch::DeepseekV3`], which needs `mla`
+/// (and [`Arch::KimiK3`], which needs `mla` and `moe`).
 /// For DeepseekV3, `head_dim` is `qk_nope_head_dim + qk_rope_head_dim` and
 /// `num_kv_heads == num_heads` (what the latent expands to).
 #[derive(Debug, Clone, PartialEq)]

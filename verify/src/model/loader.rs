@@ -14,7 +14,8 @@
 
 use super::config::{Arch, ModelConfig};
 use super::shard::Matrix;
-use super::{deepseek, llama, Model};
+use super::{deepseek, kimi_k3, llama, Model};
+use crate::gguf::Gguf;
 use crate::error::{Result, VerifyError};
 use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::quantized::{gguf_file, QTensor};
@@ -129,7 +130,7 @@ impl GgufReader<'_> {
     }
 }
 
-/// Loads a llama or qwen2 GGUF file unsharded (tensor-parallel size 1).
+/// Loads a llama, qwen2 or kimi-k3 GGUF file unsharded (tensor-parallel size 1).
 pub fn load_gguf(path: &Path) -> Result<Model> {
     load_gguf_tp(path, 1)
 }
@@ -143,6 +144,16 @@ pub fn load_gguf(path: &Path) -> Result<Model> {
 /// cannot be split `world` ways ([`VerifyError::ImpossibleSplit`] names it
 /// and the sizes that work).
 pub fn load_gguf_tp(path: &Path, world: usize) -> Result<Model> {
+    // Our own reader first: candle's rejects files with tensor types it
+    // does not know (Kimi K3's MXFP4 experts).
+    let raw = Gguf::open(path)?;
+    if let Some(gguf_raw) = match raw.metadata.get("general.architecture") {
+        Some(gguf_file::Value::String(a)) => family(Arch::from_name(a)?).gguf_raw,
+        _ => None,
+    } {
+        return gguf_raw(&raw, world);
+    }
+    drop(raw);
     let content = read_gguf_content(path)?;
     let arch_name = content
         .metadata
@@ -270,6 +281,8 @@ type SafetensorsShardFn =
     fn(&SafetensorsWeights, ModelConfig, Box<dyn Communicator>) -> Result<Model>;
 /// Loads a GGUF file of the given `Arch` sharded over `world` ranks.
 type GgufFn = fn(&mut GgufReader, Arch, usize) -> Result<Model>;
+/// Loads a GGUF file read by [`Gguf`] (any tensor type) over `world` ranks.
+type GgufRawFn = fn(&Gguf, usize) -> Result<Model>;
 
 /// One family's loaders, as [`family`] hands them out.
 struct Family {
@@ -281,6 +294,8 @@ struct Family {
     safetensors_shard: Option<SafetensorsShardFn>,
     /// `None`: the family has no GGUF layout.
     gguf: Option<GgufFn>,
+    /// The family's GGUF loader over [`Gguf`] instead of candle's reader.
+    gguf_raw: Option<GgufRawFn>,
 }
 
 /// The loader's ONE dispatch from an architecture to its family: a new
@@ -293,6 +308,7 @@ fn family(arch: Arch) -> Family {
             safetensors: llama::load_safetensors,
             safetensors_shard: None,
             gguf: Some(llama::load_gguf),
+            gguf_raw: None,
         },
         Arch::DeepseekV3 => Family {
             name: "DeepSeek-V3",
@@ -300,6 +316,18 @@ fn family(arch: Arch) -> Family {
             safetensors: |_, weights, cfg, world| deepseek::load(weights, cfg, comms(world)?),
             safetensors_shard: Some(|weights, cfg, comm| deepseek::load(weights, cfg, vec![comm])),
             gguf: None,
+            gguf_raw: None,
+        },
+        Arch::KimiK3 => Family {
+            name: "Kimi K3",
+            hf_config: |json, _| kimi_k3::config_from_hf_json(json).map(|(cfg, _)| cfg),
+            safetensors: |json, weights, _, world| {
+                let (cfg, k3) = kimi_k3::config_from_hf_json(json)?;
+                kimi_k3::load_hf(weights, cfg, k3, comms(world)?)
+            },
+            safetensors_shard: None,
+            gguf: None,
+            gguf_raw: Some(|g, world| kimi_k3::load_gguf(g, comms(world)?)),
         },
     }
 }

@@ -13,15 +13,19 @@
 //! Families, each with its ONE forward, depending only on the core:
 //! `llama/` serves both `llama` and `qwen2`; `deepseek/` serves the
 //! DeepSeek-V3 layout (model types `deepseek_v3` and `kimi_k2`: latent
-//! attention + mixture of experts). This file is the only other place that
+//! attention + mixture of experts); `kimi_k3/` serves Kimi K3 (KDA linear
+//! attention + gated NoPE MLA, latent MoE, attention residuals). This file is the only other place that
 //! names them: [`Body`] and the dispatch methods of [`Model`].
 
 mod config;
 mod deepseek;
 mod dense;
+mod kimi_k3;
 mod linear;
 mod llama;
 mod loader;
+mod mla;
+mod moe;
 mod ops;
 mod ranks;
 mod rows;
@@ -45,6 +49,9 @@ fn validate_family(cfg: &ModelConfig) -> Result<()> {
     match cfg.arch {
         Arch::Llama | Arch::Qwen2 => llama::validate(cfg),
         Arch::DeepseekV3 => deepseek::validate(cfg),
+        // The K3-only numerics live in the family's own config, checked at
+        // load (`kimi_k3::validate`).
+        Arch::KimiK3 => Ok(()),
     }
 }
 
@@ -56,6 +63,9 @@ pub(crate) enum Body {
     /// empty. (A rank loaded alone by [`load_safetensors_shard`] holds one
     /// shard of a group its caller drives.)
     Deepseek(Vec<deepseek::Weights>),
+    /// One Kimi K3 shard per tensor-parallel rank, in rank order; never
+    /// empty.
+    KimiK3(Vec<kimi_k3::Weights>),
 }
 
 /// A loaded model: config plus weights, as one shard per tensor-parallel
@@ -131,7 +141,7 @@ impl Model {
         }
         match &mut self.body {
             Body::Llama(shards) => llama::restrict_head(shards, tokens)?,
-            Body::Deepseek(_) => {
+            Body::Deepseek(_) | Body::KimiK3(_) => {
                 return Err(VerifyError::BadConfig(
                     "a restricted head is implemented for the llama family only".into(),
                 ))
@@ -162,6 +172,10 @@ impl Model {
             Body::Llama(_) => Err(VerifyError::BadConfig(
                 "MLA prefill mode on a model without latent attention".into(),
             )),
+            // K3's MLA layers always attend in the latent space.
+            Body::KimiK3(_) => Err(VerifyError::BadConfig(
+                "MLA prefill modes are for the DeepSeek family; Kimi K3 attends absorbed".into(),
+            )),
         }
     }
 
@@ -172,6 +186,7 @@ impl Model {
         match &self.body {
             Body::Llama(shards) => shards.len(),
             Body::Deepseek(ranks) => ranks.len(),
+            Body::KimiK3(ranks) => ranks.len(),
         }
     }
 
@@ -183,6 +198,11 @@ impl Model {
         match &self.body {
             Body::Llama(_) => self.cfg.kv_bytes_per_token(),
             Body::Deepseek(ranks) => ranks.len() * self.cfg.kv_bytes_per_token(),
+            // Only the MLA layers cache per token.
+            Body::KimiK3(ranks) => {
+                let per_layer = self.cfg.kv_bytes_per_token() / self.cfg.num_layers;
+                ranks.len() * per_layer * ranks[0].mla_layers()
+            }
         }
     }
 
@@ -194,6 +214,7 @@ impl Model {
         match &self.body {
             Body::Llama(shards) => shards.iter().map(|s| s.num_kv_heads).collect(),
             Body::Deepseek(ranks) => vec![1; ranks.len()],
+            Body::KimiK3(ranks) => vec![1; ranks.len()],
         }
     }
 
@@ -209,7 +230,32 @@ impl Model {
         match &self.body {
             Body::Llama(shards) => llama::forward(self, shards, pool, seqs),
             Body::Deepseek(ranks) => deepseek::forward(self, ranks, pool, seqs),
+            Body::KimiK3(ranks) => kimi_k3::forward(self, ranks, pool, seqs),
         }
+    }
+
+    /// Floats of one sequence's recurrent state on each rank, in rank
+    /// order: the size of a [`crate::KvPool`] state slot. Empty for models
+    /// without recurrent layers (every cache is per token).
+    pub fn state_floats_per_rank(&self) -> Vec<usize> {
+        match &self.body {
+            Body::KimiK3(ranks) => ranks.iter().map(|w| w.state_floats()).collect(),
+            Body::Llama(_) | Body::Deepseek(_) => Vec::new(),
+        }
+    }
+
+    /// Which layers cache per token (`None`: all of them).
+    pub(crate) fn per_token_cache_layers(&self) -> Option<Vec<bool>> {
+        match &self.body {
+            Body::KimiK3(ranks) => Some(ranks[0].mla_layer_mask()),
+            Body::Llama(_) | Body::Deepseek(_) => None,
+        }
+    }
+
+    /// Whether some layers keep a recurrent state per sequence (which a
+    /// rejected draft cannot be trimmed out of).
+    pub fn has_recurrent_state(&self) -> bool {
+        !self.state_floats_per_rank().is_empty()
     }
 
     /// Runs a throwaway two-row forward so that candle packs every weight
@@ -224,6 +270,7 @@ impl Model {
                 start_pos: 0,
                 block_table: &[0],
                 logits: LogitsWanted::Last,
+                state_slot: 0,
             }],
         )?;
         Ok(())
@@ -234,7 +281,8 @@ impl Model {
         Ok(self.forward(pool, seqs)?.to_vec2::<f32>()?)
     }
 
-    /// Convenience for one sequence: logits rows as `Vec<Vec<f32>>`.
+    /// Convenience for one sequence (in state slot 0): logits rows as
+    /// `Vec<Vec<f32>>`.
     pub fn forward_one(
         &self,
         pool: &mut KvPool,
@@ -250,6 +298,7 @@ impl Model {
                 start_pos,
                 block_table,
                 logits,
+                state_slot: 0,
             }],
         )
     }

@@ -34,12 +34,18 @@ impl LogitsWanted {
 /// Invariants the caller keeps (checked, an error otherwise): the positions
 /// `0..start_pos` of this sequence are already in the pool through the same
 /// block table, and `block_table` holds enough blocks for every new position.
+/// For a model with recurrent layers (see [`Model::has_recurrent_state`]),
+/// `state_slot` names the pool slot holding the sequence's state after
+/// positions `0..start_pos` (ignored when `start_pos` is 0: the state starts
+/// from zero), and no two sequences of a batch share a slot; other models
+/// ignore it.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     pub start_pos: usize,
     pub block_table: &'a [u32],
     pub logits: LogitsWanted,
+    pub state_slot: u32,
 }
 
 /// The batch flattened into rows: row `i` is token `tokens[i]` of sequence
@@ -57,7 +63,8 @@ pub(crate) struct Rows {
 ///
 /// Errors: a pool built for another model shape or world size, a sequence
 /// reaching beyond the model's context, a token outside the vocabulary, a
-/// block table too short or naming a block outside the pool, or no tokens.
+/// block table too short or naming a block outside the pool, a state slot
+/// outside the pool or shared by two sequences, or no tokens.
 pub(crate) fn flatten(model: &Model, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
     let cfg = &model.cfg;
     if !pool.fits(cfg, &model.kv_heads_per_rank()) {
@@ -97,6 +104,18 @@ pub(crate) fn flatten(model: &Model, pool: &KvPool, seqs: &[SeqInput]) -> Result
     }
     if rows.tokens.is_empty() {
         return Err(VerifyError::BadBatch("no tokens in the batch".into()));
+    }
+    if model.has_recurrent_state() {
+        let mut seen = std::collections::HashSet::new();
+        for s in seqs {
+            pool.check_state_slot(s.state_slot)?;
+            if !seen.insert(s.state_slot) {
+                return Err(VerifyError::BadBatch(format!(
+                    "two sequences of one batch share state slot {}",
+                    s.state_slot
+                )));
+            }
+        }
     }
     Ok(rows)
 }

@@ -35,6 +35,8 @@
 
 use super::config::{ModelConfig, MoeConfig, RopeStyle};
 use super::dense::Dense;
+use super::mla::{attend_absorbed, MlaDims as Dims};
+use super::moe::route;
 use super::ops::{rms_norm, silu};
 use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::rows::{flatten, Rows, SeqInput};
@@ -215,40 +217,6 @@ impl Rope {
     }
 }
 
-/// Group-limited top-k over sigmoid scores, as transformers'
-/// DeepseekV3TopkRouter: returns (expert, weight) pairs.
-fn route(logits: &[f32], bias: &[f32], e: &MoeConfig) -> Vec<(usize, f32)> {
-    let scores: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
-    let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
-    let per = e.n_routed_experts / e.n_group;
-    // Descending by value, ties to the lower index.
-    let top = |v: &mut Vec<(usize, f32)>, k: usize| {
-        v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        v.truncate(k);
-    };
-    let mut groups: Vec<(usize, f32)> = choice
-        .chunks_exact(per)
-        .enumerate()
-        .map(|(g, c)| {
-            let mut v: Vec<(usize, f32)> = c.iter().copied().enumerate().collect();
-            top(&mut v, 2);
-            (g, v[0].1 + v[1].1)
-        })
-        .collect();
-    top(&mut groups, e.topk_group);
-    let mut cand: Vec<(usize, f32)> = groups
-        .iter()
-        .flat_map(|&(g, _)| (g * per..(g + 1) * per).map(|x| (x, choice[x])))
-        .collect();
-    top(&mut cand, e.num_experts_per_tok);
-    let mut w: Vec<(usize, f32)> = cand.iter().map(|&(x, _)| (x, scores[x])).collect();
-    if e.norm_topk_prob {
-        let sum: f32 = w.iter().map(|p| p.1).sum::<f32>() + 1e-20;
-        w.iter_mut().for_each(|p| p.1 /= sum);
-    }
-    w.iter_mut().for_each(|p| p.1 *= e.routed_scaling_factor);
-    w
-}
 
 impl Moe {
     /// This rank's part of the MoE output for rows `x` (`[n, hidden]`).
@@ -301,67 +269,6 @@ impl Weights {
     }
 }
 
-/// Dimensions one attention call needs.
-#[derive(Clone, Copy)]
-struct Dims {
-    heads: usize,
-    nope: usize,
-    rope: usize,
-    v: usize,
-    kvr: usize,
-    scale: f32,
-}
-
-/// Absorbed attention of one query row (`q`: this rank's heads, each
-/// `nope + rope`, RoPE applied) over positions `0..ctx` of a sequence's
-/// latent cache; writes `heads * v` floats to `out`.
-#[allow(clippy::too_many_arguments)]
-fn attend_absorbed(
-    d: Dims,
-    kv_b: &Dense,
-    pool: &KvShard,
-    layer: usize,
-    table: &[u32],
-    ctx: usize,
-    q: &[f32],
-    out: &mut [f32],
-    scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>),
-) {
-    let (scores, q_lat, o_lat) = scratch;
-    let qk = d.nope + d.rope;
-    scores.resize(ctx, 0.0);
-    for hh in 0..d.heads {
-        let qn = &q[hh * qk..hh * qk + d.nope];
-        let qr = &q[hh * qk + d.nope..(hh + 1) * qk];
-        let base = hh * (d.nope + d.v);
-        // q_lat = W_UK^T q_nope: the query seen from the latent space.
-        q_lat.clear();
-        q_lat.resize(d.kvr, 0.0);
-        for (j, &a) in qn.iter().enumerate() {
-            axpy(a, kv_b.row(base + j), q_lat);
-        }
-        let mut max = f32::NEG_INFINITY;
-        for (t, s) in scores.iter_mut().enumerate() {
-            let row = pool.latent_row(layer, table, t);
-            *s = (dot(q_lat, &row[..d.kvr]) + dot(qr, &row[d.kvr..])) * d.scale;
-            max = max.max(*s);
-        }
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
-        o_lat.clear();
-        o_lat.resize(d.kvr, 0.0);
-        for (t, &s) in scores.iter().enumerate() {
-            axpy(s * inv, &pool.latent_row(layer, table, t)[..d.kvr], o_lat);
-        }
-        for j in 0..d.v {
-            out[hh * d.v + j] = dot(kv_b.row(base + d.nope + j), o_lat);
-        }
-    }
-}
 
 /// Expanded causal attention of a fresh chunk (positions `0..m`): per-head
 /// K/V from the chunk's own latent rows `lat` (`[m, kvr + rope]`).

@@ -43,7 +43,7 @@ use super::ops::rms_norm;
 use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::rows::{flatten, Rows};
 use super::{Model, MoeConfig, SeqInput};
-use crate::error::{Result, VerifyError};
+use crate::error::Result;
 use crate::kernels::mxfp4::Mxfp4Matrix;
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
 use crate::tp::Communicator;
@@ -84,11 +84,6 @@ impl K3Config {
     pub(crate) fn kda_state_floats(&self, heads: usize) -> usize {
         let c = heads * self.kda_head_dim;
         3 * (self.conv_kernel - 1) * c + heads * self.kda_head_dim * self.kda_head_dim
-    }
-
-    /// Number of KDA layers.
-    pub fn kda_layers(&self) -> usize {
-        self.mla_layers.iter().filter(|m| !**m).count()
     }
 }
 
@@ -248,6 +243,16 @@ impl Weights {
     /// Floats of one sequence's recurrent state on this rank.
     pub(crate) fn state_floats(&self) -> usize {
         self.state_floats
+    }
+
+    /// Per layer: whether it is an MLA layer (caches a latent per token).
+    pub(crate) fn mla_layer_mask(&self) -> Vec<bool> {
+        self.k3.mla_layers.clone()
+    }
+
+    /// Number of MLA layers.
+    pub(crate) fn mla_layers(&self) -> usize {
+        self.k3.mla_layers.iter().filter(|m| **m).count()
     }
 }
 
@@ -531,10 +536,7 @@ impl LatentMoe {
 /// The family's forward over `ranks` (one per tensor-parallel rank): see
 /// [`Model::forward`] for the contract.
 pub(crate) fn forward(model: &Model, ranks: &[Weights], pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
-    let rows = flatten(&model.cfg, pool, seqs)?;
-    for s in seqs {
-        pool.check_state_slot(s.state_slot)?;
-    }
+    let rows = flatten(model, pool, seqs)?;
     let _one_step = (ranks.len() > 1).then(|| model.step.lock().unwrap_or_else(|e| e.into_inner()));
     run_ranks(ranks, pool.shards_mut(), |w, kv| forward_rank(model, w, kv, &rows, seqs))
 }
@@ -633,11 +635,6 @@ fn forward_rank(model: &Model, w: &Weights, pool: &mut KvShard, rows: &Rows, seq
         assemble_vocab(&all, m, &ranges, v)
     };
     Ok(Tensor::from_vec(logits, (m, v), &Device::Cpu)?)
-}
-
-/// Errors for a K3 batch the pool cannot hold.
-pub(crate) fn no_state_slots() -> VerifyError {
-    VerifyError::BadConfig("a Kimi K3 pool needs recurrent-state slots".into())
 }
 
 #[cfg(test)]

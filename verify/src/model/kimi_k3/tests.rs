@@ -87,11 +87,13 @@ fn with_ablation(mut m: Model, f: impl Fn(&mut super::Ablation)) -> Model {
     m
 }
 
-/// llama.cpp rounds the routed experts' activations to Q8_0 and so do we;
-/// a rounding that lands on the other side of a .5 in one of the two
-/// moves one logit row by a few 1e-2 on this (deliberately sensitive)
-/// tiny model. Everything else agrees to float precision.
-const LLAMACPP_TOL: f32 = 0.1;
+/// llama.cpp rounds the routed experts' activations to Q8_0 (ties to even,
+/// f16 scale) and so do we, so the two agree to float summation order:
+/// measured 3.5e-5 at most. Without the same rounding they differ by up to
+/// 6.9 on this tiny model (its random weights amplify small changes; see
+/// `reference-check.json`), so the tolerance leaves no room for a wrong
+/// rounding either.
+const LLAMACPP_TOL: f32 = 1e-3;
 
 #[test]
 fn logits_match_llamacpp_whole_chunked_and_token_by_token() {
@@ -111,6 +113,7 @@ fn logits_match_llamacpp_whole_chunked_and_token_by_token() {
             for (mode, ours) in [("whole", &whole), ("chunked", &chunked), ("token_by_token", &single)] {
                 let theirs = rows(&p[mode]);
                 let d = max_diff(ours, &theirs);
+                eprintln!("{mode}: max |ours - llama.cpp| = {d}");
                 assert!(d < LLAMACPP_TOL, "{mode}: max |ours - llama.cpp| = {d}");
                 for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
                     assert_eq!(argmax(a), argmax(b), "{mode}: greedy token differs at position {i}");
@@ -128,7 +131,9 @@ fn exact_experts_match_the_f64_reference() {
         let prompt = ids(p);
         let ours = run(&model, &prompt, &[prompt.len()]);
         let d = max_diff(&ours, &rows(want));
-        assert!(d < 2e-3, "max |ours - f64 reference| = {d}");
+        eprintln!("max |ours - f64 reference| = {d}");
+        // Measured 1.7e-4 (f32 against f64).
+        assert!(d < 1e-3, "max |ours - f64 reference| = {d}");
     }
 }
 
@@ -149,6 +154,7 @@ fn dropping_a_k3_feature_breaks_the_match() {
     for (name, knob) in knobs {
         let model = with_ablation(load_model(&fixture("tiny-hf")).unwrap(), knob);
         let d = max_diff(&run(&model, &prompt, &[prompt.len()]), &theirs);
+        eprintln!("without the {name}: max diff {d}");
         assert!(d > 10.0 * LLAMACPP_TOL, "without the {name} the logits still match ({d})");
     }
 }
@@ -166,7 +172,9 @@ fn tensor_parallel_2_and_4_equal_world_1() {
             assert_eq!(m.world_size(), world);
             let tp = run(&m, &prompt, &chunks);
             let d = max_diff(&one, &tp);
-            assert!(d < 1e-3, "world {world}: max diff {d}");
+            eprintln!("world {world}: max diff {d}");
+            // Measured 1.8e-5: only the collectives' summation order differs.
+            assert!(d < 1e-4, "world {world}: max diff {d}");
             for (a, b) in one.iter().zip(&tp) {
                 assert_eq!(argmax(a), argmax(b), "world {world}: greedy differs");
             }
@@ -180,6 +188,7 @@ fn hf_directory_and_gguf_are_the_same_model() {
     let a = run(&load_model(&fixture("tiny-hf")).unwrap(), &prompt, &[20]);
     let b = run(&load_model(&fixture("tiny-k3.gguf")).unwrap(), &prompt, &[20]);
     let d = max_diff(&a, &b);
+    eprintln!("HF vs GGUF: {d}");
     assert!(d < 1e-5, "HF vs GGUF: {d}");
 }
 

@@ -1,0 +1,69 @@
+//! Multi-head latent attention over the latent paged cache, shared by the
+//! families that use it (DeepSeek-V3 / Kimi K2, and Kimi K3's MLA layers):
+//! the absorbed form, where a query is mapped into the latent space once
+//! per head and scored against cached latent rows in place.
+
+use super::dense::Dense;
+use crate::kv_pool::{axpy, dot, KvShard};
+
+/// Dimensions one attention call needs.
+#[derive(Clone, Copy)]
+pub(crate) struct MlaDims {
+    pub(crate) heads: usize,
+    pub(crate) nope: usize,
+    pub(crate) rope: usize,
+    pub(crate) v: usize,
+    pub(crate) kvr: usize,
+    pub(crate) scale: f32,
+}
+
+/// Absorbed attention of one query row (`q`: this rank's heads, each
+/// `nope + rope`, RoPE applied) over positions `0..ctx` of a sequence's
+/// latent cache; writes `heads * v` floats to `out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_absorbed(
+    d: MlaDims,
+    kv_b: &Dense,
+    pool: &KvShard,
+    layer: usize,
+    table: &[u32],
+    ctx: usize,
+    q: &[f32],
+    out: &mut [f32],
+    scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>),
+) {
+    let (scores, q_lat, o_lat) = scratch;
+    let qk = d.nope + d.rope;
+    scores.resize(ctx, 0.0);
+    for hh in 0..d.heads {
+        let qn = &q[hh * qk..hh * qk + d.nope];
+        let qr = &q[hh * qk + d.nope..(hh + 1) * qk];
+        let base = hh * (d.nope + d.v);
+        // q_lat = W_UK^T q_nope: the query seen from the latent space.
+        q_lat.clear();
+        q_lat.resize(d.kvr, 0.0);
+        for (j, &a) in qn.iter().enumerate() {
+            axpy(a, kv_b.row(base + j), q_lat);
+        }
+        let mut max = f32::NEG_INFINITY;
+        for (t, s) in scores.iter_mut().enumerate() {
+            let row = pool.latent_row(layer, table, t);
+            *s = (dot(q_lat, &row[..d.kvr]) + dot(qr, &row[d.kvr..])) * d.scale;
+            max = max.max(*s);
+        }
+        let mut sum = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        o_lat.clear();
+        o_lat.resize(d.kvr, 0.0);
+        for (t, &s) in scores.iter().enumerate() {
+            axpy(s * inv, &pool.latent_row(layer, table, t)[..d.kvr], o_lat);
+        }
+        for j in 0..d.v {
+            out[hh * d.v + j] = dot(kv_b.row(base + d.nope + j), o_lat);
+        }
+    }
+}
