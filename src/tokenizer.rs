@@ -18,7 +18,6 @@
 
 mod chat;
 mod chat_encode;
-mod gguf_meta;
 pub mod hf_dir;
 mod incremental;
 mod template_override;
@@ -418,22 +417,23 @@ impl TextTokenizer {
         })
     }
 
-    /// Reads only the header and metadata of a GGUF file (not the tensor directory, so
-    /// tensor types unknown to candle, e.g. MXFP4, do not matter) and builds the tokenizer.
+    /// Reads a GGUF file's metadata with the model runtime's own GGUF reader
+    /// (candle's rejects tensor types it does not know, e.g. MXFP4, which a
+    /// tokenizer never needs) and builds the tokenizer.
     ///
     /// Errors: [`TokenizerError::Io`] if the file cannot be opened, [`TokenizerError::Gguf`]
     /// if it is not valid GGUF, then as [`from_gguf_metadata`](Self::from_gguf_metadata).
     pub fn from_gguf_file(path: &Path) -> Result<Self, TokenizerError> {
-        let file = std::fs::File::open(path).map_err(|source| TokenizerError::Io {
+        std::fs::File::open(path).map_err(|source| TokenizerError::Io {
             path: path.to_owned(),
             source,
         })?;
-        let md = gguf_meta::read_metadata(std::io::BufReader::new(file)).map_err(|message| {
-            TokenizerError::Gguf {
+        let md = specgate_verify::gguf::Gguf::open(path)
+            .map_err(|e| TokenizerError::Gguf {
                 path: path.to_owned(),
-                message,
-            }
-        })?;
+                message: e.to_string(),
+            })?
+            .metadata;
         Self::from_gguf_metadata(&md)
     }
 

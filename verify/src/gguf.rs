@@ -33,7 +33,10 @@ pub struct Gguf {
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> VerifyError {
-    VerifyError::BadConfig(format!("{} is not a readable GGUF file: {what}", path.display()))
+    VerifyError::BadConfig(format!(
+        "{} is not a readable GGUF file: {what}",
+        path.display()
+    ))
 }
 
 struct Cursor<R> {
@@ -102,7 +105,9 @@ impl Gguf {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut c = Cursor { r: BufReader::new(f) };
+        let mut c = Cursor {
+            r: BufReader::new(f),
+        };
         let e = |x: std::io::Error| bad(path, x);
         if &c.bytes::<4>().map_err(e)? != b"GGUF" {
             return Err(bad(path, "wrong magic"));
@@ -133,7 +138,14 @@ impl Gguf {
                 .map_err(e)?;
             let dtype = c.u32().map_err(e)?;
             let offset = c.u64().map_err(e)?;
-            tensors.insert(name, TensorInfo { dims, dtype, offset });
+            tensors.insert(
+                name,
+                TensorInfo {
+                    dims,
+                    dtype,
+                    offset,
+                },
+            );
         }
         let align = match metadata.get("general.alignment") {
             Some(Value::U32(a)) if *a > 0 => *a as u64,
@@ -189,16 +201,17 @@ impl Gguf {
             0 => n * 4,
             1 | 30 => n * 2,
             crate::kernels::mxfp4::GGML_TYPE_MXFP4 => n / 32 * crate::kernels::mxfp4::BLOCK_BYTES,
-            t => {
-                return Err(VerifyError::BadConfig(format!(
-                    "{}: tensor {name} has ggml type {t}; this reader decodes F32, F16, BF16 and MXFP4",
-                    self.path.display()
-                )))
-            }
+            t => return Err(VerifyError::BadConfig(format!(
+                "{}: tensor {name} has ggml type {t}; this reader decodes F32, F16, BF16 and MXFP4",
+                self.path.display()
+            ))),
         };
         let (info, b) = self.raw(name, len)?;
         let v = match info.dtype {
-            0 => b.chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap())).collect(),
+            0 => b
+                .chunks_exact(4)
+                .map(|x| f32::from_le_bytes(x.try_into().unwrap()))
+                .collect(),
             1 => b
                 .chunks_exact(2)
                 .map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f32())

@@ -122,14 +122,7 @@ impl KvPool {
             None => kv_heads
                 .iter()
                 .map(|&heads| {
-                    KvShard::zeroed(
-                        &cached,
-                        num_blocks,
-                        block_size,
-                        heads,
-                        cfg.head_dim,
-                        false,
-                    )
+                    KvShard::zeroed(&cached, num_blocks, block_size, heads, cfg.head_dim, false)
                 })
                 .collect(),
         };

@@ -34,6 +34,8 @@ impl Reference {
             ),
             // Checked against transformers instead (tests/deepseek.rs).
             Arch::DeepseekV3 => unreachable!("no GGUF reference for DeepSeek-V3"),
+            // Checked against llama.cpp's logits (model::kimi_k3 tests).
+            Arch::KimiK3 => unreachable!("no candle reference for Kimi K3"),
         }
     }
 

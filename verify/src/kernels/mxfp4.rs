@@ -35,8 +35,16 @@ fn scale(e: u8) -> f32 {
 ///
 /// Errors (as a message): lengths that do not match `rows` x `cols`, or
 /// `cols` not a multiple of 32.
-pub fn decode_packed(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>, String> {
-    if !cols.is_multiple_of(32) || packed.len() != rows * cols / 2 || scales.len() != rows * cols / 32 {
+pub fn decode_packed(
+    packed: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f32>, String> {
+    if !cols.is_multiple_of(32)
+        || packed.len() != rows * cols / 2
+        || scales.len() != rows * cols / 32
+    {
         return Err(format!(
             "MXFP4 [{rows}, {cols}] needs {} packed and {} scale bytes, got {} and {}",
             rows * cols / 2,
@@ -66,7 +74,10 @@ pub fn decode_ggml(blocks: &[u8], n: usize) -> Result<Vec<f32>, String> {
         ));
     }
     let mut out = vec![0f32; n];
-    for (b, o) in blocks.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(32)) {
+    for (b, o) in blocks
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(32))
+    {
         let s = scale(b[0]);
         for j in 0..16 {
             o[j] = E2M1[(b[1 + j] & 15) as usize] * s;
@@ -131,7 +142,12 @@ impl Mxfp4Matrix {
     /// Repacks compressed-tensors data (see the module docs) losslessly.
     ///
     /// Errors (as a message): lengths that do not match.
-    pub fn from_packed(packed: &[u8], scales: &[u8], out: usize, inp: usize) -> Result<Self, String> {
+    pub fn from_packed(
+        packed: &[u8],
+        scales: &[u8],
+        out: usize,
+        inp: usize,
+    ) -> Result<Self, String> {
         decode_packed(packed, scales, out, inp)?; // checks the lengths
         let mut blocks = Vec::with_capacity(out * inp / 32 * BLOCK_BYTES);
         for (g, &e) in scales.iter().enumerate() {
@@ -220,7 +236,9 @@ mod tests {
         let scales: Vec<u8> = (0..out * inp / 32).map(|i| 120 + (i % 5) as u8).collect();
         let m = Mxfp4Matrix::from_packed(&packed, &scales, out, inp).unwrap();
         let w = m.dequantize();
-        let x: Vec<f32> = (0..2 * inp).map(|i| ((i * 7) as f32 * 0.13).sin()).collect();
+        let x: Vec<f32> = (0..2 * inp)
+            .map(|i| ((i * 7) as f32 * 0.13).sin())
+            .collect();
         let y = m.forward(&x);
         for r in 0..2 {
             let a = quantize_q8_0(&x[r * inp..(r + 1) * inp]);
@@ -230,8 +248,14 @@ mod tests {
                 let want: f32 = wrow.iter().zip(&xq).map(|(a, b)| a * b).sum();
                 let exact: f32 = wrow.iter().zip(&x[r * inp..]).map(|(a, b)| a * b).sum();
                 let got = y[r * out + o];
-                assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "{got} vs {want}");
-                assert!((got - exact).abs() < 0.05 * (1.0 + exact.abs()), "{got} vs {exact}");
+                assert!(
+                    (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                    "{got} vs {want}"
+                );
+                assert!(
+                    (got - exact).abs() < 0.05 * (1.0 + exact.abs()),
+                    "{got} vs {exact}"
+                );
             }
         }
     }

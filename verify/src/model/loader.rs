@@ -15,8 +15,8 @@
 use super::config::{Arch, ModelConfig};
 use super::shard::Matrix;
 use super::{deepseek, kimi_k3, llama, Model};
-use crate::gguf::Gguf;
 use crate::error::{Result, VerifyError};
+use crate::gguf::Gguf;
 use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{Device, Tensor};

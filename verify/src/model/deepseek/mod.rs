@@ -217,7 +217,6 @@ impl Rope {
     }
 }
 
-
 impl Moe {
     /// This rank's part of the MoE output for rows `x` (`[n, hidden]`).
     fn forward(&self, x: &[f32], hidden: usize, cfg: &MoeConfig) -> Vec<f32> {
@@ -268,7 +267,6 @@ impl Weights {
         self.prefill = mode;
     }
 }
-
 
 /// Expanded causal attention of a fresh chunk (positions `0..m`): per-head
 /// K/V from the chunk's own latent rows `lat` (`[m, kvr + rope]`).

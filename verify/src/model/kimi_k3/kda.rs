@@ -124,7 +124,16 @@ mod tests {
         let mut s = vec![0.5f32];
         let mut o = vec![0f32];
         let mut scratch = Vec::new();
-        step(&mut s, &[2.0], &[0.6], &[1.5], &[-0.2], 0.7, &mut o, &mut scratch);
+        step(
+            &mut s,
+            &[2.0],
+            &[0.6],
+            &[1.5],
+            &[-0.2],
+            0.7,
+            &mut o,
+            &mut scratch,
+        );
         let s1 = 0.5 * (-0.2f32).exp();
         let u = 0.7 * (1.5 - s1 * 0.6);
         let s2 = s1 + 0.6 * u;

@@ -12,7 +12,10 @@
 //! tiny checkpoints this loads today fit easily; a full-size K3 needs
 //! sliced reads and packed MXFP4 kernels (see BENCHMARKS.md).
 
-use super::{Ablation, Expert, ExpertMat, Ffn, GatedMla, K3Config, K3Layer, Kda, LatentMoe, Mixer, Query, SituMlp, Weights};
+use super::{
+    Ablation, Expert, ExpertMat, Ffn, GatedMla, K3Config, K3Layer, Kda, LatentMoe, Mixer, Query,
+    SituMlp, Weights,
+};
 use crate::error::{Result, VerifyError};
 use crate::gguf::Gguf;
 use crate::kernels::mxfp4::{self, Mxfp4Matrix};
@@ -49,14 +52,20 @@ fn ju(v: &Json, key: &str) -> Result<usize> {
     v.get(key)
         .and_then(Json::as_u64)
         .map(|x| x as usize)
-        .ok_or_else(|| bad(format!("config.json: text_config.{key} missing or not an integer")))
+        .ok_or_else(|| {
+            bad(format!(
+                "config.json: text_config.{key} missing or not an integer"
+            ))
+        })
 }
 
 fn jf(v: &Json, key: &str, default: Option<f64>) -> Result<f64> {
     match (v.get(key).and_then(Json::as_f64), default) {
         (Some(x), _) => Ok(x),
         (None, Some(d)) => Ok(d),
-        (None, None) => Err(bad(format!("config.json: text_config.{key} missing or not a number"))),
+        (None, None) => Err(bad(format!(
+            "config.json: text_config.{key} missing or not a number"
+        ))),
     }
 }
 
@@ -70,11 +79,17 @@ pub(crate) fn config_from_hf_json(v: &Json) -> Result<(ModelConfig, K3Config)> {
     if t.get("hidden_act").and_then(Json::as_str) != Some("situ") {
         return Err(bad("config.json: Kimi K3 needs hidden_act \"situ\"".into()));
     }
-    if t.get("moe_router_activation_func").and_then(Json::as_str).unwrap_or("sigmoid") != "sigmoid" {
+    if t.get("moe_router_activation_func")
+        .and_then(Json::as_str)
+        .unwrap_or("sigmoid")
+        != "sigmoid"
+    {
         return Err(bad("config.json: Kimi K3's router must be sigmoid".into()));
     }
     if t.get("tie_word_embeddings").and_then(Json::as_bool) == Some(true) {
-        return Err(bad("config.json: tied embeddings in a Kimi K3 config".into()));
+        return Err(bad(
+            "config.json: tied embeddings in a Kimi K3 config".into()
+        ));
     }
     let lin = t
         .get("linear_attn_config")
@@ -92,7 +107,10 @@ pub(crate) fn config_from_hf_json(v: &Json) -> Result<(ModelConfig, K3Config)> {
     let mla_layers: Vec<bool> = (0..layers).map(|l| full.contains(&(l + 1))).collect();
     let heads = ju(t, "num_attention_heads")?;
     let mla = MlaConfig {
-        q_lora_rank: t.get("q_lora_rank").and_then(Json::as_u64).map(|x| x as usize),
+        q_lora_rank: t
+            .get("q_lora_rank")
+            .and_then(Json::as_u64)
+            .map(|x| x as usize),
         kv_lora_rank: ju(t, "kv_lora_rank")?,
         qk_nope_head_dim: ju(t, "qk_nope_head_dim")?,
         qk_rope_head_dim: ju(t, "qk_rope_head_dim")?,
@@ -103,9 +121,15 @@ pub(crate) fn config_from_hf_json(v: &Json) -> Result<(ModelConfig, K3Config)> {
         num_experts_per_tok: ju(t, "num_experts_per_token")?,
         moe_intermediate_size: ju(t, "moe_intermediate_size")?,
         n_shared_experts: ju(t, "num_shared_experts")?,
-        n_group: t.get("num_expert_group").and_then(Json::as_u64).unwrap_or(1) as usize,
+        n_group: t
+            .get("num_expert_group")
+            .and_then(Json::as_u64)
+            .unwrap_or(1) as usize,
         topk_group: t.get("topk_group").and_then(Json::as_u64).unwrap_or(1) as usize,
-        norm_topk_prob: t.get("moe_renormalize").and_then(Json::as_bool).unwrap_or(true),
+        norm_topk_prob: t
+            .get("moe_renormalize")
+            .and_then(Json::as_bool)
+            .unwrap_or(true),
         routed_scaling_factor: jf(t, "routed_scaling_factor", Some(1.0))? as f32,
         first_k_dense_replace: ju(t, "first_k_dense_replace")?,
     };
@@ -114,11 +138,20 @@ pub(crate) fn config_from_hf_json(v: &Json) -> Result<(ModelConfig, K3Config)> {
         kda_heads: ju(lin, "num_heads")?,
         kda_head_dim: ju(lin, "head_dim")?,
         conv_kernel: ju(lin, "short_conv_kernel_size")?,
-        gate_lower_bound: lin.get("gate_lower_bound").and_then(Json::as_f64).map(|x| x as f32),
-        latent: t.get("routed_expert_hidden_size").and_then(Json::as_u64).map(|x| x as usize),
+        gate_lower_bound: lin
+            .get("gate_lower_bound")
+            .and_then(Json::as_f64)
+            .map(|x| x as f32),
+        latent: t
+            .get("routed_expert_hidden_size")
+            .and_then(Json::as_u64)
+            .map(|x| x as usize),
         situ_beta: jf(t, "activation_situ_beta", None)? as f32,
         situ_linear_beta: jf(t, "activation_situ_linear_beta", Some(0.0))? as f32,
-        attn_res_block: t.get("attn_res_block_size").and_then(Json::as_u64).unwrap_or(0) as usize,
+        attn_res_block: t
+            .get("attn_res_block_size")
+            .and_then(Json::as_u64)
+            .unwrap_or(0) as usize,
     };
     let cfg = ModelConfig {
         arch: Arch::KimiK3,
@@ -132,7 +165,10 @@ pub(crate) fn config_from_hf_json(v: &Json) -> Result<(ModelConfig, K3Config)> {
         rms_norm_eps: jf(t, "rms_norm_eps", Some(1e-5))?,
         rope_theta: 10000.0,
         rope_style: RopeStyle::Neox,
-        max_position: t.get("max_position_embeddings").and_then(Json::as_u64).unwrap_or(131072) as usize,
+        max_position: t
+            .get("max_position_embeddings")
+            .and_then(Json::as_u64)
+            .unwrap_or(131072) as usize,
         mla: Some(Box::new(mla)),
         moe: Some(Box::new(moe)),
         yarn: None,
@@ -151,14 +187,21 @@ pub(crate) fn validate(cfg: &ModelConfig, k3: &K3Config) -> Result<()> {
         )));
     }
     if k3.kda_heads == 0 || k3.kda_head_dim == 0 || k3.conv_kernel < 2 || k3.situ_beta <= 0.0 {
-        return Err(bad(format!("degenerate Kimi K3 linear-attention settings {k3:?}")));
+        return Err(bad(format!(
+            "degenerate Kimi K3 linear-attention settings {k3:?}"
+        )));
     }
     if cfg.mla.is_none() || cfg.moe.is_none() {
         return Err(bad("a Kimi K3 config needs MLA and MoE settings".into()));
     }
     let moe = cfg.moe.as_ref().expect("checked");
-    if moe.n_group == 0 || !moe.n_routed_experts.is_multiple_of(moe.n_group) || moe.topk_group > moe.n_group {
-        return Err(bad(format!("expert groups {moe:?} do not divide the experts")));
+    if moe.n_group == 0
+        || !moe.n_routed_experts.is_multiple_of(moe.n_group)
+        || moe.topk_group > moe.n_group
+    {
+        return Err(bad(format!(
+            "expert groups {moe:?} do not divide the experts"
+        )));
     }
     Ok(())
 }
@@ -213,7 +256,12 @@ fn mf_opt(g: &Gguf, key: &str) -> Result<Option<f32>> {
 pub(crate) fn config_from_gguf(g: &Gguf) -> Result<(ModelConfig, K3Config)> {
     match g.metadata.get("general.architecture") {
         Some(Value::String(a)) if a == "kimi-k3" => {}
-        other => return Err(bad(format!("{}: not a kimi-k3 GGUF ({other:?})", g.path().display()))),
+        other => {
+            return Err(bad(format!(
+                "{}: not a kimi-k3 GGUF ({other:?})",
+                g.path().display()
+            )))
+        }
     }
     let layers = mu(g, "block_count")?;
     let kv = meta(g, "attention.head_count_kv")?;
@@ -309,7 +357,11 @@ struct Name<'a> {
 }
 
 fn lay<'a>(l: usize, hf: &'a str, gguf: &'a str) -> Name<'a> {
-    Name { layer: Some(l), hf, gguf }
+    Name {
+        layer: Some(l),
+        hf,
+        gguf,
+    }
 }
 
 impl Source<'_> {
@@ -343,7 +395,9 @@ impl Source<'_> {
         let v = match self {
             Source::Hf(st, _) => {
                 let name = self.hf_name(n);
-                let shape = st.shape_of(&name).ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
+                let shape = st
+                    .shape_of(&name)
+                    .ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
                 st.tensor(&name, &shape)?.flatten_all()?.to_vec1::<f32>()?
             }
             Source::Gguf(g) => g.f32_tensor(&Self::gguf_name(n))?.1,
@@ -372,17 +426,43 @@ impl Source<'_> {
 
     /// An attention-residual score vector: the GGUF's fused one, or the
     /// checkpoint's `{p}_norm * {p}_proj`.
-    fn res_score(&self, layer: Option<usize>, hf_prefix: &str, gguf: &str, hidden: usize) -> Result<Option<Vec<f32>>> {
+    fn res_score(
+        &self,
+        layer: Option<usize>,
+        hf_prefix: &str,
+        gguf: &str,
+        hidden: usize,
+    ) -> Result<Option<Vec<f32>>> {
         match self {
-            Source::Gguf(_) => self.opt(&Name { layer, hf: "", gguf }, hidden),
+            Source::Gguf(_) => self.opt(
+                &Name {
+                    layer,
+                    hf: "",
+                    gguf,
+                },
+                hidden,
+            ),
             Source::Hf(..) => {
-                let (nn, pn) = (format!("{hf_prefix}_norm.weight"), format!("{hf_prefix}_proj.weight"));
-                let norm = Name { layer, hf: &nn, gguf: "" };
-                let proj = Name { layer, hf: &pn, gguf: "" };
+                let (nn, pn) = (
+                    format!("{hf_prefix}_norm.weight"),
+                    format!("{hf_prefix}_proj.weight"),
+                );
+                let norm = Name {
+                    layer,
+                    hf: &nn,
+                    gguf: "",
+                };
+                let proj = Name {
+                    layer,
+                    hf: &pn,
+                    gguf: "",
+                };
                 match (self.opt(&norm, hidden)?, self.opt(&proj, hidden)?) {
                     (Some(a), Some(b)) => Ok(Some(a.iter().zip(&b).map(|(a, b)| a * b).collect())),
                     (None, None) => Ok(None),
-                    _ => Err(bad(format!("{hf_prefix}: a residual norm without its projection"))),
+                    _ => Err(bad(format!(
+                        "{hf_prefix}: a residual norm without its projection"
+                    ))),
                 }
             }
         }
@@ -390,7 +470,15 @@ impl Source<'_> {
 
     /// Routed expert `e`'s `which` (w1 gate, w2 down, w3 up), `[out, inp]`:
     /// MXFP4 stays packed, anything else becomes f32.
-    fn expert(&self, l: usize, e: usize, n_exp: usize, which: &str, out: usize, inp: usize) -> Result<ExpertMat> {
+    fn expert(
+        &self,
+        l: usize,
+        e: usize,
+        n_exp: usize,
+        which: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<ExpertMat> {
         match self {
             Source::Hf(st, p) => {
                 let base = format!("{p}model.layers.{l}.block_sparse_moe.experts.{e}.{which}");
@@ -402,7 +490,10 @@ impl Source<'_> {
                         .map(ExpertMat::Packed)
                         .map_err(|m| bad(format!("{base}: {m}")))
                 } else {
-                    let w = st.tensor(&format!("{base}.weight"), &[out, inp])?.flatten_all()?.to_vec1::<f32>()?;
+                    let w = st
+                        .tensor(&format!("{base}.weight"), &[out, inp])?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?;
                     Ok(ExpertMat::Dense(dense(w, out, inp)))
                 }
             }
@@ -413,7 +504,10 @@ impl Source<'_> {
                     _ => "ffn_up_exps",
                 };
                 let name = format!("blk.{l}.{gname}.weight");
-                let info = g.tensors.get(&name).ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
+                let info = g
+                    .tensors
+                    .get(&name)
+                    .ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
                 if info.dims != [inp, out, n_exp] {
                     return Err(VerifyError::BadTensorShape {
                         name,
@@ -429,7 +523,11 @@ impl Source<'_> {
                         .map_err(|m| bad(format!("{name}: {m}")))
                 } else {
                     let (_, all) = g.f32_tensor(&name)?;
-                    Ok(ExpertMat::Dense(dense(all[e * out * inp..(e + 1) * out * inp].to_vec(), out, inp)))
+                    Ok(ExpertMat::Dense(dense(
+                        all[e * out * inp..(e + 1) * out * inp].to_vec(),
+                        out,
+                        inp,
+                    )))
                 }
             }
         }
@@ -465,13 +563,28 @@ fn rows_of(w: &[f32], inp: usize, r: Range<usize>) -> Dense {
 }
 
 fn cols_of(w: &[f32], out: usize, inp: usize, c: Range<usize>) -> Dense {
-    let v = (0..out).flat_map(|o| w[o * inp + c.start..o * inp + c.end].iter().copied()).collect();
+    let v = (0..out)
+        .flat_map(|o| w[o * inp + c.start..o * inp + c.end].iter().copied())
+        .collect();
     Dense::new(v, out, c.len())
 }
 
 /// A SiTU MLP's column slice `f` of width `ff`.
-fn situ_mlp(src: &Source, l: usize, prefix: &str, gg: &str, h: usize, ff: usize, f: Range<usize>) -> Result<SituMlp> {
-    let n = |hf: &str, g: &str| (format!("{prefix}.{hf}_proj.weight"), format!("ffn_{g}{gg}.weight"));
+fn situ_mlp(
+    src: &Source,
+    l: usize,
+    prefix: &str,
+    gg: &str,
+    h: usize,
+    ff: usize,
+    f: Range<usize>,
+) -> Result<SituMlp> {
+    let n = |hf: &str, g: &str| {
+        (
+            format!("{prefix}.{hf}_proj.weight"),
+            format!("ffn_{g}{gg}.weight"),
+        )
+    };
     let (gh, gq) = n("gate", "gate");
     let (uh, uq) = n("up", "up");
     let (dh, dq) = n("down", "down");
@@ -485,7 +598,12 @@ fn situ_mlp(src: &Source, l: usize, prefix: &str, gg: &str, h: usize, ff: usize,
     })
 }
 
-fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Communicator>) -> Result<Weights> {
+fn load_rank(
+    src: &Source,
+    cfg: &ModelConfig,
+    k3: &K3Config,
+    comm: Box<dyn Communicator>,
+) -> Result<Weights> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let h = cfg.hidden_size;
     let mla = cfg.mla.as_ref().expect("validated");
@@ -501,21 +619,42 @@ fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Commu
     for l in 0..cfg.num_layers {
         let mixer = if k3.mla_layers[l] {
             state_offsets.push(None);
-            let (nope, rope, v, kvr) = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank);
+            let (nope, rope, v, kvr) = (
+                mla.qk_nope_head_dim,
+                mla.qk_rope_head_dim,
+                mla.v_head_dim,
+                mla.kv_lora_rank,
+            );
             let qk = nope + rope;
             let nh = cfg.num_heads;
             let q = match mla.q_lora_rank {
                 Some(r) => Query::LowRank {
-                    a: dense(src.get(&lay(l, "self_attn.q_a_proj.weight", "attn_q_a.weight"), r * h)?, r, h),
-                    norm: src.get(&lay(l, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"), r)?,
+                    a: dense(
+                        src.get(
+                            &lay(l, "self_attn.q_a_proj.weight", "attn_q_a.weight"),
+                            r * h,
+                        )?,
+                        r,
+                        h,
+                    ),
+                    norm: src.get(
+                        &lay(l, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
+                        r,
+                    )?,
                     b: rows_of(
-                        &src.get(&lay(l, "self_attn.q_b_proj.weight", "attn_q_b.weight"), nh * qk * r)?,
+                        &src.get(
+                            &lay(l, "self_attn.q_b_proj.weight", "attn_q_b.weight"),
+                            nh * qk * r,
+                        )?,
                         r,
                         mheads.start * qk..mheads.end * qk,
                     ),
                 },
                 None => Query::Full(rows_of(
-                    &src.get(&lay(l, "self_attn.q_proj.weight", "attn_q.weight"), nh * qk * h)?,
+                    &src.get(
+                        &lay(l, "self_attn.q_proj.weight", "attn_q.weight"),
+                        nh * qk * h,
+                    )?,
                     h,
                     mheads.start * qk..mheads.end * qk,
                 )),
@@ -523,20 +662,40 @@ fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Commu
             let kv_b = src.kv_b(l, nh, nope, v, kvr)?;
             let per = nope + v;
             let gate = src
-                .opt(&lay(l, "self_attn.g_proj.weight", "attn_gate.weight"), nh * v * h)?
+                .opt(
+                    &lay(l, "self_attn.g_proj.weight", "attn_gate.weight"),
+                    nh * v * h,
+                )?
                 .map(|g| rows_of(&g, h, mheads.start * v..mheads.end * v));
             Mixer::Mla(GatedMla {
                 q,
                 kv_a: dense(
-                    src.get(&lay(l, "self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"), (kvr + rope) * h)?,
+                    src.get(
+                        &lay(
+                            l,
+                            "self_attn.kv_a_proj_with_mqa.weight",
+                            "attn_kv_a_mqa.weight",
+                        ),
+                        (kvr + rope) * h,
+                    )?,
                     kvr + rope,
                     h,
                 ),
-                kv_a_norm: src.get(&lay(l, "self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"), kvr)?,
+                kv_a_norm: src.get(
+                    &lay(
+                        l,
+                        "self_attn.kv_a_layernorm.weight",
+                        "attn_kv_a_norm.weight",
+                    ),
+                    kvr,
+                )?,
                 kv_b: rows_of(&kv_b, kvr, mheads.start * per..mheads.end * per),
                 gate,
                 o: cols_of(
-                    &src.get(&lay(l, "self_attn.o_proj.weight", "attn_output.weight"), h * nh * v)?,
+                    &src.get(
+                        &lay(l, "self_attn.o_proj.weight", "attn_output.weight"),
+                        h * nh * v,
+                    )?,
                     h,
                     nh * v,
                     mheads.start * v..mheads.end * v,
@@ -552,40 +711,100 @@ fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Commu
                 Ok(w[chans.start * kernel..chans.end * kernel].to_vec())
             };
             let a = match src {
-                Source::Gguf(_) => src.get(&lay(l, "", "ssm_a"), kh)?.iter().map(|x| -x).collect::<Vec<_>>(),
+                Source::Gguf(_) => src
+                    .get(&lay(l, "", "ssm_a"), kh)?
+                    .iter()
+                    .map(|x| -x)
+                    .collect::<Vec<_>>(),
                 Source::Hf(st, _) => {
                     let n = lay(l, "self_attn.A_log", "");
                     let name = src.hf_name(&n);
                     let len = st.shape_of(&name).map(|s| s.iter().product()).unwrap_or(0);
                     let raw = src.get(&n, len)?;
                     if raw.len() < kh {
-                        return Err(bad(format!("{name} has {} entries for {kh} heads", raw.len())));
+                        return Err(bad(format!(
+                            "{name} has {} entries for {kh} heads",
+                            raw.len()
+                        )));
                     }
                     raw[..kh].iter().map(|x| x.exp()).collect()
                 }
             };
             let dt = src.get(&lay(l, "self_attn.dt_bias", "ssm_dt.bias"), c)?;
             Mixer::Kda(Kda {
-                q: rows_of(&src.get(&lay(l, "self_attn.q_proj.weight", "attn_q.weight"), c * h)?, h, chans.clone()),
-                k: rows_of(&src.get(&lay(l, "self_attn.k_proj.weight", "attn_k.weight"), c * h)?, h, chans.clone()),
-                v: rows_of(&src.get(&lay(l, "self_attn.v_proj.weight", "attn_v.weight"), c * h)?, h, chans.clone()),
+                q: rows_of(
+                    &src.get(&lay(l, "self_attn.q_proj.weight", "attn_q.weight"), c * h)?,
+                    h,
+                    chans.clone(),
+                ),
+                k: rows_of(
+                    &src.get(&lay(l, "self_attn.k_proj.weight", "attn_k.weight"), c * h)?,
+                    h,
+                    chans.clone(),
+                ),
+                v: rows_of(
+                    &src.get(&lay(l, "self_attn.v_proj.weight", "attn_v.weight"), c * h)?,
+                    h,
+                    chans.clone(),
+                ),
                 q_conv: conv("self_attn.q_conv1d.weight", "ssm_conv1d_q.weight")?,
                 k_conv: conv("self_attn.k_conv1d.weight", "ssm_conv1d_k.weight")?,
                 v_conv: conv("self_attn.v_conv1d.weight", "ssm_conv1d_v.weight")?,
-                f_a: dense(src.get(&lay(l, "self_attn.f_a_proj.weight", "ssm_f_a.weight"), hd * h)?, hd, h),
-                f_b: rows_of(&src.get(&lay(l, "self_attn.f_b_proj.weight", "ssm_f_b.weight"), c * hd)?, hd, chans.clone()),
-                beta: rows_of(&src.get(&lay(l, "self_attn.b_proj.weight", "ssm_beta.weight"), kh * h)?, h, kheads.clone()),
+                f_a: dense(
+                    src.get(
+                        &lay(l, "self_attn.f_a_proj.weight", "ssm_f_a.weight"),
+                        hd * h,
+                    )?,
+                    hd,
+                    h,
+                ),
+                f_b: rows_of(
+                    &src.get(
+                        &lay(l, "self_attn.f_b_proj.weight", "ssm_f_b.weight"),
+                        c * hd,
+                    )?,
+                    hd,
+                    chans.clone(),
+                ),
+                beta: rows_of(
+                    &src.get(
+                        &lay(l, "self_attn.b_proj.weight", "ssm_beta.weight"),
+                        kh * h,
+                    )?,
+                    h,
+                    kheads.clone(),
+                ),
                 a: a[kheads.clone()].to_vec(),
                 dt_bias: dt[chans.clone()].to_vec(),
-                g: rows_of(&src.get(&lay(l, "self_attn.g_proj.weight", "ssm_g.weight"), c * h)?, h, chans.clone()),
+                g: rows_of(
+                    &src.get(&lay(l, "self_attn.g_proj.weight", "ssm_g.weight"), c * h)?,
+                    h,
+                    chans.clone(),
+                ),
                 o_norm: src.get(&lay(l, "self_attn.o_norm.weight", "ssm_norm.weight"), hd)?,
-                o: cols_of(&src.get(&lay(l, "self_attn.o_proj.weight", "attn_output.weight"), h * c)?, h, c, chans.clone()),
+                o: cols_of(
+                    &src.get(
+                        &lay(l, "self_attn.o_proj.weight", "attn_output.weight"),
+                        h * c,
+                    )?,
+                    h,
+                    c,
+                    chans.clone(),
+                ),
                 heads: kheads.len(),
             })
         };
         let ffn = if l < moe.first_k_dense_replace {
             let ff = cfg.intermediate_size;
-            Ffn::Dense(situ_mlp(src, l, "mlp", "", h, ff, split("dense MLP", ff, world, rank)?)?)
+            Ffn::Dense(situ_mlp(
+                src,
+                l,
+                "mlp",
+                "",
+                h,
+                ff,
+                split("dense MLP", ff, world, rank)?,
+            )?)
         } else {
             let (ne, mi) = (moe.n_routed_experts, moe.moe_intermediate_size);
             let lat = k3.latent.unwrap_or(h);
@@ -602,17 +821,46 @@ fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Commu
             }
             let sff = mi * moe.n_shared_experts;
             let shared = if moe.n_shared_experts > 0 {
-                Some(situ_mlp(src, l, "block_sparse_moe.shared_experts", "_shexp", h, sff, split("shared experts", sff, world, rank)?)?)
+                Some(situ_mlp(
+                    src,
+                    l,
+                    "block_sparse_moe.shared_experts",
+                    "_shexp",
+                    h,
+                    sff,
+                    split("shared experts", sff, world, rank)?,
+                )?)
             } else {
                 None
             };
             let latent = k3.latent.is_some();
             Ffn::Moe(LatentMoe {
-                router: dense(src.get(&lay(l, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"), ne * h)?, ne, h),
-                bias: src.get(&lay(l, "block_sparse_moe.gate.e_score_correction_bias", "exp_probs_b.bias"), ne)?,
+                router: dense(
+                    src.get(
+                        &lay(l, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
+                        ne * h,
+                    )?,
+                    ne,
+                    h,
+                ),
+                bias: src.get(
+                    &lay(
+                        l,
+                        "block_sparse_moe.gate.e_score_correction_bias",
+                        "exp_probs_b.bias",
+                    ),
+                    ne,
+                )?,
                 down: if latent {
                     Some(dense(
-                        src.get(&lay(l, "block_sparse_moe.routed_expert_down_proj.weight", "ffn_routed_down.weight"), lat * h)?,
+                        src.get(
+                            &lay(
+                                l,
+                                "block_sparse_moe.routed_expert_down_proj.weight",
+                                "ffn_routed_down.weight",
+                            ),
+                            lat * h,
+                        )?,
                         lat,
                         h,
                     ))
@@ -621,13 +869,27 @@ fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Commu
                 },
                 experts,
                 norm: if latent {
-                    src.opt(&lay(l, "block_sparse_moe.routed_expert_norm.weight", "ffn_routed_norm.weight"), lat)?
+                    src.opt(
+                        &lay(
+                            l,
+                            "block_sparse_moe.routed_expert_norm.weight",
+                            "ffn_routed_norm.weight",
+                        ),
+                        lat,
+                    )?
                 } else {
                     None
                 },
                 up: if latent {
                     Some(dense(
-                        src.get(&lay(l, "block_sparse_moe.routed_expert_up_proj.weight", "ffn_routed_up.weight"), h * lat)?,
+                        src.get(
+                            &lay(
+                                l,
+                                "block_sparse_moe.routed_expert_up_proj.weight",
+                                "ffn_routed_up.weight",
+                            ),
+                            h * lat,
+                        )?,
                         h,
                         lat,
                     ))
@@ -641,24 +903,56 @@ fn load_rank(src: &Source, cfg: &ModelConfig, k3: &K3Config, comm: Box<dyn Commu
         layers.push(K3Layer {
             attn_norm: src.get(&lay(l, "input_layernorm.weight", "attn_norm.weight"), h)?,
             mixer,
-            ffn_norm: src.get(&lay(l, "post_attention_layernorm.weight", "ffn_norm.weight"), h)?,
+            ffn_norm: src.get(
+                &lay(l, "post_attention_layernorm.weight", "ffn_norm.weight"),
+                h,
+            )?,
             ffn,
-            attn_res: if res { src.res_score(Some(l), "self_attention_res", "attn_res_score.weight", h)? } else { None },
-            ffn_res: if res { src.res_score(Some(l), "mlp_res", "ffn_res_score.weight", h)? } else { None },
+            attn_res: if res {
+                src.res_score(Some(l), "self_attention_res", "attn_res_score.weight", h)?
+            } else {
+                None
+            },
+            ffn_res: if res {
+                src.res_score(Some(l), "mlp_res", "ffn_res_score.weight", h)?
+            } else {
+                None
+            },
         });
     }
     let v = cfg.vocab_size;
     let vocab = vocab_rows(rank, world, v);
-    let head = src.get(&Name { layer: None, hf: "lm_head.weight", gguf: "output.weight" }, v * h)?;
+    let head = src.get(
+        &Name {
+            layer: None,
+            hf: "lm_head.weight",
+            gguf: "output.weight",
+        },
+        v * h,
+    )?;
     let out_res = if k3.attn_res_block > 0 {
         src.res_score(None, "model.output_attn_res", "output_res_score.weight", h)?
     } else {
         None
     };
     Ok(Weights {
-        embed: src.get(&Name { layer: None, hf: "model.embed_tokens.weight", gguf: "token_embd.weight" }, v * h)?,
+        embed: src.get(
+            &Name {
+                layer: None,
+                hf: "model.embed_tokens.weight",
+                gguf: "token_embd.weight",
+            },
+            v * h,
+        )?,
         layers,
-        norm: src.get(&Name { layer: None, hf: "model.norm.weight", gguf: "output_norm.weight" }, h)?,
+        norm: src.get(
+            &Name {
+                layer: None,
+                hf: "model.norm.weight",
+                gguf: "output_norm.weight",
+            },
+            h,
+        )?,
         out_res,
         lm_head: rows_of(&head, h, vocab.clone()),
         vocab,
@@ -688,12 +982,19 @@ fn decode_weight_bytes(cfg: &ModelConfig, k3: &K3Config) -> usize {
         + 2 * cfg.num_heads * mla.v_head_dim * h;
     let lat = k3.latent.unwrap_or(h);
     let routed = moe.num_experts_per_tok * 3 * moe.moe_intermediate_size * lat;
-    let moe_w = moe.n_routed_experts * h + 2 * lat * h + routed + 3 * moe.n_shared_experts * moe.moe_intermediate_size * h;
+    let moe_w = moe.n_routed_experts * h
+        + 2 * lat * h
+        + routed
+        + 3 * moe.n_shared_experts * moe.moe_intermediate_size * h;
     let dense_w = 3 * cfg.intermediate_size * h;
     let mut total = cfg.vocab_size * h + h;
     for l in 0..cfg.num_layers {
         total += if k3.mla_layers[l] { mla_w } else { kda };
-        total += if l < moe.first_k_dense_replace { dense_w } else { moe_w };
+        total += if l < moe.first_k_dense_replace {
+            dense_w
+        } else {
+            moe_w
+        };
     }
     total * 4
 }
@@ -715,7 +1016,12 @@ fn assemble(ranks: Vec<Weights>, cfg: ModelConfig, k3: &K3Config) -> Model {
 ///
 /// Errors: missing or mis-shaped tensors (named), uneven head or width
 /// splits (naming the world sizes that work), bad MXFP4 data.
-pub(crate) fn load_hf(st: &SafetensorsWeights, cfg: ModelConfig, k3: K3Config, comms: Vec<Box<dyn Communicator>>) -> Result<Model> {
+pub(crate) fn load_hf(
+    st: &SafetensorsWeights,
+    cfg: ModelConfig,
+    k3: K3Config,
+    comms: Vec<Box<dyn Communicator>>,
+) -> Result<Model> {
     let prefix = if st.shape_of("language_model.model.norm.weight").is_some() {
         "language_model."
     } else {

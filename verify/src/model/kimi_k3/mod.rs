@@ -110,7 +110,9 @@ impl ExpertMat {
     /// (tests compare that against an f64 reference).
     fn forward(&self, x: &[f32], exact: bool) -> Vec<f32> {
         match self {
-            ExpertMat::Packed(m) if exact => Dense::new(m.dequantize(), m.out(), m.inp()).forward(x),
+            ExpertMat::Packed(m) if exact => {
+                Dense::new(m.dequantize(), m.out(), m.inp()).forward(x)
+            }
             ExpertMat::Packed(m) => m.forward(x),
             ExpertMat::Dense(d) => d.forward(x),
         }
@@ -309,10 +311,13 @@ fn res_mix(stack: &[Vec<f32>], cur: &[f32], w: &[f32], hidden: usize, eps: f32) 
         let mut s: Vec<f32> = stack.iter().map(|b| score(&b[span.clone()])).collect();
         s.push(score(&cur[span.clone()]));
         let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f32 = s.iter_mut().map(|x| {
-            *x = (*x - max).exp();
-            *x
-        }).sum();
+        let sum: f32 = s
+            .iter_mut()
+            .map(|x| {
+                *x = (*x - max).exp();
+                *x
+            })
+            .sum();
         for (b, p) in stack.iter().zip(&s) {
             axpy(p / sum, &b[span.clone()], o);
         }
@@ -365,8 +370,10 @@ impl Kda {
             let mut qs = kda::conv_silu(&q[rows.clone()], cq, &self.q_conv, kernel);
             let mut ks = kda::conv_silu(&k[rows.clone()], ck, &self.k_conv, kernel);
             let vs = kda::conv_silu(&v[rows.clone()], cv, &self.v_conv, kernel);
-            qs.chunks_exact_mut(hd).for_each(|x| kda::l2_normalize(x, eps));
-            ks.chunks_exact_mut(hd).for_each(|x| kda::l2_normalize(x, eps));
+            qs.chunks_exact_mut(hd)
+                .for_each(|x| kda::l2_normalize(x, eps));
+            ks.chunks_exact_mut(hd)
+                .for_each(|x| kda::l2_normalize(x, eps));
             let out = &mut o[rows];
             // Heads are independent: each owns its state and output lanes.
             s.par_chunks_mut(hd * hd)
@@ -439,22 +446,24 @@ impl GatedMla {
         let qd = d.heads * (d.nope + d.rope);
         let mut attn = vec![0f32; n * d.heads * d.v];
         let pool = &*pool;
-        attn.par_chunks_mut(d.heads * d.v).enumerate().for_each_init(
-            || (Vec::new(), Vec::new(), Vec::new()),
-            |scratch, (r, out)| {
-                attend_absorbed(
-                    d,
-                    &self.kv_b,
-                    pool,
-                    layer,
-                    tables[rows.seq[r]],
-                    rows.positions[r] + 1,
-                    &q[r * qd..(r + 1) * qd],
-                    out,
-                    scratch,
-                )
-            },
-        );
+        attn.par_chunks_mut(d.heads * d.v)
+            .enumerate()
+            .for_each_init(
+                || (Vec::new(), Vec::new(), Vec::new()),
+                |scratch, (r, out)| {
+                    attend_absorbed(
+                        d,
+                        &self.kv_b,
+                        pool,
+                        layer,
+                        tables[rows.seq[r]],
+                        rows.positions[r] + 1,
+                        &q[r * qd..(r + 1) * qd],
+                        out,
+                        scratch,
+                    )
+                },
+            );
         if let (Some(gate), false) = (&self.gate, ablation.no_mla_gate) {
             let g = gate.forward(h);
             attn.iter_mut().zip(g).for_each(|(a, g)| *a *= sigmoid(g));
@@ -505,7 +514,11 @@ impl LatentMoe {
                 .collect();
             let y = mlp.forward(&input, k3, exact);
             for (j, &(r, w)) in picked.iter().enumerate() {
-                axpy(w, &y[j * width..(j + 1) * width], &mut yl[r * width..(r + 1) * width]);
+                axpy(
+                    w,
+                    &y[j * width..(j + 1) * width],
+                    &mut yl[r * width..(r + 1) * width],
+                );
             }
         }
         let mut shared = match &self.shared {
@@ -535,13 +548,26 @@ impl LatentMoe {
 
 /// The family's forward over `ranks` (one per tensor-parallel rank): see
 /// [`Model::forward`] for the contract.
-pub(crate) fn forward(model: &Model, ranks: &[Weights], pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
+pub(crate) fn forward(
+    model: &Model,
+    ranks: &[Weights],
+    pool: &mut KvPool,
+    seqs: &[SeqInput],
+) -> Result<Tensor> {
     let rows = flatten(model, pool, seqs)?;
     let _one_step = (ranks.len() > 1).then(|| model.step.lock().unwrap_or_else(|e| e.into_inner()));
-    run_ranks(ranks, pool.shards_mut(), |w, kv| forward_rank(model, w, kv, &rows, seqs))
+    run_ranks(ranks, pool.shards_mut(), |w, kv| {
+        forward_rank(model, w, kv, &rows, seqs)
+    })
 }
 
-fn forward_rank(model: &Model, w: &Weights, pool: &mut KvShard, rows: &Rows, seqs: &[SeqInput]) -> Result<Tensor> {
+fn forward_rank(
+    model: &Model,
+    w: &Weights,
+    pool: &mut KvShard,
+    rows: &Rows,
+    seqs: &[SeqInput],
+) -> Result<Tensor> {
     let cfg = &model.cfg;
     let (k3, hidden) = (&w.k3, cfg.hidden_size);
     let eps = cfg.rms_norm_eps as f32;
@@ -578,7 +604,15 @@ fn forward_rank(model: &Model, w: &Weights, pool: &mut KvShard, rows: &Rows, seq
         }
         let h = rms_norm(&cur, &layer.attn_norm, eps);
         let mut a = match &layer.mixer {
-            Mixer::Kda(kda) => kda.forward(&h, k3, eps, w.ablation, pool, &spans, w.state_offsets[li].expect("KDA layer has a state"))?,
+            Mixer::Kda(kda) => kda.forward(
+                &h,
+                k3,
+                eps,
+                w.ablation,
+                pool,
+                &spans,
+                w.state_offsets[li].expect("KDA layer has a state"),
+            )?,
             Mixer::Mla(m) => {
                 let d = MlaDims {
                     heads: m.heads,
@@ -609,7 +643,15 @@ fn forward_rank(model: &Model, w: &Weights, pool: &mut KvShard, rows: &Rows, seq
                 w.comm.all_reduce_sum(&mut f)?;
                 f
             }
-            Ffn::Moe(m) => m.forward(&h, hidden, moe, k3, eps, w.ablation.exact_experts, w.comm.as_ref())?,
+            Ffn::Moe(m) => m.forward(
+                &h,
+                hidden,
+                moe,
+                k3,
+                eps,
+                w.ablation.exact_experts,
+                w.comm.as_ref(),
+            )?,
         };
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
     }

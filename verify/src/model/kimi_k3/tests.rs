@@ -98,7 +98,10 @@ const LLAMACPP_TOL: f32 = 1e-3;
 #[test]
 fn logits_match_llamacpp_whole_chunked_and_token_by_token() {
     let fx = json("llamacpp-logits.json");
-    for model in [load_model(&fixture("tiny-hf")).unwrap(), load_model(&fixture("tiny-k3.gguf")).unwrap()] {
+    for model in [
+        load_model(&fixture("tiny-hf")).unwrap(),
+        load_model(&fixture("tiny-k3.gguf")).unwrap(),
+    ] {
         for p in fx["prompts"].as_array().unwrap() {
             let prompt = ids(&p["prompt"]);
             let chunks: Vec<usize> = ids(&p["chunks"]).into_iter().map(|c| c as usize).collect();
@@ -110,13 +113,21 @@ fn logits_match_llamacpp_whole_chunked_and_token_by_token() {
             // split does not change a bit.
             assert_eq!(whole, chunked);
             assert_eq!(whole, single);
-            for (mode, ours) in [("whole", &whole), ("chunked", &chunked), ("token_by_token", &single)] {
+            for (mode, ours) in [
+                ("whole", &whole),
+                ("chunked", &chunked),
+                ("token_by_token", &single),
+            ] {
                 let theirs = rows(&p[mode]);
                 let d = max_diff(ours, &theirs);
                 eprintln!("{mode}: max |ours - llama.cpp| = {d}");
                 assert!(d < LLAMACPP_TOL, "{mode}: max |ours - llama.cpp| = {d}");
                 for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-                    assert_eq!(argmax(a), argmax(b), "{mode}: greedy token differs at position {i}");
+                    assert_eq!(
+                        argmax(a),
+                        argmax(b),
+                        "{mode}: greedy token differs at position {i}"
+                    );
                 }
             }
         }
@@ -126,8 +137,15 @@ fn logits_match_llamacpp_whole_chunked_and_token_by_token() {
 #[test]
 fn exact_experts_match_the_f64_reference() {
     let fx = json("reference-logits.json");
-    let model = with_ablation(load_model(&fixture("tiny-hf")).unwrap(), |a| a.exact_experts = true);
-    for (p, want) in fx["prompts"].as_array().unwrap().iter().zip(fx["exact"].as_array().unwrap()) {
+    let model = with_ablation(load_model(&fixture("tiny-hf")).unwrap(), |a| {
+        a.exact_experts = true
+    });
+    for (p, want) in fx["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(fx["exact"].as_array().unwrap())
+    {
         let prompt = ids(p);
         let ours = run(&model, &prompt, &[prompt.len()]);
         let d = max_diff(&ours, &rows(want));
@@ -155,7 +173,10 @@ fn dropping_a_k3_feature_breaks_the_match() {
         let model = with_ablation(load_model(&fixture("tiny-hf")).unwrap(), knob);
         let d = max_diff(&run(&model, &prompt, &[prompt.len()]), &theirs);
         eprintln!("without the {name}: max diff {d}");
-        assert!(d > 10.0 * LLAMACPP_TOL, "without the {name} the logits still match ({d})");
+        assert!(
+            d > 10.0 * LLAMACPP_TOL,
+            "without the {name} the logits still match ({d})"
+        );
     }
 }
 
@@ -186,7 +207,11 @@ fn tensor_parallel_2_and_4_equal_world_1() {
 fn hf_directory_and_gguf_are_the_same_model() {
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 % 700) as u32).collect();
     let a = run(&load_model(&fixture("tiny-hf")).unwrap(), &prompt, &[20]);
-    let b = run(&load_model(&fixture("tiny-k3.gguf")).unwrap(), &prompt, &[20]);
+    let b = run(
+        &load_model(&fixture("tiny-k3.gguf")).unwrap(),
+        &prompt,
+        &[20],
+    );
     let d = max_diff(&a, &b);
     eprintln!("HF vs GGUF: {d}");
     assert!(d < 1e-5, "HF vs GGUF: {d}");
@@ -197,7 +222,13 @@ fn kda_recurrence_matches_fla_core() {
     let fx = json("kda-fla.json");
     let (t, h, k, v) = (12, 2, 8, 8);
     let inp = &fx["inputs"];
-    let (q, kk, vv, g, beta) = (floats(&inp["q"]), floats(&inp["k"]), floats(&inp["v"]), floats(&inp["g"]), floats(&inp["beta"]));
+    let (q, kk, vv, g, beta) = (
+        floats(&inp["q"]),
+        floats(&inp["k"]),
+        floats(&inp["v"]),
+        floats(&inp["g"]),
+        floats(&inp["beta"]),
+    );
     // Our l2 norm (with llama.cpp's eps) on the raw q gives fla's q up to
     // the eps difference.
     let mut q0 = floats(&inp["q_raw"])[..k].to_vec();
@@ -227,11 +258,18 @@ fn kda_recurrence_matches_fla_core() {
                 );
                 for j in 0..v {
                     let w = want_o[(ti * h + hh) * v + j];
-                    assert!((o[j] - w).abs() < 1e-5, "{case} t{ti} h{hh}: {} vs {w}", o[j]);
+                    assert!(
+                        (o[j] - w).abs() < 1e-5,
+                        "{case} t{ti} h{hh}: {} vs {w}",
+                        o[j]
+                    );
                 }
             }
         }
         let fs = floats(&c["final_state_f64"]);
-        assert!(s.iter().zip(&fs).all(|(a, b)| (a - b).abs() < 1e-5), "{case}: final state");
+        assert!(
+            s.iter().zip(&fs).all(|(a, b)| (a - b).abs() < 1e-5),
+            "{case}: final state"
+        );
     }
 }
