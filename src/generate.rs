@@ -117,15 +117,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let model = load_model_tp(&args.model, args.tensor_parallel_size)
         .with_context(|| format!("loading model {}", args.model.display()))?;
     model.warm_up()?;
-    if model.has_recurrent_state() && (args.draft.is_some() || args.ngram) {
-        // A rejected draft would stay in the recurrent state: verifying k+1
-        // rows needs the state kept per row to roll back, which speculation
-        // does not do yet.
-        bail!(
-            "--draft/--ngram: speculation over a model with recurrent layers (Kimi K3) \
-             needs per-row state rollback, not built yet; run without a proposer"
-        );
-    }
     let tok = load_tokenizer(&args.model)?;
     tracing::info!(
         model = %args.model.display(),
@@ -295,6 +286,7 @@ pub fn generate<P: Proposer + ?Sized>(
                 seq: &mut seq,
                 block_table: &table,
                 k,
+                state_slot: 0,
             }],
             &[],
             &mut stats,

@@ -25,6 +25,9 @@ pub const WAITING: &str = "specgate_num_requests_waiting";
 pub const PREEMPTIONS: &str = "specgate_num_preemptions_total";
 pub const PREFIX_HITS: &str = "specgate_prefix_cache_hits_total";
 pub const PREFIX_QUERIES: &str = "specgate_prefix_cache_queries_total";
+pub const PREFIX_ENABLED: &str = "specgate_prefix_cache_enabled";
+pub const STATE_SLOTS_USED: &str = "specgate_state_slots_used";
+pub const STATE_SLOTS: &str = "specgate_state_slots";
 pub const PROMPT_TOKENS: &str = "specgate_prompt_tokens_total";
 pub const GENERATION_TOKENS: &str = "specgate_generation_tokens_total";
 pub const REQUEST_SUCCESS: &str = "specgate_request_success_total";
@@ -101,7 +104,23 @@ fn describe() {
         Unit::Seconds,
         "Time a request waited for admission"
     );
-    describe_gauge!(KV_USAGE, "Fraction of KV cache blocks in use");
+    describe_gauge!(
+        KV_USAGE,
+        "Fraction of the cache in use: KV blocks, and for hybrid models \
+         recurrent-state slots too, weighted by their bytes"
+    );
+    describe_gauge!(
+        PREFIX_ENABLED,
+        "1 when prefix caching is on; 0 for models with recurrent layers"
+    );
+    describe_gauge!(
+        STATE_SLOTS_USED,
+        "Recurrent-state slots held by running sequences (hybrid models)"
+    );
+    describe_gauge!(
+        STATE_SLOTS,
+        "Recurrent-state slots in the pool (hybrid models)"
+    );
     describe_gauge!(RUNNING, "Requests being decoded");
     describe_gauge!(WAITING, "Requests waiting to be scheduled");
     describe_counter!(PREEMPTIONS, "Sequences preempted for lack of KV blocks");

@@ -7,7 +7,10 @@
 //! cache holds K/V for `tokens[..tokens.len() - 1]`. A round writes K/V for
 //! the last token and the drafts; the slots of rejected drafts are simply
 //! overwritten later and never read, since attention reads positions
-//! `0..=pos` only.
+//! `0..=pos` only. A recurrent state (Kimi K3's KDA layers) cannot be
+//! overwritten that way: the forward keeps its state after every verified
+//! row and the round commits the last accepted one
+//! ([`KvPool::keep_rows`]).
 //!
 //! Each sequence's [`Sampler`] carries its logits processing (penalties,
 //! bias, min_tokens, grammar): proposals are fitted to its grammar before
@@ -37,6 +40,9 @@ pub struct RoundInput<'a> {
     pub block_table: &'a [u32],
     /// Drafts wanted (0: plain decoding).
     pub k: usize,
+    /// The sequence's recurrent-state slot in the target's pool (see
+    /// [`SeqInput::state_slot`]; ignored by models without recurrent layers).
+    pub state_slot: u32,
 }
 
 /// Counters a dashboard needs, summed over rounds.
@@ -218,13 +224,14 @@ pub fn verify_round(
             start_pos: r.seq.tokens.len() - 1,
             block_table: r.block_table,
             logits: LogitsWanted::All,
-            state_slot: 0,
+            state_slot: r.state_slot,
         }))
         .collect();
     if inputs.is_empty() {
         return Ok(RoundOutput::default());
     }
     let logits = target.forward_rows(pool, &inputs)?;
+    let recurrent = target.has_recurrent_state();
     let mut rows = logits.into_iter();
     let mut out = RoundOutput::default();
     for p in prefills {
@@ -240,6 +247,11 @@ pub fn verify_round(
         let grammar = r.seq.sampler.processor().has_constraint();
         let v = accept_sampled(&mut mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
         if let Ok(v) = &v {
+            if recurrent && !p.tokens.is_empty() {
+                // The last token and the accepted drafts stay in the state;
+                // the rejected drafts' rows are dropped.
+                pool.keep_rows(r.state_slot, v.accepted + 1)?;
+            }
             stats.record(p, v, grammar);
             policy.observe(&mut r.seq.policy_state, p.tokens.len(), v.accepted);
             r.seq.tokens.extend_from_slice(&v.tokens);

@@ -72,6 +72,7 @@ fn decode(
                 seq: &mut seq,
                 block_table: &table,
                 k: k.min(left - 1),
+                state_slot: 0,
             }],
             &[],
             stats,

@@ -1,21 +1,504 @@
-//! Kimi K3 end to end on the tiny generated checkpoint
-//! (tests/fixtures/kimi_k3, whose logits the model-level tests check
-//! against llama.cpp): `specgate generate` runs the Hugging Face directory
-//! and the llama.cpp GGUF alike, and what is not built yet for a model with
-//! recurrent layers (speculation, the batching engine) is refused with a
-//! clear error rather than run wrong.
+//! Kimi K3 served: the tiny generated target (tests/fixtures/kimi_k3, whose
+//! logits the model-level tests check against llama.cpp) under speculation
+//! and continuous batching. Its KDA layers keep a recurrent state per
+//! sequence, which a rejected draft cannot be trimmed out of: the verify
+//! pass keeps the state after every row and the round commits the accepted
+//! one. Proven here: greedy speculation (n-gram, a tiny hybrid K3 draft, the
+//! target as its own draft) at k = 1..8 equals plain decoding; sampling
+//! with speculation follows the target's distribution (chi-square);
+//! concurrent requests with preemption equal each request alone at TP 1 and
+//! 2; cancellation leaks neither blocks nor state slots; and `specgate
+//! generate` runs the directory and the GGUF alike.
 
+mod common;
+
+use common::chi_square;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use specgate::engine::scheduler::SchedulerConfig;
-use specgate::engine::{spawn, EngineConfig, KvSize, ProposerKind};
-use specgate_draft::DraftPolicy;
-use specgate_verify::model::load_model;
+use specgate::engine::{
+    spawn, EngineConfig, EngineHandle, EngineStats, Event, GenRequest, KvSize, ProposerKind,
+};
+use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
+use specgate_draft::{
+    DraftError, DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, ProposeRequest,
+    Proposer,
+};
+use specgate_verify::model::{load_model, load_model_tp};
+use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BS: usize = 16;
+/// The state slot the single-sequence decodes use (any slot works; not 0,
+/// so a slot mix-up shows).
+const SLOT: u32 = 1;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/kimi_k3")
         .join(name)
+}
+
+fn target(world: usize) -> Model {
+    load_model_tp(&fixture("tiny-k3.gguf"), world).unwrap()
+}
+
+/// The tiny hybrid K3 draft (2 layers: KDA, gated MLA), same vocabulary.
+fn tiny_draft() -> Model {
+    load_model(&fixture("tiny-draft-hf")).unwrap()
+}
+
+/// Prefills all but the last prompt token into slot [`SLOT`] of a fresh
+/// pool, then decodes `max_new` tokens with fixed k (0 = plain).
+fn decode(
+    target: &Model,
+    mut proposer: Option<&mut dyn Proposer>,
+    prompt: &[u32],
+    max_new: usize,
+    k: usize,
+    sampling: SamplingParams,
+    stats: &mut SpecStats,
+) -> Vec<u32> {
+    let blocks = (prompt.len() + max_new + k + 1).div_ceil(BS);
+    let mut pool =
+        KvPool::for_model_with_state_slots(target, blocks, BS, SLOT as usize + 1).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let head = &prompt[..prompt.len() - 1];
+    target
+        .forward_rows(
+            &mut pool,
+            &[SeqInput {
+                tokens: head,
+                start_pos: 0,
+                block_table: &table,
+                logits: LogitsWanted::None,
+                state_slot: SLOT,
+            }],
+        )
+        .unwrap();
+    let mut seq = SpecSeq {
+        id: 3,
+        tokens: prompt.to_vec(),
+        sampler: Sampler::new(sampling),
+        policy_state: PolicyState::default(),
+    };
+    let policy = DraftPolicy::Fixed { k };
+    while seq.tokens.len() - prompt.len() < max_new {
+        let left = max_new - (seq.tokens.len() - prompt.len());
+        spec_round(
+            target,
+            &mut pool,
+            proposer.as_deref_mut(),
+            &policy,
+            &mut [RoundInput {
+                seq: &mut seq,
+                block_table: &table,
+                k: k.min(left - 1),
+                state_slot: SLOT,
+            }],
+            &[],
+            stats,
+        )
+        .unwrap();
+    }
+    if let Some(p) = proposer {
+        p.release(3);
+    }
+    seq.tokens[prompt.len()..prompt.len() + max_new].to_vec()
+}
+
+#[test]
+fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
+    let target = target(1);
+    let draft = Arc::new(tiny_draft());
+    // The target as its own draft: every draft accepted.
+    let twin = Arc::new(load_model(&fixture("tiny-hf")).unwrap());
+    let prompts: [Vec<u32>; 2] = [
+        vec![305, 375, 100, 280, 305, 375, 100, 280, 305, 375],
+        (0..20).map(|i| (i * 37 % 500) as u32 + 3).collect(),
+    ];
+    let max_new = 24;
+    let (mut partial, mut draft_rej, mut twin_acc) = (0, 0, 0);
+    for prompt in &prompts {
+        let plain = decode(
+            &target,
+            None,
+            prompt,
+            max_new,
+            0,
+            SamplingParams::default(),
+            &mut SpecStats::default(),
+        );
+        let mut truth = prompt.clone();
+        truth.extend_from_slice(&plain);
+        for k in 1..=8 {
+            let mut scripted = Scripted {
+                truth: truth.clone(),
+                every: 3,
+            };
+            let mut s = SpecStats::default();
+            let got = decode(
+                &target,
+                Some(&mut scripted),
+                prompt,
+                max_new,
+                k,
+                SamplingParams::default(),
+                &mut s,
+            );
+            assert_eq!(got, plain, "scripted k={k} prompt {prompt:?}");
+            if s.accepted_tokens > 0 && s.accepted_tokens < s.draft_tokens {
+                partial += 1;
+            }
+            let mut ngram = NgramProposer::new(1, 3).unwrap();
+            let mut s = SpecStats::default();
+            let got = decode(
+                &target,
+                Some(&mut ngram),
+                prompt,
+                max_new,
+                k,
+                SamplingParams::default(),
+                &mut s,
+            );
+            assert_eq!(got, plain, "n-gram k={k} prompt {prompt:?}");
+
+            let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
+            let mut s = SpecStats::default();
+            let got = decode(
+                &target,
+                Some(&mut d),
+                prompt,
+                max_new,
+                k,
+                SamplingParams::default(),
+                &mut s,
+            );
+            assert_eq!(got, plain, "tiny K3 draft k={k} prompt {prompt:?}");
+            draft_rej += s.draft_tokens - s.accepted_tokens;
+            let mut d = ModelDraft::new(twin.clone(), 8, BS).unwrap();
+            let mut s = SpecStats::default();
+            let got = decode(
+                &target,
+                Some(&mut d),
+                prompt,
+                max_new,
+                k,
+                SamplingParams::default(),
+                &mut s,
+            );
+            assert_eq!(got, plain, "twin draft k={k} prompt {prompt:?}");
+            assert_eq!(
+                s.accepted_tokens, s.draft_tokens,
+                "the twin draft agrees with its target"
+            );
+            twin_acc += s.accepted_tokens;
+        }
+    }
+    // Rollback was exercised: partial acceptances and rejections happened.
+    assert!(
+        partial > 0 && draft_rej > 0 && twin_acc > 0,
+        "{partial} {draft_rej} {twin_acc}"
+    );
+}
+
+/// Proposes the true continuation with every `every`-th position of the
+/// whole sequence replaced: acceptance stops at each replaced position, so
+/// rounds end at every possible acceptance length.
+struct Scripted {
+    truth: Vec<u32>,
+    every: usize,
+}
+
+impl Proposer for Scripted {
+    fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
+        Ok(batch
+            .iter()
+            .map(|r| Proposal {
+                tokens: (r.context.len()..r.context.len() + r.k)
+                    .filter_map(|p| {
+                        let t = *self.truth.get(p)?;
+                        Some(if p % self.every == 0 {
+                            (t + 1) % 700
+                        } else {
+                            t
+                        })
+                    })
+                    .collect(),
+                q: None,
+                forced: 0,
+            })
+            .collect())
+    }
+}
+
+/// Proposes k tokens drawn uniformly from a fixed set, with that uniform q:
+/// an unlike draft whose acceptance is partial and random, so sampling
+/// rolls back the target's state in most rounds.
+struct Uniform {
+    set: Vec<u32>,
+    vocab: usize,
+    rng: StdRng,
+}
+
+impl Proposer for Uniform {
+    fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
+        let mut q = vec![0f32; self.vocab];
+        for &t in &self.set {
+            q[t as usize] = 1.0 / self.set.len() as f32;
+        }
+        Ok(batch
+            .iter()
+            .map(|r| {
+                let tokens: Vec<u32> = (0..r.k)
+                    .map(|_| self.set[self.rng.random_range(0..self.set.len())])
+                    .collect();
+                Proposal {
+                    q: Some(vec![q.clone(); tokens.len()]),
+                    tokens,
+                    forced: 0,
+                }
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn sampling_with_speculation_follows_the_k3_targets_distribution() {
+    let target = target(1);
+    let vocab = target.config().vocab_size;
+    let prompt: Vec<u32> = vec![512, 305, 375, 100, 280, 296, 97];
+    let sampling = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 4,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    // Exact p(x1) p(x2 | x1) from whole-prompt forwards.
+    let last_row = |tokens: &[u32]| {
+        let mut pool = KvPool::for_model(&target, 2, BS).unwrap();
+        let rows = target
+            .forward_rows(
+                &mut pool,
+                &[SeqInput {
+                    tokens,
+                    start_pos: 0,
+                    block_table: &[0, 1],
+                    logits: LogitsWanted::Last,
+                    state_slot: 0,
+                }],
+            )
+            .unwrap();
+        sampling(0).warp(&rows[0])
+    };
+    let p1 = last_row(&prompt);
+    let mut exact = vec![0f64; vocab * vocab];
+    let mut set: Vec<u32> = Vec::new();
+    for x1 in (0..vocab).filter(|&x| p1[x] > 0.0) {
+        let mut ctx = prompt.clone();
+        ctx.push(x1 as u32);
+        let p2 = last_row(&ctx);
+        for x2 in (0..vocab).filter(|&x| p2[x] > 0.0) {
+            exact[x1 * vocab + x2] = p1[x1] as f64 * p2[x2] as f64;
+            set.push(x2 as u32);
+        }
+        set.push(x1 as u32);
+    }
+    set.sort_unstable();
+    set.dedup();
+    // Two tokens the target never picks here: drafts it must reject.
+    set.extend([1, 2]);
+    let n = 4000;
+    let mut counts = vec![0usize; vocab * vocab];
+    let mut stats = SpecStats::default();
+    for i in 0..n {
+        let mut p = Uniform {
+            set: set.clone(),
+            vocab,
+            rng: StdRng::seed_from_u64(i as u64),
+        };
+        let got = decode(
+            &target,
+            Some(&mut p),
+            &prompt,
+            2,
+            3,
+            sampling(7 + i as u64),
+            &mut stats,
+        );
+        counts[got[0] as usize * vocab + got[1] as usize] += 1;
+    }
+    let impossible: usize = counts
+        .iter()
+        .zip(&exact)
+        .filter(|(_, &e)| e == 0.0)
+        .map(|(c, _)| c)
+        .sum();
+    assert_eq!(
+        impossible, 0,
+        "outcomes the target cannot produce were sampled"
+    );
+    let (stat, crit) = chi_square(&exact, &counts, n);
+    eprintln!(
+        "chi2 {stat:.1} (critical {crit:.1}), acceptance {:.2}",
+        stats.acceptance_rate()
+    );
+    assert!(
+        stat < crit,
+        "speculative samples deviate from the target: chi2 {stat} >= {crit}"
+    );
+    assert!(stats.accepted_tokens > 0 && stats.accepted_tokens < stats.draft_tokens);
+}
+
+fn request(i: usize) -> GenRequest {
+    let len = 3 + (i * 7) % 30;
+    GenRequest {
+        prompt: (0..len)
+            .map(|j| ((i * 31 + j * (1 + i % 3)) % 500) as u32 + 3)
+            .collect(),
+        max_new_tokens: 4 + (i * 5) % 16,
+        sampling: SamplingParams::default(),
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// A request that grows to 4-6 blocks.
+fn long(i: usize) -> GenRequest {
+    GenRequest {
+        max_new_tokens: 48,
+        ..request(i)
+    }
+}
+
+fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<u32> {
+    let mut out = Vec::new();
+    loop {
+        match rx.blocking_recv().expect("stream ended without Finished") {
+            Event::Tokens { ids, .. } => out.extend(ids),
+            Event::PromptLogprobs(_) => {}
+            Event::Finished { .. } => return out,
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+}
+
+fn engine(
+    target: Model,
+    proposer: ProposerKind,
+    blocks: usize,
+    seqs: usize,
+    tokens: usize,
+) -> EngineHandle {
+    let cfg = EngineConfig {
+        kv: KvSize::Blocks(blocks),
+        block_size: BS,
+        scheduler: SchedulerConfig {
+            max_num_seqs: seqs,
+            max_num_batched_tokens: tokens,
+        },
+        policy: DraftPolicy::Fixed { k: 3 },
+    };
+    spawn(target, proposer, None, cfg).unwrap().0
+}
+
+/// Waits until nothing runs or waits and every block and state slot is
+/// back.
+fn wait_idle(h: &EngineHandle) -> EngineStats {
+    let t = Instant::now();
+    loop {
+        let s = h.stats();
+        if s.running == 0
+            && s.waiting == 0
+            && s.free_blocks == s.num_blocks
+            && s.state_slots_used == 0
+        {
+            return s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "engine never went idle: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_and_2() {
+    let n = 12;
+    let mut preempted = 0;
+    for world in [1, 2] {
+        // Alone at the same world size: world 2 sums in another order, and
+        // this tiny random model can turn 1e-5 into another greedy token.
+        let h = engine(target(world), ProposerKind::None, 64, 1, 64);
+        let alone: Vec<Vec<u32>> = (0..n)
+            .map(|i| collect(h.submit(long(i)).unwrap()))
+            .collect();
+        let s = wait_idle(&h);
+        assert!(
+            !s.prefix_caching,
+            "prefix caching must be off for a recurrent target"
+        );
+        assert_eq!(s.state_slots, 1);
+        for proposer in [
+            ProposerKind::None,
+            ProposerKind::Ngram { min_n: 1, max_n: 3 },
+            ProposerKind::Draft(tiny_draft()),
+        ] {
+            // 12 blocks cannot hold the 12 sequences together (each grows
+            // to 4-6 blocks), and a small token budget chunks prompts.
+            let h = engine(target(world), proposer, 12, 12, 40);
+            let rxs: Vec<_> = (0..n).map(|i| h.submit(long(i)).unwrap()).collect();
+            let together: Vec<Vec<u32>> = rxs.into_iter().map(collect).collect();
+            assert_eq!(together, alone, "world {world}");
+            let s = wait_idle(&h);
+            assert_eq!(s.state_slots, 12);
+            preempted += s.preemptions;
+        }
+    }
+    assert!(preempted > 0, "the pool was meant to force preemptions");
+}
+
+/// Clients hanging up at random points (before the first token, mid-way,
+/// never) leave no block and no state slot behind, with and without
+/// speculation, over many seeds.
+#[test]
+fn cancellation_leaks_neither_blocks_nor_state_slots() {
+    for seed in 0..16u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let proposer = match seed % 3 {
+            0 => ProposerKind::None,
+            1 => ProposerKind::Ngram { min_n: 1, max_n: 3 },
+            _ => ProposerKind::Draft(tiny_draft()),
+        };
+        let h = engine(target(1 + (seed as usize % 2)), proposer, 16, 6, 48);
+        let mut keep = Vec::new();
+        for i in 0..10 {
+            let mut rx = h.submit(request(seed as usize * 10 + i)).unwrap();
+            match rng.random_range(0..3) {
+                0 => drop(rx),
+                1 => {
+                    // Read a few events, then hang up.
+                    for _ in 0..rng.random_range(1..4) {
+                        if rx.blocking_recv().is_none() {
+                            break;
+                        }
+                    }
+                    drop(rx);
+                }
+                _ => keep.push(rx),
+            }
+        }
+        for rx in keep {
+            collect(rx);
+        }
+        let s = wait_idle(&h);
+        assert_eq!(s.state_slots_used, 0, "seed {seed}");
+    }
 }
 
 fn generate(model: &Path, extra: &[&str]) -> (bool, String, String) {
@@ -43,39 +526,25 @@ fn generate_runs_the_directory_and_the_gguf_alike() {
     assert!(!dir.is_empty());
     // Same weights, same tokenizer, greedy: the same text.
     assert_eq!(dir, gguf);
-    // The chat template (K3's, shipped in tokenizer_config.json and the
-    // GGUF) renders and the two agree there too.
+    // K3's chat template (tokenizer_config.json, GGUF metadata) renders
+    // and the two agree there too.
     let (ok, chat_dir, err) = generate(&fixture("tiny-hf"), &["--chat"]);
     assert!(ok, "{err}");
     let (ok, chat_gguf, err) = generate(&fixture("tiny-k3.gguf"), &["--chat"]);
     assert!(ok, "{err}");
     assert_eq!(chat_dir, chat_gguf);
-    // Sharded over 2 and 4 ranks: still the same greedy text.
-    for tp in ["2", "4"] {
-        let (ok, text, err) = generate(&fixture("tiny-hf"), &["--tensor-parallel-size", tp]);
-        assert!(ok, "{err}");
-        assert_eq!(text, dir, "tensor-parallel {tp}");
+    // Sharded, and with speculation (n-gram; the tiny hybrid draft): the
+    // same greedy text.
+    let draft = fixture("tiny-draft-hf");
+    let draft = draft.to_str().unwrap();
+    for extra in [
+        &["--tensor-parallel-size", "2"][..],
+        &["--tensor-parallel-size", "4"],
+        &["--ngram", "--num-speculative-tokens", "4"],
+        &["--draft", draft, "--num-speculative-tokens", "3"],
+    ] {
+        let (ok, text, err) = generate(&fixture("tiny-hf"), extra);
+        assert!(ok, "{extra:?}: {err}");
+        assert_eq!(text, dir, "{extra:?}");
     }
-}
-
-#[test]
-fn speculation_over_recurrent_state_is_refused_not_run_wrong() {
-    let (ok, _, err) = generate(&fixture("tiny-hf"), &["--ngram"]);
-    assert!(!ok);
-    assert!(err.contains("recurrent layers"), "{err}");
-    let cfg = EngineConfig {
-        kv: KvSize::Blocks(16),
-        block_size: 16,
-        scheduler: SchedulerConfig {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 64,
-        },
-        policy: DraftPolicy::Fixed { k: 3 },
-    };
-    let target = load_model(&fixture("tiny-k3.gguf")).unwrap();
-    let err = match spawn(target, ProposerKind::None, None, cfg) {
-        Ok(_) => panic!("the engine accepted a model with recurrent layers"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("recurrent layers"), "{err}");
 }

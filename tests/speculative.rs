@@ -79,6 +79,7 @@ fn decode_with<P: Proposer + ?Sized>(
                 seq: &mut seq,
                 block_table: &table,
                 k,
+                state_slot: 0,
             }],
             &[],
             stats,

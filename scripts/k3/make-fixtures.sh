@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate every fixture under tests/fixtures/kimi_k3/ end to end:
-#   gen (tiny HF checkpoint) -> convert (llama.cpp converter -> GGUF) -> dump (llama.cpp logits)
+#   gen (tiny HF checkpoint + its draft) -> convert (llama.cpp converter -> GGUF) -> dump (llama.cpp logits)
 #   -> tokenizer vectors (tiktoken vs llama.cpp) -> KDA reference (fla-core) -> README.
 #
 # CI NEVER RUNS THIS. It needs a llama.cpp checkout with Kimi-K3 support and a built libllama
@@ -25,6 +25,9 @@ export LLAMA_CPP_SRC="$LLAMA"
 
 echo "== 1. tiny HF checkpoint"
 python3 "$HERE/gen_tiny_k3.py" --out "$FIX/tiny-hf"
+
+echo "== 1b. tiny DRAFT checkpoint (smaller K3, same tokenizer / vocab; one model.safetensors)"
+python3 "$HERE/gen_tiny_k3.py" --draft --out "$FIX/tiny-draft-hf"
 
 echo "== 2. convert to GGUF (f32, experts stay MXFP4)"
 python3 "$HERE/convert.py" "$LLAMA" "$FIX/tiny-hf" "$FIX/tiny-k3.gguf" > "$TMP/convert.log" 2>&1 \

@@ -51,10 +51,53 @@ def config_section() -> str:
     return "```json\n" + cfg.rstrip() + "\n```"
 
 
+def draft_section() -> str:
+    """The draft model (gen_tiny_k3.py --draft): what it shares with the target, and every
+    text_config value that differs (read from both config.json files)."""
+    tgt = json.loads((FIX / "tiny-hf" / "config.json").read_text())["text_config"]
+    dft = json.loads((FIX / "tiny-draft-hf" / "config.json").read_text())["text_config"]
+    man = json.loads((FIX / "tiny-draft-hf-tensors.json").read_text())
+    nbytes = (FIX / "tiny-draft-hf" / "model.safetensors").stat().st_size
+    same = ["tiktoken.model", "tokenizer_config.json", "generation_config.json"]
+    for f in same:
+        assert (FIX / "tiny-hf" / f).read_bytes() == (FIX / "tiny-draft-hf" / f).read_bytes(), f
+    for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"):
+        assert tgt[k] == dft[k], k
+
+    def flat(c):
+        out = {k: v for k, v in c.items() if not isinstance(v, dict)}
+        out.update({f"linear_attn_config.{k}": v for k, v in c["linear_attn_config"].items()})
+        return out
+
+    ft, fd = flat(tgt), flat(dft)
+    assert ft.keys() == fd.keys()
+    lines = [
+        "`python3 scripts/k3/gen_tiny_k3.py --draft` (step 1b of `make-fixtures.sh`): a smaller tiny K3 to",
+        "serve as a speculative-decoding draft for `tiny-hf/`. "
+        + ", ".join(f"`{f}`" for f in same) + " are",
+        f"byte-identical to the target's, so the vocabulary is shared exactly (`vocab_size` {dft['vocab_size']}, "
+        f"bos/eos/pad {dft['bos_token_id']}/{dft['eos_token_id']}/{dft['pad_token_id']}).",
+        f"Own seed (gen_tiny_k3.DRAFT); one `model.safetensors` (no index, {len(man)} tensors, {nbytes} bytes); same dtypes and MXFP4",
+        "expert packing as the target; every tensor is listed in `tiny-draft-hf-tensors.json`.",
+        "Layer 0 = KDA + dense SiTU MLP, layer 1 = gated NoPE MLA + latent MoE (`full_attn_layers` is 1-indexed);",
+        "with `attn_res_block_size = 1` both layers bank a checkpoint. The weights are unrelated to the target's:",
+        "their greedy tokens essentially never agree (numpy reference: 0 of the 44 positions of the two",
+        "`llamacpp-logits.json` prompts).",
+        "",
+        "| text_config | `tiny-hf` | `tiny-draft-hf` |",
+        "|---|---|---|",
+    ]
+    for k in ft:
+        if ft[k] != fd[k]:
+            lines.append(f"| `{k}` | {json.dumps(ft[k])} | {json.dumps(fd[k])} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else None
     head = (Path(__file__).resolve().parent / "fixtures-readme-head.md").read_text()
-    txt = head + "## config.json (verbatim)\n\n" + config_section() + "\n\n## Tensors\n\n" + tensor_section() + "\n"
+    txt = head + "## config.json (verbatim)\n\n" + config_section() + "\n\n## Tensors\n\n" + tensor_section()
+    txt += "\n\n## Draft model (`tiny-draft-hf/`)\n\n" + draft_section() + "\n"
     if out:
         Path(out).write_text(txt)
     else:

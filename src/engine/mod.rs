@@ -188,6 +188,15 @@ pub struct EngineStats {
     pub free_blocks: usize,
     pub preemptions: u64,
     pub prefix: PrefixStats,
+    /// Whether prefix caching is on (off for models with recurrent layers).
+    pub prefix_caching: bool,
+    /// Recurrent-state slots in the pool, and those held by running
+    /// sequences (0 and 0 for models without recurrent layers).
+    pub state_slots: usize,
+    pub state_slots_used: usize,
+    /// Fraction of the cache in use, blocks and state slots weighted by
+    /// their bytes.
+    pub cache_usage: f64,
     /// Prompt tokens actually run through the target (cache hits excluded,
     /// recomputation after preemption included).
     pub prefill_tokens: u64,

@@ -42,6 +42,12 @@ pub(crate) struct Engine {
     tokenizer: Option<Arc<TextTokenizer>>,
     eos: Vec<u32>,
     bm: BlockManager,
+    /// Which running sequence holds which recurrent-state slot.
+    slots: StateSlots,
+    /// Bytes of one block (target and draft) and of one state slot, for
+    /// the cache usage ratio.
+    block_bytes: usize,
+    slot_bytes: usize,
     sched: Scheduler,
     policy: DraftPolicy,
     waiting: VecDeque<Sequence>,
@@ -62,16 +68,16 @@ impl Engine {
         cfg: &EngineConfig,
     ) -> Result<Self, EngineError> {
         let invalid = |e: String| EngineError::Invalid(e);
-        if target.has_recurrent_state() {
-            // The batching loop keeps every sequence's cache in paged
-            // blocks, which speculation trims by truncation; a recurrent
-            // state cannot be trimmed, and this loop assigns no state slots.
-            return Err(invalid(
-                "this engine does not serve models with recurrent layers (Kimi K3) yet; \
-                 use `specgate generate` for them"
-                    .into(),
-            ));
-        }
+        // A hybrid target holds one recurrent-state slot per running
+        // sequence besides its blocks: as many slots as sequences may run.
+        let recurrent = target.has_recurrent_state();
+        let state_slots = if recurrent {
+            cfg.scheduler.max_num_seqs
+        } else {
+            0
+        };
+        let slot_bytes: usize =
+            target.state_floats_per_rank().iter().sum::<usize>() * std::mem::size_of::<f32>();
         let draft_bytes = match &proposer {
             ProposerKind::Draft(m) => m.kv_bytes_per_token(),
             _ => 0,
@@ -79,7 +85,9 @@ impl Engine {
         let per_block = cfg.block_size * (target.kv_bytes_per_token() + draft_bytes);
         let num_blocks = match cfg.kv {
             KvSize::Blocks(n) => n,
-            KvSize::MemoryBytes(bytes) => bytes / per_block.max(1),
+            KvSize::MemoryBytes(bytes) => {
+                bytes.saturating_sub(state_slots * slot_bytes) / per_block.max(1)
+            }
         };
         if num_blocks == 0 {
             return Err(invalid(format!(
@@ -87,8 +95,22 @@ impl Engine {
                 cfg.kv
             )));
         }
-        let pool = KvPool::for_model(&target, num_blocks, cfg.block_size)
-            .map_err(|e| invalid(e.to_string()))?;
+        let pool =
+            KvPool::for_model_with_state_slots(&target, num_blocks, cfg.block_size, state_slots)
+                .map_err(|e| invalid(e.to_string()))?;
+        let mut bm = BlockManager::new(num_blocks, cfg.block_size);
+        if recurrent {
+            // A block hit would restore the latent rows of a prefix but not
+            // the recurrent state after it, and a state checkpoint per block
+            // costs about a thousand times the block (docs/architecture.md).
+            bm.disable_prefix_caching();
+            tracing::info!(
+                state_slots,
+                state_slot_bytes = slot_bytes,
+                "target has recurrent layers: one state slot per running sequence, \
+                 prefix caching off"
+            );
+        }
         let (default_method, ngram, draft) = match proposer {
             ProposerKind::None => (SpecMethod::Off, NgramProposer::default(), None),
             ProposerKind::Ngram { min_n, max_n } => (
@@ -110,8 +132,10 @@ impl Engine {
             .unwrap_or_default();
         let stats = EngineStats {
             num_blocks,
-            kv_bytes: num_blocks * per_block,
+            kv_bytes: num_blocks * per_block + state_slots * slot_bytes,
             free_blocks: num_blocks,
+            prefix_caching: bm.prefix_caching(),
+            state_slots,
             ..Default::default()
         };
         Ok(Self {
@@ -122,7 +146,10 @@ impl Engine {
             default_method,
             tokenizer,
             eos,
-            bm: BlockManager::new(num_blocks, cfg.block_size),
+            bm,
+            slots: StateSlots::new(state_slots),
+            block_bytes: per_block,
+            slot_bytes,
             sched: Scheduler::new(cfg.scheduler),
             policy: cfg.policy.clone(),
             waiting: VecDeque::new(),
@@ -208,6 +235,10 @@ impl Engine {
         self.stats.waiting = self.waiting.len();
         self.stats.free_blocks = self.bm.num_free();
         self.stats.prefix = self.bm.prefix_stats();
+        self.stats.state_slots_used = self.slots.used();
+        let used = (self.bm.num_blocks() - self.bm.num_free()) * self.block_bytes
+            + self.slots.used() * self.slot_bytes;
+        self.stats.cache_usage = used as f64 / self.stats.kv_bytes.max(1) as f64;
         self.export_metrics();
         *self.shared.lock().unwrap_or_else(|e| e.into_inner()) = self.stats.clone();
     }
@@ -217,7 +248,10 @@ impl Engine {
         let (s, e) = (&self.stats, &self.exported);
         m::gauge!(names::RUNNING).set(s.running as f64);
         m::gauge!(names::WAITING).set(s.waiting as f64);
-        m::gauge!(names::KV_USAGE).set(self.bm.usage());
+        m::gauge!(names::KV_USAGE).set(s.cache_usage);
+        m::gauge!(names::PREFIX_ENABLED).set(if s.prefix_caching { 1.0 } else { 0.0 });
+        m::gauge!(names::STATE_SLOTS).set(s.state_slots as f64);
+        m::gauge!(names::STATE_SLOTS_USED).set(s.state_slots_used as f64);
         let k = self.policy.k(s.running.max(1), &PolicyState::default());
         m::gauge!(names::SPEC_DRAFT_LENGTH).set(k as f64);
         m::counter!(names::PREEMPTIONS).increment(s.preemptions - e.preemptions);
@@ -246,6 +280,9 @@ impl Engine {
 
     fn release(&mut self, id: SeqId) {
         self.bm.free(id);
+        if let Some(slot) = self.slots.release(id) {
+            self.pool.release_state(slot);
+        }
         if let Some(d) = self.draft.as_mut() {
             d.release(id);
         }
@@ -347,6 +384,10 @@ impl Engine {
             .plan(&mut self.waiting, &mut self.running, &mut self.bm, &k_of);
         for &id in &plan.preempted {
             self.stats.preemptions += 1;
+            // Recompute starts the state over from position 0.
+            if let Some(slot) = self.slots.release(id) {
+                self.pool.release_state(slot);
+            }
             if let Some(d) = self.draft.as_mut() {
                 d.release(id);
             }
@@ -432,7 +473,7 @@ impl Engine {
         sel: &[bool],
         out: &mut [Proposal],
     ) -> Result<(), StepError> {
-        let (_, mut rounds) = inputs(&mut self.running, &self.bm, &[], decodes);
+        let (_, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
         let (ngram, draft) = (&mut self.ngram, &mut self.draft);
         contained(|| match (method, draft.as_mut()) {
             (SpecMethod::Ngram, _) => propose(ngram, &mut rounds, sel, out),
@@ -450,6 +491,24 @@ impl Engine {
                 out.verdicts.into_iter().map(verdict).collect(),
                 out.prefill_logits.into_iter().map(Ok).collect(),
             ),
+            // A forward that failed midway may have advanced some recurrent
+            // states already; running those sequences again would feed
+            // their tokens twice. (An injected fault fails before any.)
+            Err(e) if self.slots.enabled && !matches!(e, StepError::Injected(_)) => {
+                tracing::warn!(error = %e, "a batched verifier forward of a recurrent model failed; \
+                                            ending its sequences");
+                let msg = e.to_string();
+                (
+                    work.decodes
+                        .iter()
+                        .map(|_| Err(StepError::Panicked(msg.clone())))
+                        .collect(),
+                    work.prefills
+                        .iter()
+                        .map(|_| Err(StepError::Panicked(msg.clone())))
+                        .collect(),
+                )
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "a batched verifier forward failed; retrying per sequence");
                 let prefilled = work
@@ -493,7 +552,20 @@ impl Engine {
             };
             matches!(*f, Fault::ForwardError(id) | Fault::ForwardPanic(id) if carried(id))
         });
-        let (pre, mut rounds) = inputs(&mut self.running, &self.bm, prefills, decodes);
+        for i in prefills
+            .iter()
+            .map(|p| p.idx)
+            .chain(decodes.iter().map(|d| d.idx))
+        {
+            let id = self.running[i].spec.id;
+            if self.slots.assign(id).is_none() {
+                // Running sequences never outnumber the slots (both are
+                // `max_num_seqs`); this would be a bookkeeping bug.
+                return Err(StepError::NoStateSlot(id));
+            }
+        }
+        let slots = &self.slots;
+        let (pre, mut rounds) = inputs(&mut self.running, &self.bm, slots, prefills, decodes);
         let (target, pool, policy, spec) = (
             &self.target,
             &mut self.pool,
@@ -684,6 +756,8 @@ enum StepError {
     Injected(u64),
     #[error("the verifier returned no verdict for a sequence")]
     Missing,
+    #[error("no recurrent-state slot free for request {0}")]
+    NoStateSlot(u64),
 }
 
 /// Runs `f`, turning a panic (a kernel's, a world-1 forward's) into an
@@ -705,6 +779,7 @@ fn contained<T, E: Into<StepError>>(f: impl FnOnce() -> Result<T, E>) -> Result<
 fn inputs<'a>(
     running: &'a mut [Sequence],
     bm: &'a BlockManager,
+    slots: &StateSlots,
     prefills: &[Prefill],
     decodes: &[Decode],
 ) -> (Vec<SeqInput<'a>>, Vec<RoundInput<'a>>) {
@@ -715,6 +790,7 @@ fn inputs<'a>(
     // would make the forward fail, and that failure is contained.
     for (idx, s) in running.iter_mut().enumerate() {
         let table = bm.table(s.spec.id).unwrap_or(&[]);
+        let state_slot = slots.of(s.spec.id).unwrap_or(0);
         if let Some(p) = pi.next_if(|p| p.idx == idx) {
             // Prompt logprobs still being gathered need every row.
             let logits = if s.prompt_lps.is_some() {
@@ -727,17 +803,66 @@ fn inputs<'a>(
                 start_pos: p.start,
                 block_table: table,
                 logits,
-                state_slot: 0,
+                state_slot,
             });
         } else if let Some(d) = di.next_if(|d| d.idx == idx) {
             rounds.push(RoundInput {
                 seq: &mut s.spec,
                 block_table: table,
                 k: d.k,
+                state_slot,
             });
         }
     }
     (pre, rounds)
+}
+
+/// Recurrent-state slots of the target's pool, one per running sequence:
+/// assigned when a sequence first runs, returned when it ends or is
+/// preempted (its recompute starts from position 0, with a zero state).
+struct StateSlots {
+    /// `false` for a model without recurrent layers: inputs ignore slots.
+    enabled: bool,
+    free: Vec<u32>,
+    of: HashMap<SeqId, u32>,
+}
+
+impl StateSlots {
+    fn new(n: usize) -> Self {
+        Self {
+            enabled: n > 0,
+            free: (0..n as u32).rev().collect(),
+            of: HashMap::new(),
+        }
+    }
+
+    /// The sequence's slot, taking a free one if it has none (any value
+    /// when slots are not in use); `None` when none is free.
+    fn assign(&mut self, id: SeqId) -> Option<u32> {
+        if !self.enabled {
+            return Some(0);
+        }
+        if let Some(&s) = self.of.get(&id) {
+            return Some(s);
+        }
+        let s = self.free.pop()?;
+        self.of.insert(id, s);
+        Some(s)
+    }
+
+    fn of(&self, id: SeqId) -> Option<u32> {
+        self.of.get(&id).copied()
+    }
+
+    fn release(&mut self, id: SeqId) -> Option<u32> {
+        let s = self.of.remove(&id)?;
+        self.free.push(s);
+        Some(s)
+    }
+
+    fn used(&self) -> usize {
+        self.of.len()
+    }
 }
 
 impl Drop for Engine {

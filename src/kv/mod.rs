@@ -108,6 +108,10 @@ pub struct BlockManager<S = RandomState> {
     /// The last registration number handed out.
     last_reg: u64,
     stats: PrefixStats,
+    /// Off for models whose cache is not only per-token blocks (a
+    /// recurrent state is not in any block, so a block hit cannot restore
+    /// it): no lookup matches and nothing is registered.
+    prefix_caching: bool,
 }
 
 impl BlockManager {
@@ -145,7 +149,18 @@ impl<S: BuildHasher> BlockManager<S> {
             clock: 0,
             last_reg: ROOT,
             stats: PrefixStats::default(),
+            prefix_caching: true,
         }
+    }
+
+    /// Turns prefix caching off for good: every allocation starts fresh.
+    pub fn disable_prefix_caching(&mut self) {
+        self.prefix_caching = false;
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
     }
 
     /// Prefix-cache counters so far.
@@ -247,6 +262,7 @@ impl<S: BuildHasher> BlockManager<S> {
             return Err(KvError::AlreadyAllocated(seq));
         }
         let bs = self.block_size;
+        let cacheable = if self.prefix_caching { cacheable } else { 0 };
         let (mut matched, mut links) = (Vec::new(), Vec::new());
         let (mut parent_hash, mut parent) = (0, ROOT);
         for chunk in tokens[..cacheable.min(tokens.len())].chunks_exact(bs) {
@@ -291,6 +307,9 @@ impl<S: BuildHasher> BlockManager<S> {
     /// tokens (whose K/V the pool now holds) for reuse by later sequences.
     /// `tokens` are the sequence's tokens.
     pub fn register(&mut self, seq: SeqId, tokens: &[u32], computed: usize) {
+        if !self.prefix_caching {
+            return;
+        }
         let bs = self.block_size;
         let Some(t) = self.tables.get_mut(&seq) else {
             return;

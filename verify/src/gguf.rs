@@ -201,10 +201,12 @@ impl Gguf {
             0 => n * 4,
             1 | 30 => n * 2,
             crate::kernels::mxfp4::GGML_TYPE_MXFP4 => n / 32 * crate::kernels::mxfp4::BLOCK_BYTES,
-            t => return Err(VerifyError::BadConfig(format!(
+            t => {
+                return Err(VerifyError::BadConfig(format!(
                 "{}: tensor {name} has ggml type {t}; this reader decodes F32, F16, BF16 and MXFP4",
                 self.path.display()
-            ))),
+            )))
+            }
         };
         let (info, b) = self.raw(name, len)?;
         let v = match info.dtype {

@@ -18,10 +18,11 @@
 //! Hybrid models (Kimi K3) cache per token only in their attention layers
 //! (the others get no per-token storage) and keep, for their recurrent
 //! layers, one **state slot** per sequence: a fixed-size float buffer whose
-//! layout the model family owns. A pool for such a model has as many slots
-//! as blocks, so a running sequence, which holds at least one block, never
-//! lacks a slot; which slot a sequence uses is the caller's
-//! ([`crate::SeqInput::state_slot`]).
+//! layout the model family owns ([`KvPool::for_model`] makes as many as
+//! blocks; a server sizes them by its running-sequence limit). Which slot a
+//! sequence uses is the caller's ([`crate::SeqInput::state_slot`]). A
+//! verification of several rows also keeps the state after each row, so
+//! rejecting drafts rolls the slot back by a copy ([`KvPool::keep_rows`]).
 
 use crate::error::{Result, VerifyError};
 use crate::model::{Model, ModelConfig};
@@ -40,6 +41,8 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 pub struct KvPool {
     block_size: usize,
     num_blocks: usize,
+    /// Recurrent-state slots (0 for models without recurrent layers).
+    num_state_slots: usize,
     shards: Vec<KvShard>,
 }
 
@@ -58,6 +61,10 @@ pub(crate) struct KvShard {
     state_floats: usize,
     /// `num_state_slots * state_floats` floats.
     states: Vec<f32>,
+    /// Per slot, the state after each row of its last multi-row
+    /// verification: `(rows, rows * state_floats floats)`, row `i` being the
+    /// state with rows `0..=i` fed. [`KvPool::keep_rows`] commits one.
+    row_states: std::collections::HashMap<u32, (usize, Vec<f32>)>,
 }
 
 impl KvPool {
@@ -67,29 +74,61 @@ impl KvPool {
     ///
     /// Errors: zero blocks or a zero block size.
     pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<Self> {
-        Self::with_shards(cfg, &[cfg.num_kv_heads], num_blocks, block_size, None, &[])
+        Self::with_shards(
+            cfg,
+            &[cfg.num_kv_heads],
+            num_blocks,
+            block_size,
+            None,
+            &[],
+            0,
+        )
     }
 
     /// Allocates a zeroed pool shaped for `model`: one shard per
     /// tensor-parallel rank, each holding that rank's KV heads, and for a
-    /// model with recurrent layers `num_blocks` state slots.
+    /// model with recurrent layers `num_blocks` state slots (every
+    /// sequence holds a block, so slots never run out first).
     ///
     /// Errors: zero blocks or a zero block size.
     pub fn for_model(model: &Model, num_blocks: usize, block_size: usize) -> Result<Self> {
+        Self::for_model_with_state_slots(model, num_blocks, block_size, num_blocks)
+    }
+
+    /// [`KvPool::for_model`] with `state_slots` recurrent-state slots (for
+    /// a model without recurrent layers: none, whatever is asked). A
+    /// server sizes them by its running-sequence limit: a state slot of a
+    /// full-size hybrid model is hundreds of megabytes.
+    ///
+    /// Errors: zero blocks or a zero block size, or no slot for a model
+    /// with recurrent layers.
+    pub fn for_model_with_state_slots(
+        model: &Model,
+        num_blocks: usize,
+        block_size: usize,
+        state_slots: usize,
+    ) -> Result<Self> {
+        let floats = model.state_floats_per_rank();
+        if !floats.is_empty() && state_slots == 0 {
+            return Err(VerifyError::BadConfig(
+                "a model with recurrent layers needs at least one state slot".into(),
+            ));
+        }
         Self::with_shards(
             model.config(),
             &model.kv_heads_per_rank(),
             num_blocks,
             block_size,
             model.per_token_cache_layers(),
-            &model.state_floats_per_rank(),
+            &floats,
+            state_slots,
         )
     }
 
     /// A pool with one shard per entry of `kv_heads` (that rank's KV heads).
     /// `cached[l]` says whether layer `l` caches per token (`None`: all
     /// do); `state_floats[r]` is shard `r`'s state-slot size (empty: no
-    /// recurrent state).
+    /// recurrent state, and `state_slots` is ignored).
     pub(crate) fn with_shards(
         cfg: &ModelConfig,
         kv_heads: &[usize],
@@ -97,6 +136,7 @@ impl KvPool {
         block_size: usize,
         cached: Option<Vec<bool>>,
         state_floats: &[usize],
+        state_slots: usize,
     ) -> Result<Self> {
         if num_blocks == 0 || block_size == 0 {
             return Err(VerifyError::BadConfig(
@@ -126,28 +166,115 @@ impl KvPool {
                 })
                 .collect(),
         };
+        let state_slots = if state_floats.is_empty() {
+            0
+        } else {
+            state_slots
+        };
         for (shard, &f) in shards.iter_mut().zip(state_floats) {
             shard.state_floats = f;
-            shard.states = vec![0.0; f * num_blocks];
+            shard.states = vec![0.0; f * state_slots];
         }
         Ok(Self {
             block_size,
             num_blocks,
+            num_state_slots: state_slots,
             shards,
         })
     }
 
     /// Recurrent-state slots (0 for a model without recurrent layers).
     pub fn state_slots(&self) -> usize {
-        match self.shards.first() {
-            Some(s) if s.state_floats > 0 => self.num_blocks,
-            _ => 0,
-        }
+        self.num_state_slots
     }
 
     /// Bytes of one state slot across all shards.
     pub fn state_bytes_per_slot(&self) -> usize {
         self.shards.iter().map(|s| s.state_floats).sum::<usize>() * std::mem::size_of::<f32>()
+    }
+
+    /// Rolls a state slot back to the end of row `rows - 1` of its last
+    /// multi-row verification (rows `0..rows` accepted, the rest rejected):
+    /// the slot then holds exactly the state of feeding the accepted tokens
+    /// only. Free: the forward kept each row's state, nothing is recomputed.
+    ///
+    /// Errors: no recorded rows for `slot` (no verification of two or more
+    /// rows ran since the last commit), or `rows` outside `1..=recorded`.
+    pub fn keep_rows(&mut self, slot: u32, rows: usize) -> Result<()> {
+        // Every shard recorded the same rows: check once, apply to all.
+        let n = match self.shards.first().and_then(|s| s.row_states.get(&slot)) {
+            Some((n, _)) => *n,
+            None => {
+                return Err(VerifyError::BadBatch(format!(
+                    "no per-row states recorded for state slot {slot}"
+                )))
+            }
+        };
+        if rows == 0 || rows > n {
+            self.release_state(slot);
+            return Err(VerifyError::BadBatch(format!(
+                "keeping {rows} rows of a verification of {n} in state slot {slot}"
+            )));
+        }
+        for shard in &mut self.shards {
+            let f = shard.state_floats;
+            if let Some((_, snaps)) = shard.row_states.remove(&slot) {
+                if rows < n {
+                    let at = slot as usize * f;
+                    shard.states[at..at + f].copy_from_slice(&snaps[(rows - 1) * f..rows * f]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A copy of `slot`'s state on every shard (for a caller that
+    /// checkpoints states itself, e.g. a draft model feeding one token at
+    /// a time).
+    ///
+    /// Errors: a slot outside the pool.
+    pub fn read_state(&self, slot: u32) -> Result<Vec<Vec<f32>>> {
+        self.check_state_slot(slot)?;
+        Ok(self
+            .shards
+            .iter()
+            .map(|s| {
+                let f = s.state_floats;
+                s.states[slot as usize * f..(slot as usize + 1) * f].to_vec()
+            })
+            .collect())
+    }
+
+    /// Puts back a state read by [`KvPool::read_state`].
+    ///
+    /// Errors: a slot outside the pool, or a state of another shape.
+    pub fn write_state(&mut self, slot: u32, state: &[Vec<f32>]) -> Result<()> {
+        self.check_state_slot(slot)?;
+        if state.len() != self.shards.len()
+            || self
+                .shards
+                .iter()
+                .zip(state)
+                .any(|(s, x)| x.len() != s.state_floats)
+        {
+            return Err(VerifyError::BadBatch(format!(
+                "a state of another shape written to state slot {slot}"
+            )));
+        }
+        for (s, x) in self.shards.iter_mut().zip(state) {
+            let f = s.state_floats;
+            s.states[slot as usize * f..(slot as usize + 1) * f].copy_from_slice(x);
+            s.row_states.remove(&slot);
+        }
+        Ok(())
+    }
+
+    /// Forgets a slot's recorded rows (its sequence ended or was preempted:
+    /// the slot's state is dead until a sequence starts over in it).
+    pub fn release_state(&mut self, slot: u32) {
+        for shard in &mut self.shards {
+            shard.row_states.remove(&slot);
+        }
     }
 
     /// Checks that `slot` names one of this pool's state slots.
@@ -278,6 +405,13 @@ impl KvShard {
         &self.k[layer][off..off + self.head_dim]
     }
 
+    /// Records the per-row states of `slot`'s latest verification (see
+    /// [`KvPool::keep_rows`]); replaces what an earlier one left.
+    pub(crate) fn set_row_states(&mut self, slot: u32, rows: usize, states: Vec<f32>) {
+        debug_assert_eq!(states.len(), rows * self.state_floats);
+        self.row_states.insert(slot, (rows, states));
+    }
+
     /// The recurrent state in `slot` (its layout is the model family's).
     ///
     /// Errors: a slot outside the pool, or a pool without states.
@@ -315,6 +449,7 @@ impl KvShard {
             latent,
             state_floats: 0,
             states: Vec::new(),
+            row_states: std::collections::HashMap::new(),
         }
     }
 

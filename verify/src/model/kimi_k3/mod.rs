@@ -42,7 +42,7 @@ use super::moe::route;
 use super::ops::rms_norm;
 use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::rows::{flatten, Rows};
-use super::{Model, MoeConfig, SeqInput};
+use super::{LogitsWanted, Model, MoeConfig, SeqInput};
 use crate::error::Result;
 use crate::kernels::mxfp4::Mxfp4Matrix;
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
@@ -329,6 +329,9 @@ fn res_mix(stack: &[Vec<f32>], cur: &[f32], w: &[f32], hidden: usize, eps: f32) 
 impl Kda {
     /// This rank's part of the layer output for normed rows `h`, advancing
     /// each sequence's state (at `state_off` in its slot).
+    /// `spans` are the sequences' rows and slots; where `snaps[i]` is set
+    /// (`rows * state_floats` floats), the layer also writes its part of
+    /// the state after each of span `i`'s rows there.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -339,6 +342,8 @@ impl Kda {
         pool: &mut KvShard,
         spans: &[(Range<usize>, u32)],
         state_off: usize,
+        snaps: &mut [Option<Vec<f32>>],
+        state_floats: usize,
     ) -> Result<Vec<f32>> {
         let (hd, heads, kernel) = (k3.kda_head_dim, self.heads, k3.conv_kernel);
         let c = heads * hd;
@@ -360,13 +365,26 @@ impl Kda {
         let n = h.len() / self.f_a.inp;
         let mut o = vec![0f32; n * c];
         let hist = (kernel - 1) * c;
-        for (span, slot) in spans {
+        for ((span, slot), snap) in spans.iter().zip(snaps.iter_mut()) {
             let st = pool.state_mut(*slot)?;
             let st = &mut st[state_off..state_off + 3 * hist + heads * hd * hd];
             let (convs, s) = st.split_at_mut(3 * hist);
             let (cq, rest) = convs.split_at_mut(hist);
             let (ck, cv) = rest.split_at_mut(hist);
             let rows = span.start * c..span.end * c;
+            if let Some(snap) = snap.as_mut() {
+                // Each row's conv histories: the kernel - 1 inputs up to it.
+                for (which, (x, now)) in
+                    [(&q, &*cq), (&k, &*ck), (&v, &*cv)].into_iter().enumerate()
+                {
+                    let mut win = now.to_vec();
+                    win.extend_from_slice(&x[rows.clone()]);
+                    for t in 0..span.len() {
+                        let at = t * state_floats + state_off + which * hist;
+                        snap[at..at + hist].copy_from_slice(&win[(t + 1) * c..(t + kernel) * c]);
+                    }
+                }
+            }
             let mut qs = kda::conv_silu(&q[rows.clone()], cq, &self.q_conv, kernel);
             let mut ks = kda::conv_silu(&k[rows.clone()], ck, &self.k_conv, kernel);
             let vs = kda::conv_silu(&v[rows.clone()], cv, &self.v_conv, kernel);
@@ -375,12 +393,16 @@ impl Kda {
             ks.chunks_exact_mut(hd)
                 .for_each(|x| kda::l2_normalize(x, eps));
             let out = &mut o[rows];
-            // Heads are independent: each owns its state and output lanes.
+            let record = snap.is_some();
+            // Heads are independent: each owns its state and output lanes
+            // (and, when recording, its state after every row).
             s.par_chunks_mut(hd * hd)
                 .enumerate()
                 .map(|(hh, s_h)| {
                     let mut scratch = Vec::new();
                     let mut lane = vec![0f32; span.len() * hd];
+                    let mut after =
+                        Vec::with_capacity(if record { span.len() * hd * hd } else { 0 });
                     for t in 0..span.len() {
                         let at = t * c + hh * hd..t * c + (hh + 1) * hd;
                         kda::step(
@@ -393,16 +415,26 @@ impl Kda {
                             &mut lane[t * hd..(t + 1) * hd],
                             &mut scratch,
                         );
+                        if record {
+                            after.extend_from_slice(s_h);
+                        }
                     }
-                    lane
+                    (lane, after)
                 })
                 .collect::<Vec<_>>()
                 .into_iter()
                 .enumerate()
-                .for_each(|(hh, lane)| {
+                .for_each(|(hh, (lane, after))| {
                     for t in 0..span.len() {
                         out[t * c + hh * hd..t * c + (hh + 1) * hd]
                             .copy_from_slice(&lane[t * hd..(t + 1) * hd]);
+                    }
+                    if let Some(snap) = snap.as_mut() {
+                        let sz = hd * hd;
+                        for t in 0..span.len() {
+                            let at = t * state_floats + state_off + 3 * hist + hh * sz;
+                            snap[at..at + sz].copy_from_slice(&after[t * sz..(t + 1) * sz]);
+                        }
                     }
                 });
         }
@@ -575,6 +607,15 @@ fn forward_rank(
     let moe = cfg.moe.as_ref().expect("validated K3 config has moe");
     let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
     let mut spans = Vec::with_capacity(seqs.len());
+    // A verification (every row's logits, several rows) keeps each row's
+    // state, so a rejected draft can be rolled back by a copy.
+    let mut snaps: Vec<Option<Vec<f32>>> = seqs
+        .iter()
+        .map(|s| {
+            (s.logits == LogitsWanted::All && s.tokens.len() > 1)
+                .then(|| vec![0f32; s.tokens.len() * w.state_floats])
+        })
+        .collect();
     let mut start = 0;
     for s in seqs {
         let span = start..start + s.tokens.len();
@@ -612,6 +653,8 @@ fn forward_rank(
                 pool,
                 &spans,
                 w.state_offsets[li].expect("KDA layer has a state"),
+                &mut snaps,
+                w.state_floats,
             )?,
             Mixer::Mla(m) => {
                 let d = MlaDims {
@@ -654,6 +697,12 @@ fn forward_rank(
             )?,
         };
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+    }
+    for ((_, slot), snap) in spans.iter().zip(snaps) {
+        if let Some(snap) = snap {
+            let rows = snap.len() / w.state_floats.max(1);
+            pool.set_row_states(*slot, rows, snap);
+        }
     }
     if let (Some(score), true) = (&w.out_res, res) {
         x = res_mix(&stack, &x, score, hidden, eps);

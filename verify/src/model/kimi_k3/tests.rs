@@ -273,3 +273,69 @@ fn kda_recurrence_matches_fla_core() {
         );
     }
 }
+
+/// After a verification of `[last, d1, d2, d3]` that accepts only `d1`,
+/// committing row 1's state leaves the model exactly where plain decoding
+/// of `last, d1` leaves it; committing another row does not.
+#[test]
+fn rejected_drafts_roll_back_to_the_accepted_row_exactly() {
+    let prompt: Vec<u32> = (0..14).map(|i| (i * 53 % 500) as u32 + 3).collect();
+    let (drafts, next) = ([77u32, 301, 12], 450u32);
+    let table: Vec<u32> = (0..4).collect();
+    for world in [1, 2] {
+        let model = load_model_tp(&fixture("tiny-k3.gguf"), world).unwrap();
+        let feed = |pool: &mut KvPool, tokens: &[u32], start_pos: usize| {
+            model
+                .forward_rows(
+                    pool,
+                    &[SeqInput {
+                        tokens,
+                        start_pos,
+                        block_table: &table,
+                        logits: LogitsWanted::All,
+                        state_slot: 1,
+                    }],
+                )
+                .unwrap()
+        };
+        let n = prompt.len();
+        // Plain decoding: the prompt, then d1, then `next`.
+        let mut plain = KvPool::for_model(&model, 8, 16).unwrap();
+        feed(&mut plain, &prompt, 0);
+        feed(&mut plain, &drafts[..1], n);
+        let want = feed(&mut plain, &[next], n + 1);
+        for (keep, right) in [(2, true), (3, false), (4, false)] {
+            let mut pool = KvPool::for_model(&model, 8, 16).unwrap();
+            feed(&mut pool, &prompt[..n - 1], 0);
+            let mut rows = vec![prompt[n - 1]];
+            rows.extend_from_slice(&drafts);
+            feed(&mut pool, &rows, n - 1);
+            pool.keep_rows(1, keep).unwrap();
+            let got = feed(&mut pool, &[next], n + 1);
+            let d = max_diff(&got, &want);
+            if right {
+                assert!(
+                    d < 1e-5,
+                    "world {world}: after rollback the logits differ by {d}"
+                );
+            } else {
+                assert!(
+                    d > 1e-3,
+                    "world {world}: committing row {} went unnoticed ({d})",
+                    keep - 1
+                );
+            }
+        }
+        // Keeping every row needs no copy; keeping none, or more rows than
+        // were verified, or rows nobody recorded, is an error.
+        let mut pool = KvPool::for_model(&model, 8, 16).unwrap();
+        feed(&mut pool, &prompt, 0);
+        assert!(pool.keep_rows(1, 0).is_err());
+        feed(&mut pool, &drafts, n);
+        assert!(pool.keep_rows(1, 4).is_err());
+        assert!(
+            pool.keep_rows(1, 3).is_err(),
+            "recorded rows are consumed once"
+        );
+    }
+}
