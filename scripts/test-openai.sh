@@ -2,6 +2,8 @@
 # Real-client test: installs the official `openai` Python package into a
 # venv under target/, starts `specgate serve` on the real pair (default
 # config, a free port), runs tests/openai_client.py against it, stops it.
+# Another config: SPECGATE_CONFIG=configs/kimi-k3-tiny.toml
+# SPECGATE_MODEL=kimi-k3-tiny SPECGATE_RANDOM_WEIGHTS=1 scripts/test-openai.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=target/openai-venv
@@ -12,7 +14,7 @@ VENV=target/openai-venv
 # differently and would compile candle a second time.
 cargo test --release --workspace --no-run
 log=$(mktemp)
-"${CARGO_TARGET_DIR:-target}/release/specgate" serve --config configs/default.toml --port 0 2>"$log" &
+"${CARGO_TARGET_DIR:-target}/release/specgate" serve --config "${SPECGATE_CONFIG:-configs/default.toml}" --port 0 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
 url=""

@@ -11,7 +11,10 @@ cargo test --release --workspace
 # mid-stream, slow readers, hostile bodies), then the server must be idle and
 # healthy. Longer runs by flag: scripts/soak.sh -n 2000 -c 32 --config ...
 scripts/soak.sh -n 300 -c 16
-# The official OpenAI Python client against `specgate serve` on the real pair.
+# The official OpenAI Python client against `specgate serve` on the real pair,
+# then on the tiny Kimi K3 (hybrid target at TP 2, hybrid draft).
 scripts/test-openai.sh
+SPECGATE_CONFIG=configs/kimi-k3-tiny.toml SPECGATE_MODEL=kimi-k3-tiny SPECGATE_RANDOM_WEIGHTS=1 \
+    scripts/test-openai.sh
 # Kubernetes manifests against the schemas, the Grafana dashboard's metric names.
 scripts/validate-deploy.sh
