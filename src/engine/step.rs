@@ -102,7 +102,7 @@ impl Engine {
         if recurrent {
             // A block hit would restore the latent rows of a prefix but not
             // the recurrent state after it, and a state checkpoint per block
-            // costs about a thousand times the block (docs/architecture.md).
+            // costs hundreds of times the block (BENCHMARKS.md, Kimi K3's hybrid cache).
             bm.disable_prefix_caching();
             tracing::info!(
                 state_slots,
