@@ -37,8 +37,13 @@ pub struct ModelDraft {
     free_slots: Vec<u32>,
     /// Per sequence: how many tokens its state has absorbed, and the state
     /// after each length fed in the last proposal.
-    states: HashMap<u64, (usize, Vec<(usize, Vec<Vec<f32>>)>)>,
+    states: HashMap<u64, Checkpoints>,
 }
+
+/// A recurrent draft's states of one sequence: the length its slot holds,
+/// and `(length, state per shard)` after each token fed in the last
+/// proposal.
+type Checkpoints = (usize, Vec<(usize, Vec<Vec<f32>>)>);
 
 impl ModelDraft {
     /// A draft whose pool has `num_blocks` blocks of `block_size` slots: the
