@@ -6,8 +6,8 @@
 //! one. Proven here: greedy speculation (n-gram, a tiny hybrid K3 draft, the
 //! target as its own draft) at k = 1..8 equals plain decoding; sampling
 //! with speculation follows the target's distribution (chi-square);
-//! concurrent requests with preemption equal each request alone at TP 1 and
-//! 2; cancellation leaks neither blocks nor state slots; and `specgate
+//! concurrent requests with preemption equal each request alone at TP 1, 2
+//! and 4; cancellation leaks neither blocks nor state slots; and `specgate
 //! generate` runs the directory and the GGUF alike.
 
 mod common;
@@ -428,10 +428,10 @@ fn wait_idle(h: &EngineHandle) -> EngineStats {
 }
 
 #[test]
-fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_and_2() {
+fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
     let n = 12;
     let mut preempted = 0;
-    for world in [1, 2] {
+    for world in [1, 2, 4] {
         // Alone at the same world size: world 2 sums in another order, and
         // this tiny random model can turn 1e-5 into another greedy token.
         let h = engine(target(world), ProposerKind::None, 64, 1, 64);

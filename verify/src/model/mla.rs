@@ -4,7 +4,9 @@
 //! per head and scored against cached latent rows in place.
 
 use super::dense::Dense;
+use super::rows::Rows;
 use crate::kv_pool::{axpy, dot, KvShard};
+use rayon::prelude::*;
 
 /// Dimensions one attention call needs.
 #[derive(Clone, Copy)]
@@ -66,4 +68,42 @@ pub(crate) fn attend_absorbed(
             out[hh * d.v + j] = dot(kv_b.row(base + d.nope + j), o_lat);
         }
     }
+}
+
+/// [`attend_absorbed`] for every row of a batch but those `skip` names, in
+/// parallel: row `r` (sequence `rows.seq[r]`, table `tables[..]`) attends
+/// positions `0..=rows.positions[r]` with its query `q[r]` (`heads * (nope
+/// + rope)` floats) into `out[r]` (`heads * v` floats).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_rows(
+    d: MlaDims,
+    kv_b: &Dense,
+    pool: &KvShard,
+    layer: usize,
+    rows: &Rows,
+    tables: &[&[u32]],
+    q: &[f32],
+    out: &mut [f32],
+    skip: impl Fn(usize) -> bool + Sync,
+) {
+    let qd = d.heads * (d.nope + d.rope);
+    out.par_chunks_mut(d.heads * d.v)
+        .enumerate()
+        .filter(|(r, _)| !skip(*r))
+        .for_each_init(
+            || (Vec::new(), Vec::new(), Vec::new()),
+            |scratch, (r, o)| {
+                attend_absorbed(
+                    d,
+                    kv_b,
+                    pool,
+                    layer,
+                    tables[rows.seq[r]],
+                    rows.positions[r] + 1,
+                    &q[r * qd..(r + 1) * qd],
+                    o,
+                    scratch,
+                )
+            },
+        );
 }

@@ -35,7 +35,7 @@
 
 use super::config::{ModelConfig, MoeConfig, RopeStyle};
 use super::dense::Dense;
-use super::mla::{attend_absorbed, MlaDims as Dims};
+use super::mla::{attend_rows, MlaDims as Dims};
 use super::moe::route;
 use super::ops::{rms_norm, silu};
 use super::ranks::{assemble_vocab, run_ranks, Rank};
@@ -398,27 +398,18 @@ fn forward_rank(
             }
             pool.write_latent(li, tables[rows.seq[r]], pos, row);
         }
-        let pool_ref = &*pool;
+        attend_rows(
+            d,
+            &a.kv_b,
+            pool,
+            li,
+            rows,
+            &tables,
+            &q,
+            &mut attn,
+            in_expanded,
+        );
         let qd = d.heads * qk;
-        attn.par_chunks_mut(d.heads * d.v)
-            .enumerate()
-            .filter(|(r, _)| !in_expanded(*r))
-            .for_each_init(
-                || (Vec::new(), Vec::new(), Vec::new()),
-                |scratch, (r, out)| {
-                    attend_absorbed(
-                        d,
-                        &a.kv_b,
-                        pool_ref,
-                        li,
-                        tables[rows.seq[r]],
-                        rows.positions[r] + 1,
-                        &q[r * qd..(r + 1) * qd],
-                        out,
-                        scratch,
-                    )
-                },
-            );
         for e in &expanded {
             attend_expanded(
                 d,

@@ -37,7 +37,7 @@
 //! depend on the batch around it or on how its prompt was chunked.
 
 use super::dense::Dense;
-use super::mla::{attend_absorbed, MlaDims};
+use super::mla::{attend_rows, MlaDims};
 use super::moe::route;
 use super::ops::rms_norm;
 use super::ranks::{assemble_vocab, run_ranks, Rank};
@@ -475,27 +475,18 @@ impl GatedMla {
             // NoPE: the shared key part is cached as projected, unrotated.
             pool.write_latent(layer, tables[rows.seq[r]], rows.positions[r], row);
         }
-        let qd = d.heads * (d.nope + d.rope);
         let mut attn = vec![0f32; n * d.heads * d.v];
-        let pool = &*pool;
-        attn.par_chunks_mut(d.heads * d.v)
-            .enumerate()
-            .for_each_init(
-                || (Vec::new(), Vec::new(), Vec::new()),
-                |scratch, (r, out)| {
-                    attend_absorbed(
-                        d,
-                        &self.kv_b,
-                        pool,
-                        layer,
-                        tables[rows.seq[r]],
-                        rows.positions[r] + 1,
-                        &q[r * qd..(r + 1) * qd],
-                        out,
-                        scratch,
-                    )
-                },
-            );
+        attend_rows(
+            d,
+            &self.kv_b,
+            pool,
+            layer,
+            rows,
+            tables,
+            &q,
+            &mut attn,
+            |_| false,
+        );
         if let (Some(gate), false) = (&self.gate, ablation.no_mla_gate) {
             let g = gate.forward(h);
             attn.iter_mut().zip(g).for_each(|(a, g)| *a *= sigmoid(g));
