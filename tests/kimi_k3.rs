@@ -548,3 +548,65 @@ fn generate_runs_the_directory_and_the_gguf_alike() {
         assert_eq!(text, dir, "{extra:?}");
     }
 }
+
+/// The draft's prefill in chunks (as the engine runs it beside the
+/// target's prompt chunks) leaves it exactly where a one-go catch-up does:
+/// the first proposal then feeds only the last prompt token and proposes
+/// the same tokens, for the hybrid K3 draft and for a plain llama-family
+/// draft alike.
+#[test]
+fn chunked_draft_prefill_equals_catching_up_at_the_first_proposal() {
+    use specgate_draft::DraftChunk;
+    let tiny_llama = common::tiny_model(
+        &specgate_verify::tiny::TinySpec {
+            vocab_size: 768,
+            ..specgate_verify::tiny::TinySpec::llama(5)
+        },
+        "k3-llama-draft.gguf",
+    );
+    let prompt: Vec<u32> = (0..37).map(|i| (i * 41 % 500) as u32 + 3).collect();
+    let table: Vec<u32> = (0..4).collect();
+    for model in [Arc::new(tiny_draft()), Arc::new(tiny_llama)] {
+        let propose = |d: &mut ModelDraft| {
+            let mut sampler = Sampler::new(SamplingParams::default());
+            d.propose(&mut [ProposeRequest {
+                seq_id: 9,
+                context: &prompt,
+                block_table: &table,
+                k: 5,
+                sampler: &mut sampler,
+            }])
+            .unwrap()
+            .remove(0)
+            .tokens
+        };
+        let mut fresh = ModelDraft::new(model.clone(), 4, BS).unwrap();
+        let want = propose(&mut fresh);
+        let mut chunked = ModelDraft::new(model.clone(), 4, BS).unwrap();
+        for (start, n) in [(0, 10), (10, 16), (26, 10)] {
+            chunked
+                .prefill(&[DraftChunk {
+                    seq_id: 9,
+                    tokens: &prompt,
+                    start,
+                    n,
+                    block_table: &table,
+                }])
+                .unwrap();
+        }
+        assert_eq!(chunked.held_tokens(9), prompt.len() - 1);
+        // A chunk that does not continue what the draft holds is skipped.
+        chunked
+            .prefill(&[DraftChunk {
+                seq_id: 9,
+                tokens: &prompt,
+                start: 20,
+                n: 3,
+                block_table: &table,
+            }])
+            .unwrap();
+        assert_eq!(chunked.held_tokens(9), prompt.len() - 1);
+        assert_eq!(propose(&mut chunked), want);
+        assert!(!want.is_empty());
+    }
+}

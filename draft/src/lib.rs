@@ -14,7 +14,7 @@ pub mod model;
 pub mod ngram;
 pub mod policy;
 
-pub use model::ModelDraft;
+pub use model::{DraftChunk, ModelDraft};
 pub use ngram::NgramProposer;
 pub use policy::{DraftPolicy, PolicyState};
 

@@ -97,7 +97,90 @@ impl ModelDraft {
     }
 }
 
+/// A prompt chunk the target prefills this step, for [`ModelDraft::prefill`].
+pub struct DraftChunk<'a> {
+    pub seq_id: u64,
+    /// The sequence's tokens so far (at least `start + n`).
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub n: usize,
+    pub block_table: &'a [u32],
+}
+
 impl ModelDraft {
+    /// Runs the prompt chunks the target prefills this step through the
+    /// draft too, in one forward, so a sequence's first proposal catches up
+    /// on one token instead of its whole prompt: the draft's prefill is
+    /// spread over the steps that carry the target's chunks, under the same
+    /// token budget, instead of landing on the sequence's first decode step.
+    /// A chunk that does not continue what the draft holds for its sequence
+    /// is skipped (its next proposal catches up as before).
+    ///
+    /// Errors: the draft's forward failed; the sequences of the batch are
+    /// then forgotten, so their proposals start over.
+    pub fn prefill(&mut self, chunks: &[DraftChunk]) -> Result<(), DraftError> {
+        let recurrent = self.pool.state_slots() > 0;
+        let mut run: Vec<(&DraftChunk, u32)> = Vec::new();
+        for c in chunks {
+            // The draft must hold exactly the tokens before the chunk.
+            let held = if c.start == 0 {
+                0
+            } else {
+                self.cached.get(&c.seq_id).map_or(usize::MAX, |have| {
+                    if have.len() == c.start && common_prefix(have, c.tokens) == c.start {
+                        c.start
+                    } else {
+                        usize::MAX
+                    }
+                })
+            };
+            let state_ok = !recurrent
+                || c.start == 0
+                || self
+                    .states
+                    .get(&c.seq_id)
+                    .is_some_and(|(len, _)| *len == c.start);
+            if held == c.start && state_ok && c.n > 0 {
+                let slot = self.slot(c.seq_id)?;
+                run.push((c, slot));
+            }
+        }
+        if run.is_empty() {
+            return Ok(());
+        }
+        let inputs: Vec<SeqInput> = run
+            .iter()
+            .map(|(c, slot)| SeqInput {
+                tokens: &c.tokens[c.start..c.start + c.n],
+                start_pos: c.start,
+                block_table: c.block_table,
+                logits: LogitsWanted::None,
+                state_slot: *slot,
+            })
+            .collect();
+        if let Err(e) = self.model.forward(&mut self.pool, &inputs) {
+            for (c, _) in &run {
+                self.release(c.seq_id);
+            }
+            return Err(e.into());
+        }
+        for (c, _) in &run {
+            let have = self.cached.entry(c.seq_id).or_default();
+            have.clear();
+            have.extend_from_slice(&c.tokens[..c.start + c.n]);
+            if recurrent {
+                self.states.insert(c.seq_id, (c.start + c.n, Vec::new()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tokens the draft has run through its model for `seq_id` and still
+    /// holds (what a proposal can skip).
+    pub fn held_tokens(&self, seq_id: u64) -> usize {
+        self.cached.get(&seq_id).map_or(0, Vec::len)
+    }
+
     /// The sequence's state slot (0 for a draft without recurrent layers).
     fn slot(&mut self, seq_id: u64) -> Result<u32, DraftError> {
         if self.pool.state_slots() == 0 {

@@ -26,7 +26,9 @@ use crate::metrics as names;
 use crate::spec::{propose, verify_round, RoundInput, RoundOutput, SpecError, SpecStats};
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
-use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, Proposer};
+use specgate_draft::{
+    DraftChunk, DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, Proposer,
+};
 use specgate_verify::accept::Verdict;
 use specgate_verify::process::token_logprob;
 use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput, TokenLogprob};
@@ -342,6 +344,7 @@ impl Engine {
         self.stats.steps += 1;
         let proposals = self.propose_stage(&work.decodes);
         let (decoded, prefilled) = self.verify_stage(&work, &proposals);
+        self.draft_prefill(&work.prefills, &prefilled);
         let mut ended = HashSet::new();
         for (p, r) in work.prefills.iter().zip(prefilled) {
             match r {
@@ -588,6 +591,41 @@ impl Engine {
                 spec,
             )?)
         })
+    }
+
+    /// The draft model runs the prompt chunks the target just prefilled (for
+    /// sequences drafting with it), so their first proposal does not run
+    /// the whole prompt through the draft in one go. A failure only costs
+    /// that: those sequences' drafts catch up later, as before.
+    fn draft_prefill(&mut self, prefills: &[Prefill], done: &Prefilled) {
+        let (Some(draft), running, bm) = (self.draft.as_mut(), &self.running, &self.bm) else {
+            return;
+        };
+        let chunks: Vec<DraftChunk> = prefills
+            .iter()
+            .zip(done)
+            .filter(|(p, r)| r.is_ok() && running[p.idx].method == SpecMethod::Draft)
+            .map(|(p, _)| {
+                let s = &running[p.idx];
+                DraftChunk {
+                    seq_id: s.spec.id,
+                    tokens: &s.spec.tokens,
+                    start: p.start,
+                    n: p.n,
+                    block_table: bm.table(s.spec.id).unwrap_or(&[]),
+                }
+            })
+            .collect();
+        if chunks.is_empty() {
+            return;
+        }
+        let ids: Vec<SeqId> = chunks.iter().map(|c| c.seq_id).collect();
+        if let Err(e) = contained(|| draft.prefill(&chunks).map_err(SpecError::from)) {
+            tracing::warn!(error = %e, "draft prefill failed; those drafts catch up later");
+            for id in ids {
+                draft.release(id);
+            }
+        }
     }
 
     /// Commit a prompt chunk: its K/V is in the cache; full blocks become
