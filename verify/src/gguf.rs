@@ -228,3 +228,95 @@ impl Gguf {
         Ok((info.dims, v))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::mxfp4::{decode_ggml, GGML_TYPE_MXFP4};
+
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+
+    /// A GGUF v3 file: metadata of several types (an array among them), an
+    /// F32 tensor and an MXFP4 one (which candle's reader rejects).
+    fn file() -> (PathBuf, Vec<u8>) {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(2u64.to_le_bytes()); // tensors
+        b.extend(4u64.to_le_bytes()); // metadata
+        string(&mut b, "general.architecture");
+        b.extend(8u32.to_le_bytes());
+        string(&mut b, "kimi-k3");
+        string(&mut b, "kimi-k3.block_count");
+        b.extend(4u32.to_le_bytes());
+        b.extend(8u32.to_le_bytes());
+        string(&mut b, "kimi-k3.kda.gate_lower_bound");
+        b.extend(6u32.to_le_bytes());
+        b.extend((-5f32).to_le_bytes());
+        string(&mut b, "kimi-k3.attention.head_count_kv");
+        b.extend(9u32.to_le_bytes());
+        b.extend(4u32.to_le_bytes()); // of u32
+        b.extend(3u64.to_le_bytes());
+        for v in [0u32, 0, 1] {
+            b.extend(v.to_le_bytes());
+        }
+        string(&mut b, "w");
+        b.extend(2u32.to_le_bytes());
+        b.extend(3u64.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        b.extend(0u32.to_le_bytes()); // F32
+        b.extend(0u64.to_le_bytes());
+        string(&mut b, "e");
+        b.extend(1u32.to_le_bytes());
+        b.extend(32u64.to_le_bytes());
+        b.extend(GGML_TYPE_MXFP4.to_le_bytes());
+        b.extend(32u64.to_le_bytes()); // after the 24 bytes of `w`, aligned
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        let mut data: Vec<u8> = (0..6)
+            .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+            .collect();
+        data.resize(32, 0);
+        let block: Vec<u8> = std::iter::once(127u8)
+            .chain((0..16).map(|j| j as u8 * 17))
+            .collect();
+        data.extend(&block);
+        b.extend(&data);
+        let path = std::env::temp_dir().join(format!("specgate-gguf-{}.gguf", std::process::id()));
+        std::fs::write(&path, &b).unwrap();
+        (path, block)
+    }
+
+    #[test]
+    fn reads_metadata_and_decodes_f32_and_mxfp4_tensors() {
+        let (path, block) = file();
+        let g = Gguf::open(&path).unwrap();
+        assert!(matches!(&g.metadata["general.architecture"], Value::String(s) if s == "kimi-k3"));
+        assert!(matches!(g.metadata["kimi-k3.block_count"], Value::U32(8)));
+        assert!(matches!(g.metadata["kimi-k3.kda.gate_lower_bound"], Value::F32(x) if x == -5.0));
+        match &g.metadata["kimi-k3.attention.head_count_kv"] {
+            Value::Array(a) => assert_eq!(a.len(), 3),
+            other => panic!("{other:?}"),
+        }
+        let (dims, w) = g.f32_tensor("w").unwrap();
+        assert_eq!(dims, vec![3, 2]);
+        assert_eq!(w, vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
+        let (dims, e) = g.f32_tensor("e").unwrap();
+        assert_eq!(dims, vec![32]);
+        assert_eq!(e, decode_ggml(&block, 32).unwrap());
+        assert!(matches!(
+            g.f32_tensor("nope"),
+            Err(VerifyError::MissingTensor(_))
+        ));
+        std::fs::remove_file(&path).unwrap();
+        // Not GGUF at all: an error naming the file, not a panic.
+        let bad = std::env::temp_dir().join(format!("specgate-notgguf-{}", std::process::id()));
+        std::fs::write(&bad, b"GGUX\x03\x00\x00\x00").unwrap();
+        let err = Gguf::open(&bad).err().unwrap().to_string();
+        assert!(err.contains("specgate-notgguf"), "{err}");
+        std::fs::remove_file(&bad).unwrap();
+    }
+}
