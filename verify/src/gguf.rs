@@ -273,7 +273,7 @@ mod tests {
         b.extend(32u64.to_le_bytes());
         b.extend(GGML_TYPE_MXFP4.to_le_bytes());
         b.extend(32u64.to_le_bytes()); // after the 24 bytes of `w`, aligned
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
         let mut data: Vec<u8> = (0..6)
