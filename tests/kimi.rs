@@ -7,14 +7,14 @@
 
 mod common;
 
-use common::tiny_model;
+use common::{spec_decode, tiny_model};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{spawn, EngineConfig, Event, GenRequest, KvSize, ProposerKind};
-use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
-use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
+use specgate::spec::SpecStats;
+use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, Proposer};
 use specgate_verify::model::load_safetensors_tp;
 use specgate_verify::tiny::TinySpec;
-use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
+use specgate_verify::{Model, SamplingParams};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -41,48 +41,21 @@ fn llama_draft(name: &str) -> Model {
 /// Greedy-decodes `max_new` tokens after `prompt` with fixed k (0 = plain).
 fn decode(
     target: &Model,
-    mut proposer: Option<&mut dyn Proposer>,
+    proposer: Option<&mut dyn Proposer>,
     prompt: &[u32],
     max_new: usize,
     k: usize,
     stats: &mut SpecStats,
 ) -> Vec<u32> {
-    let blocks = (prompt.len() + max_new + k + 1).div_ceil(BS);
-    let mut pool = KvPool::new(target.config(), blocks, BS).unwrap();
-    let table: Vec<u32> = (0..blocks as u32).rev().collect();
-    let head = &prompt[..prompt.len() - 1];
-    target
-        .forward_one(&mut pool, head, 0, &table, LogitsWanted::None)
-        .unwrap();
-    let mut seq = SpecSeq {
-        id: 3,
-        tokens: prompt.to_vec(),
-        sampler: Sampler::new(SamplingParams::default()),
-        policy_state: PolicyState::default(),
-    };
-    let policy = DraftPolicy::Fixed { k };
-    while seq.tokens.len() - prompt.len() < max_new {
-        let left = max_new - (seq.tokens.len() - prompt.len());
-        spec_round(
-            target,
-            &mut pool,
-            proposer.as_deref_mut(),
-            &policy,
-            &mut [RoundInput {
-                seq: &mut seq,
-                block_table: &table,
-                k: k.min(left - 1),
-                state_slot: 0,
-            }],
-            &[],
-            stats,
-        )
-        .unwrap();
-    }
-    if let Some(p) = proposer {
-        p.release(3);
-    }
-    seq.tokens[prompt.len()..].to_vec()
+    spec_decode(
+        target,
+        proposer,
+        prompt,
+        max_new,
+        k,
+        SamplingParams::default(),
+        stats,
+    )
 }
 
 #[test]

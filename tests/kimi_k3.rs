@@ -12,17 +12,16 @@
 
 mod common;
 
-use common::chi_square;
+use common::{chi_square, spec_decode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
     spawn, EngineConfig, EngineHandle, EngineStats, Event, GenRequest, KvSize, ProposerKind,
 };
-use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
+use specgate::spec::SpecStats;
 use specgate_draft::{
-    DraftError, DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, ProposeRequest,
-    Proposer,
+    DraftError, DraftPolicy, ModelDraft, NgramProposer, Proposal, ProposeRequest, Proposer,
 };
 use specgate_verify::model::{load_model, load_model_tp};
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
@@ -32,9 +31,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BS: usize = 16;
-/// The state slot the single-sequence decodes use (any slot works; not 0,
-/// so a slot mix-up shows).
-const SLOT: u32 = 1;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -51,65 +47,6 @@ fn tiny_draft() -> Model {
     load_model(&fixture("tiny-draft-hf")).unwrap()
 }
 
-/// Prefills all but the last prompt token into slot [`SLOT`] of a fresh
-/// pool, then decodes `max_new` tokens with fixed k (0 = plain).
-fn decode(
-    target: &Model,
-    mut proposer: Option<&mut dyn Proposer>,
-    prompt: &[u32],
-    max_new: usize,
-    k: usize,
-    sampling: SamplingParams,
-    stats: &mut SpecStats,
-) -> Vec<u32> {
-    let blocks = (prompt.len() + max_new + k + 1).div_ceil(BS);
-    let mut pool =
-        KvPool::for_model_with_state_slots(target, blocks, BS, SLOT as usize + 1).unwrap();
-    let table: Vec<u32> = (0..blocks as u32).rev().collect();
-    let head = &prompt[..prompt.len() - 1];
-    target
-        .forward_rows(
-            &mut pool,
-            &[SeqInput {
-                tokens: head,
-                start_pos: 0,
-                block_table: &table,
-                logits: LogitsWanted::None,
-                state_slot: SLOT,
-            }],
-        )
-        .unwrap();
-    let mut seq = SpecSeq {
-        id: 3,
-        tokens: prompt.to_vec(),
-        sampler: Sampler::new(sampling),
-        policy_state: PolicyState::default(),
-    };
-    let policy = DraftPolicy::Fixed { k };
-    while seq.tokens.len() - prompt.len() < max_new {
-        let left = max_new - (seq.tokens.len() - prompt.len());
-        spec_round(
-            target,
-            &mut pool,
-            proposer.as_deref_mut(),
-            &policy,
-            &mut [RoundInput {
-                seq: &mut seq,
-                block_table: &table,
-                k: k.min(left - 1),
-                state_slot: SLOT,
-            }],
-            &[],
-            stats,
-        )
-        .unwrap();
-    }
-    if let Some(p) = proposer {
-        p.release(3);
-    }
-    seq.tokens[prompt.len()..prompt.len() + max_new].to_vec()
-}
-
 #[test]
 fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
     let target = target(1);
@@ -123,7 +60,7 @@ fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
     let max_new = 24;
     let (mut partial, mut draft_rej, mut twin_acc) = (0, 0, 0);
     for prompt in &prompts {
-        let plain = decode(
+        let plain = spec_decode(
             &target,
             None,
             prompt,
@@ -140,7 +77,7 @@ fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
                 every: 3,
             };
             let mut s = SpecStats::default();
-            let got = decode(
+            let got = spec_decode(
                 &target,
                 Some(&mut scripted),
                 prompt,
@@ -155,7 +92,7 @@ fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
             }
             let mut ngram = NgramProposer::new(1, 3).unwrap();
             let mut s = SpecStats::default();
-            let got = decode(
+            let got = spec_decode(
                 &target,
                 Some(&mut ngram),
                 prompt,
@@ -168,7 +105,7 @@ fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
 
             let mut d = ModelDraft::new(draft.clone(), 8, BS).unwrap();
             let mut s = SpecStats::default();
-            let got = decode(
+            let got = spec_decode(
                 &target,
                 Some(&mut d),
                 prompt,
@@ -181,7 +118,7 @@ fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
             draft_rej += s.draft_tokens - s.accepted_tokens;
             let mut d = ModelDraft::new(twin.clone(), 8, BS).unwrap();
             let mut s = SpecStats::default();
-            let got = decode(
+            let got = spec_decode(
                 &target,
                 Some(&mut d),
                 prompt,
@@ -320,7 +257,7 @@ fn sampling_with_speculation_follows_the_k3_targets_distribution() {
             vocab,
             rng: StdRng::seed_from_u64(i as u64),
         };
-        let got = decode(
+        let got = spec_decode(
             &target,
             Some(&mut p),
             &prompt,

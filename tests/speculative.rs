@@ -5,20 +5,20 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{real_model, tiny_gguf, tiny_model};
-use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
+use common::{real_model, spec_decode, tiny_gguf, tiny_model};
+use specgate::spec::SpecStats;
 use specgate::tokenizer::{ChatMessage, TextTokenizer};
-use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
+use specgate_draft::{ModelDraft, NgramProposer, Proposer};
 use specgate_verify::model::{load_gguf, load_gguf_tp};
 use specgate_verify::tiny::TinySpec;
-use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
+use specgate_verify::{Model, SamplingParams};
 use std::path::Path;
 use std::sync::Arc;
 
 const BS: usize = 16;
 
 /// Greedy-decodes `max_new` tokens after `prompt` with fixed k (0 = plain).
-fn decode<P: Proposer + ?Sized>(
+fn decode<P: Proposer>(
     target: &Model,
     proposer: Option<&mut P>,
     prompt: &[u32],
@@ -37,7 +37,7 @@ fn decode<P: Proposer + ?Sized>(
     )
 }
 
-fn decode_with<P: Proposer + ?Sized>(
+fn decode_with<P: Proposer>(
     target: &Model,
     proposer: Option<&mut P>,
     prompt: &[u32],
@@ -46,50 +46,8 @@ fn decode_with<P: Proposer + ?Sized>(
     sampling: SamplingParams,
     stats: &mut SpecStats,
 ) -> Vec<u32> {
-    let blocks = (prompt.len() + max_new + k + 1).div_ceil(BS);
-    let mut pool = KvPool::for_model(target, blocks, BS).unwrap();
-    // Reversed block ids: nothing may depend on contiguous blocks.
-    let table: Vec<u32> = (0..blocks as u32).rev().collect();
-    target
-        .forward_one(
-            &mut pool,
-            &prompt[..prompt.len() - 1],
-            0,
-            &table,
-            LogitsWanted::None,
-        )
-        .unwrap();
-    let mut seq = SpecSeq {
-        id: 7,
-        tokens: prompt.to_vec(),
-        sampler: Sampler::new(sampling),
-        policy_state: PolicyState::default(),
-    };
-    let policy = DraftPolicy::Fixed { k };
-    let mut proposer = proposer;
-    while seq.tokens.len() - prompt.len() < max_new {
-        let left = max_new - (seq.tokens.len() - prompt.len());
-        let k = k.min(left - 1);
-        spec_round(
-            target,
-            &mut pool,
-            proposer.as_deref_mut(),
-            &policy,
-            &mut [RoundInput {
-                seq: &mut seq,
-                block_table: &table,
-                k,
-                state_slot: 0,
-            }],
-            &[],
-            stats,
-        )
-        .unwrap();
-    }
-    if let Some(p) = proposer {
-        p.release(7);
-    }
-    seq.tokens[prompt.len()..].to_vec()
+    let proposer = proposer.map(|p| p as &mut dyn Proposer);
+    spec_decode(target, proposer, prompt, max_new, k, sampling, stats)
 }
 
 /// A tensor-parallel target (2 ranks) speculates exactly as the unsharded

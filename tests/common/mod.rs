@@ -1,7 +1,8 @@
 //! The one support module of the root package's integration tests (and of
 //! loadgen/tests, which includes it by path): where the real weights are
 //! ([`models`]), tiny generated models ([`tiny`]), the HTTP/1.1 client
-//! ([`client`]), the chi-square test ([`stats`]), and here a tiny model with an in-code ChatML tokenizer and
+//! ([`client`]), the chi-square test ([`stats`]), one sequence decoded speculatively
+//! ([`spec`]), and here a tiny model with an in-code ChatML tokenizer and
 //! a server started in-process on 127.0.0.1:0. Everything is re-exported at
 //! this level, so `use common::*` reaches it all.
 // Each test binary uses a different part of this module.
@@ -11,12 +12,14 @@ pub mod client;
 pub mod logs;
 pub mod models;
 pub mod schemas;
+pub mod spec;
 pub mod stats;
 pub mod tiny;
 
 pub use client::*;
 pub use logs::*;
 pub use models::*;
+pub use spec::*;
 pub use stats::*;
 pub use tiny::*;
 

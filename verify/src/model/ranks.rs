@@ -7,9 +7,14 @@
 //! without `'static` bounds, channels or unsafe code; spawning costs tens of
 //! microseconds per rank against milliseconds per forward.
 
+use super::dense::Dense;
+use super::ops::rms_norm;
+use super::rows::Rows;
+use super::shard::balanced;
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::KvShard;
 use crate::tp::Communicator;
+use candle_core::{Device, Tensor};
 use std::ops::Range;
 
 /// One rank's weights, with its end of the rank group.
@@ -106,4 +111,39 @@ pub(crate) fn assemble_vocab(
         off += rows * w;
     }
     logits
+}
+
+/// The output head of the families with row-wise f32 weights ([`Dense`]):
+/// the final RMSNorm of the rows that asked for logits (`x` is `[rows,
+/// hidden]`), this rank's vocabulary rows (the [`balanced`] split, as
+/// loaded), all-gathered into `[logit rows, vocab]`.
+///
+/// Errors: a failed all-gather.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dense_head(
+    x: &[f32],
+    hidden: usize,
+    rows: &Rows,
+    norm: &[f32],
+    lm_head: &Dense,
+    eps: f32,
+    comm: &dyn Communicator,
+    vocab: usize,
+) -> Result<Tensor> {
+    let m = rows.logit_rows.len();
+    let picked: Vec<f32> = rows
+        .logit_rows
+        .iter()
+        .flat_map(|&r| &x[r as usize * hidden..(r as usize + 1) * hidden])
+        .copied()
+        .collect();
+    let local = lm_head.forward(&rms_norm(&picked, norm, eps));
+    let logits = if comm.world_size() == 1 {
+        local
+    } else {
+        // all_gather concatenates whole shards: regroup them row by row.
+        let all = comm.all_gather(&local)?;
+        assemble_vocab(&all, m, &balanced(vocab, comm.world_size()), vocab)
+    };
+    Ok(Tensor::from_vec(logits, (m, vocab), &Device::Cpu)?)
 }

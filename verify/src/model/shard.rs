@@ -26,6 +26,24 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// The even split of the families whose ranks must hold equal parts
+/// (latent attention's heads, experts' widths): `n` units over `world`
+/// ranks, rank `rank`'s range.
+///
+/// Errors: `n` not a multiple of `world`; the error names the part and the
+/// world sizes that work.
+pub(crate) fn even_split(name: &str, n: usize, world: usize, rank: usize) -> Result<Range<usize>> {
+    if !n.is_multiple_of(world) {
+        let ok: Vec<usize> = (1..=n).filter(|w| n.is_multiple_of(*w)).collect();
+        return Err(VerifyError::BadConfig(format!(
+            "{name}: {n} does not split across {world} tensor-parallel ranks; \
+             world sizes that work: {ok:?}"
+        )));
+    }
+    let per = n / world;
+    Ok(rank * per..(rank + 1) * per)
+}
+
 /// `n` units over `world` ranks, the first `n % world` ranks one unit larger.
 pub(crate) fn balanced(n: usize, world: usize) -> Vec<Range<usize>> {
     let (base, extra) = (n / world, n % world);

@@ -8,6 +8,7 @@ use crate::error::{Result, VerifyError};
 use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
 use crate::model::dense::Dense;
 use crate::model::loader::{json_usize, SafetensorsWeights};
+use crate::model::shard::{balanced, even_split};
 use crate::model::{Body, Model};
 use crate::tp::Communicator;
 use serde_json::Value;
@@ -215,19 +216,6 @@ pub(crate) fn config_from_hf_json(v: &Value) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
-/// Splits `n` across `world` ranks evenly or names the world sizes that work.
-fn split(name: &str, n: usize, world: usize, rank: usize) -> Result<std::ops::Range<usize>> {
-    if !n.is_multiple_of(world) {
-        let ok: Vec<usize> = (1..=n).filter(|w| n.is_multiple_of(*w)).collect();
-        return Err(VerifyError::BadConfig(format!(
-            "{name}: {n} does not split across {world} tensor-parallel ranks; \
-             world sizes that work: {ok:?}"
-        )));
-    }
-    let per = n / world;
-    Ok(rank * per..(rank + 1) * per)
-}
-
 /// Reads f32 weights (whole, or one rank's rows or columns) out of the
 /// memory-mapped files: only the bytes asked for are touched.
 struct Tensors<'a> {
@@ -309,7 +297,7 @@ fn load_rank(
         mla.kv_lora_rank,
     );
     let qk = nope + rope;
-    let heads = split("attention heads (num_attention_heads)", nh, world, rank)?;
+    let heads = even_split("attention heads (num_attention_heads)", nh, world, rank)?;
     let local_heads = heads.len();
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {
@@ -381,7 +369,7 @@ fn load_rank(
                     None
                 } else {
                     let sff = ff * e.n_shared_experts;
-                    let f = split(
+                    let f = even_split(
                         "shared experts (moe_intermediate_size * n_shared_experts)",
                         sff,
                         world,
@@ -398,7 +386,7 @@ fn load_rank(
             }
             _ => {
                 let ff = cfg.intermediate_size;
-                let f = split("dense MLP (intermediate_size)", ff, world, rank)?;
+                let f = even_split("dense MLP (intermediate_size)", ff, world, rank)?;
                 Ffn::Dense(t.mlp(&m, h, ff, f)?)
             }
         };
@@ -410,7 +398,7 @@ fn load_rank(
         });
     }
     let vocab = cfg.vocab_size;
-    let vrange = super::vocab_rows(rank, world, vocab);
+    let vrange = balanced(vocab, world)[rank].clone();
     Ok(Weights {
         embed: t.take("model.embed_tokens.weight", &[vocab, h])?,
         layers,
@@ -538,11 +526,13 @@ mod tests {
 
     #[test]
     fn uneven_split_names_the_tensor_and_working_world_sizes() {
-        let e = split("attention heads", 6, 4, 0).unwrap_err().to_string();
+        let e = even_split("attention heads", 6, 4, 0)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("attention heads") && e.contains("[1, 2, 3, 6]"),
             "{e}"
         );
-        assert_eq!(split("x", 8, 4, 3).unwrap(), 6..8);
+        assert_eq!(even_split("x", 8, 4, 3).unwrap(), 6..8);
     }
 }

@@ -38,13 +38,13 @@ use super::dense::Dense;
 use super::mla::{attend_rows, MlaDims as Dims};
 use super::moe::route;
 use super::ops::{rms_norm, silu};
-use super::ranks::{assemble_vocab, run_ranks, Rank};
+use super::ranks::{dense_head, run_ranks, Rank};
 use super::rows::{flatten, Rows, SeqInput};
 use super::Model;
 use crate::error::Result;
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
 use crate::tp::Communicator;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 mod load;
@@ -308,11 +308,6 @@ fn attend_expanded(d: Dims, kv_b: &Dense, lat: &[f32], q: &[f32], out: &mut [f32
         });
 }
 
-/// The output-head rows (vocabulary ids) rank `rank` of `world` holds.
-fn vocab_rows(rank: usize, world: usize, vocab: usize) -> std::ops::Range<usize> {
-    rank * vocab / world..(rank + 1) * vocab / world
-}
-
 /// The family's forward over `ranks` (one per tensor-parallel rank this
 /// model runs, each with its full copy of the latent cache in its pool
 /// shard): see [`Model::forward`] for the contract. A rank loaded alone by
@@ -431,24 +426,16 @@ fn forward_rank(
         w.comm.all_reduce_sum(&mut f)?;
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
     }
-    let m = rows.logit_rows.len();
-    let picked: Vec<f32> = rows
-        .logit_rows
-        .iter()
-        .flat_map(|&r| &x[r as usize * hidden..(r as usize + 1) * hidden])
-        .copied()
-        .collect();
-    let local = w.lm_head.forward(&rms_norm(&picked, &w.norm, eps));
-    let logits = if w.comm.world_size() == 1 {
-        local
-    } else {
-        // all_gather concatenates whole shards: regroup them row by row.
-        let all = w.comm.all_gather(&local)?;
-        let (v, world) = (cfg.vocab_size, w.comm.world_size());
-        let ranges: Vec<_> = (0..world).map(|r| vocab_rows(r, world, v)).collect();
-        assemble_vocab(&all, m, &ranges, v)
-    };
-    Ok(Tensor::from_vec(logits, (m, cfg.vocab_size), &Device::Cpu)?)
+    dense_head(
+        &x,
+        hidden,
+        rows,
+        &w.norm,
+        &w.lm_head,
+        eps,
+        w.comm.as_ref(),
+        cfg.vocab_size,
+    )
 }
 
 #[cfg(test)]

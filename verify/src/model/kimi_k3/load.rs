@@ -22,6 +22,7 @@ use crate::kernels::mxfp4::{self, Mxfp4Matrix};
 use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle};
 use crate::model::dense::Dense;
 use crate::model::loader::SafetensorsWeights;
+use crate::model::shard::{balanced, even_split};
 use crate::model::{Body, Model};
 use crate::tp::Communicator;
 use candle_core::quantized::gguf_file::Value;
@@ -30,22 +31,6 @@ use std::ops::Range;
 
 fn bad(m: String) -> VerifyError {
     VerifyError::BadConfig(m)
-}
-
-/// The output-head rows (vocabulary ids) rank `rank` of `world` holds.
-pub(crate) fn vocab_rows(rank: usize, world: usize, vocab: usize) -> Range<usize> {
-    rank * vocab / world..(rank + 1) * vocab / world
-}
-
-fn split(name: &str, n: usize, world: usize, rank: usize) -> Result<Range<usize>> {
-    if !n.is_multiple_of(world) {
-        let ok: Vec<usize> = (1..=n).filter(|w| n.is_multiple_of(*w)).collect();
-        return Err(bad(format!(
-            "{name}: {n} does not split across {world} tensor-parallel ranks; world sizes that work: {ok:?}"
-        )));
-    }
-    let per = n / world;
-    Ok(rank * per..(rank + 1) * per)
 }
 
 fn ju(v: &Json, key: &str) -> Result<usize> {
@@ -609,8 +594,8 @@ fn load_rank(
     let mla = cfg.mla.as_ref().expect("validated");
     let moe = cfg.moe.as_ref().expect("validated");
     let (hd, kh) = (k3.kda_head_dim, k3.kda_heads);
-    let kheads = split("KDA heads", kh, world, rank)?;
-    let mheads = split("MLA heads", cfg.num_heads, world, rank)?;
+    let kheads = even_split("KDA heads", kh, world, rank)?;
+    let mheads = even_split("MLA heads", cfg.num_heads, world, rank)?;
     let chans = kheads.start * hd..kheads.end * hd;
     let c = kh * hd;
     let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -803,7 +788,7 @@ fn load_rank(
                 "",
                 h,
                 ff,
-                split("dense MLP", ff, world, rank)?,
+                even_split("dense MLP", ff, world, rank)?,
             )?)
         } else {
             let (ne, mi) = (moe.n_routed_experts, moe.moe_intermediate_size);
@@ -828,7 +813,7 @@ fn load_rank(
                     "_shexp",
                     h,
                     sff,
-                    split("shared experts", sff, world, rank)?,
+                    even_split("shared experts", sff, world, rank)?,
                 )?)
             } else {
                 None
@@ -921,7 +906,7 @@ fn load_rank(
         });
     }
     let v = cfg.vocab_size;
-    let vocab = vocab_rows(rank, world, v);
+    let vocab = balanced(v, world)[rank].clone();
     let head = src.get(
         &Name {
             layer: None,
@@ -954,8 +939,7 @@ fn load_rank(
             h,
         )?,
         out_res,
-        lm_head: rows_of(&head, h, vocab.clone()),
-        vocab,
+        lm_head: rows_of(&head, h, vocab),
         k3: k3.clone(),
         state_offsets,
         state_floats,

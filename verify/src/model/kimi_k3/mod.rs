@@ -40,14 +40,14 @@ use super::dense::Dense;
 use super::mla::{attend_rows, MlaDims};
 use super::moe::route;
 use super::ops::rms_norm;
-use super::ranks::{assemble_vocab, run_ranks, Rank};
+use super::ranks::{dense_head, run_ranks, Rank};
 use super::rows::{flatten, Rows};
 use super::{LogitsWanted, Model, MoeConfig, SeqInput};
 use crate::error::Result;
 use crate::kernels::mxfp4::Mxfp4Matrix;
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
 use crate::tp::Communicator;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -231,7 +231,6 @@ pub(crate) struct Weights {
     norm: Vec<f32>,
     out_res: Option<Vec<f32>>,
     lm_head: Dense,
-    vocab: Range<usize>,
     k3: K3Config,
     /// Offsets of each KDA layer's part of a state slot (this rank's
     /// heads); `None` for MLA layers.
@@ -698,25 +697,16 @@ fn forward_rank(
     if let (Some(score), true) = (&w.out_res, res) {
         x = res_mix(&stack, &x, score, hidden, eps);
     }
-    let m = rows.logit_rows.len();
-    let picked: Vec<f32> = rows
-        .logit_rows
-        .iter()
-        .flat_map(|&r| &x[r as usize * hidden..(r as usize + 1) * hidden])
-        .copied()
-        .collect();
-    let local = w.lm_head.forward(&rms_norm(&picked, &w.norm, eps));
-    let v = cfg.vocab_size;
-    let logits = if w.comm.world_size() == 1 {
-        local
-    } else {
-        let all = w.comm.all_gather(&local)?;
-        let world = w.comm.world_size();
-        let ranges: Vec<Range<usize>> = (0..world).map(|r| load::vocab_rows(r, world, v)).collect();
-        debug_assert_eq!(ranges[w.comm.rank()], w.vocab);
-        assemble_vocab(&all, m, &ranges, v)
-    };
-    Ok(Tensor::from_vec(logits, (m, v), &Device::Cpu)?)
+    dense_head(
+        &x,
+        hidden,
+        rows,
+        &w.norm,
+        &w.lm_head,
+        eps,
+        w.comm.as_ref(),
+        cfg.vocab_size,
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,69 @@
+//! One sequence decoded through speculative rounds, for the speculation
+//! tests: a fresh pool with reversed block ids (nothing may depend on
+//! contiguous blocks) and state slot 1 of 2 (a slot mix-up shows on models
+//! with recurrent layers; others ignore it).
+
+use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
+use specgate_draft::{DraftPolicy, PolicyState, Proposer};
+use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
+
+/// Block size of the pools [`spec_decode`] makes.
+pub const SPEC_BS: usize = 16;
+
+/// Decodes `max_new` tokens after `prompt` with fixed k (0 = plain), the
+/// prompt but its last token prefilled first; returns the new tokens.
+pub fn spec_decode(
+    target: &Model,
+    mut proposer: Option<&mut dyn Proposer>,
+    prompt: &[u32],
+    max_new: usize,
+    k: usize,
+    sampling: SamplingParams,
+    stats: &mut SpecStats,
+) -> Vec<u32> {
+    const SLOT: u32 = 1;
+    let blocks = (prompt.len() + max_new + k + 1).div_ceil(SPEC_BS);
+    let mut pool = KvPool::for_model_with_state_slots(target, blocks, SPEC_BS, 2).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    target
+        .forward_rows(
+            &mut pool,
+            &[SeqInput {
+                tokens: &prompt[..prompt.len() - 1],
+                start_pos: 0,
+                block_table: &table,
+                logits: LogitsWanted::None,
+                state_slot: SLOT,
+            }],
+        )
+        .unwrap();
+    let mut seq = SpecSeq {
+        id: 7,
+        tokens: prompt.to_vec(),
+        sampler: Sampler::new(sampling),
+        policy_state: PolicyState::default(),
+    };
+    let policy = DraftPolicy::Fixed { k };
+    while seq.tokens.len() - prompt.len() < max_new {
+        let left = max_new - (seq.tokens.len() - prompt.len());
+        spec_round(
+            target,
+            &mut pool,
+            proposer.as_deref_mut(),
+            &policy,
+            &mut [RoundInput {
+                seq: &mut seq,
+                block_table: &table,
+                k: k.min(left - 1),
+                state_slot: SLOT,
+            }],
+            &[],
+            stats,
+        )
+        .unwrap();
+    }
+    if let Some(p) = proposer {
+        p.release(7);
+    }
+    seq.tokens[prompt.len()..].to_vec()
+}
