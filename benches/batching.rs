@@ -120,6 +120,7 @@ fn main() {
                 max_num_batched_tokens: 512,
             },
             policy,
+            suffix: None,
         };
         let (h, _join) = spawn(target, proposer, None, cfg).unwrap();
         for &c in &concs {

@@ -74,6 +74,7 @@ fn run(
             max_num_batched_tokens: 512,
         },
         policy: DraftPolicy::Fixed { k: 4 },
+        suffix: None,
     };
     let target = load_gguf(&dir.join(TARGET)).unwrap();
     let (h, _) = spawn(target, proposer, Some(tok.clone()), cfg).unwrap();

@@ -245,6 +245,9 @@ pub enum DraftPolicyKind {
     Table,
     /// k from the measured acceptance rate, up to `num_tokens`.
     Adaptive,
+    /// Per step, the k of every sequence together that maximise expected
+    /// tokens per second from the measured cost model (`[speculative.goodput]`).
+    Goodput,
 }
 
 impl TryFrom<String> for SpeculativeMethod {
@@ -292,6 +295,9 @@ pub struct SpeculativeConfig {
     pub ngram_min: usize,
     pub ngram_max: usize,
     pub adaptive: AdaptiveConfig,
+    pub goodput: GoodputConfig,
+    /// The cross-request proposer. Fixed while running.
+    pub suffix: SuffixSection,
     /// Under a grammar (`response_format`, forced tool calls), propose the
     /// tokens the grammar forces as drafts (jump-forward). Outputs are the
     /// same either way; off exists to measure what it is worth. Fixed
@@ -304,11 +310,13 @@ impl Default for SpeculativeConfig {
         Self {
             method: SpeculativeMethod::Draft,
             num_tokens: 3,
-            policy: DraftPolicyKind::Table,
+            policy: DraftPolicyKind::Goodput,
             table: vec![(1, 3), (2, 2), (4, 1)],
             ngram_min: 1,
             ngram_max: 4,
             adaptive: AdaptiveConfig::default(),
+            goodput: GoodputConfig::default(),
+            suffix: SuffixSection::default(),
             jump_forward: true,
         }
     }
@@ -333,6 +341,106 @@ impl Default for AdaptiveConfig {
             draft_cost: 0.7,
             initial_acceptance: 0.7,
             probe_every: 8,
+        }
+    }
+}
+
+/// `[speculative.goodput]`: the default policy's parameters. Its costs are
+/// not settings: they are measured (see `specgate_draft::cost`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GoodputConfig {
+    /// The longest draft it may choose.
+    pub max_k: usize,
+    /// Weight of the newest round in the acceptance estimates.
+    pub alpha: f64,
+    /// Acceptance assumed where nothing was measured yet.
+    pub initial_acceptance: f64,
+    /// Steps between probes of a sequence left at k = 0.
+    pub probe_every: u32,
+}
+
+impl Default for GoodputConfig {
+    fn default() -> Self {
+        Self {
+            max_k: 8,
+            alpha: 0.3,
+            initial_acceptance: 0.6,
+            probe_every: 16,
+        }
+    }
+}
+
+/// `speculative.suffix.scope`: whose finished requests a sequence's
+/// cross-request proposals may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(try_from = "String", rename_all = "lowercase")]
+pub enum SuffixScope {
+    /// Only requests made with the same API key (all requests when the
+    /// server has no keys): acceptance timing cannot tell one tenant what
+    /// another wrote.
+    #[value(name = "api_key")]
+    ApiKey,
+    /// Every request's: for a single-tenant deployment behind keys.
+    Global,
+}
+
+impl TryFrom<String> for SuffixScope {
+    type Error = String;
+
+    /// Errors: a name that is not a variant's, with the allowed names.
+    fn try_from(text: String) -> Result<Self, String> {
+        parse_choice("speculative.suffix.scope", &text)
+    }
+}
+
+impl std::fmt::Display for SuffixScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&choice_name(self))
+    }
+}
+
+/// `[speculative.suffix]`: a model-free proposer that learns from finished
+/// requests (prompt + output), chained before the method's own proposer:
+/// when the sequence's own context or the pool continues its last
+/// `min_match`+ tokens, that guess is drafted (it costs no model step);
+/// otherwise the method's proposer drafts.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SuffixSection {
+    pub enabled: bool,
+    pub scope: SuffixScope,
+    /// Shortest matched suffix trusted.
+    pub min_match: usize,
+    /// Tokens kept per scope (oldest requests dropped first).
+    pub max_tokens_per_scope: usize,
+    /// Scopes kept (least recently used dropped first).
+    pub max_scopes: usize,
+}
+
+impl Default for SuffixSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            scope: SuffixScope::ApiKey,
+            min_match: 3,
+            max_tokens_per_scope: 1 << 16,
+            max_scopes: 64,
+        }
+    }
+}
+
+impl SuffixSection {
+    /// The pool's limits (the rest at their defaults).
+    pub fn pool_config(&self) -> specgate_draft::SuffixConfig {
+        specgate_draft::SuffixConfig {
+            min_match: self.min_match,
+            max_match: specgate_draft::SuffixConfig::default()
+                .max_match
+                .max(self.min_match),
+            max_tokens_per_scope: self.max_tokens_per_scope,
+            max_scopes: self.max_scopes,
+            ..specgate_draft::SuffixConfig::default()
         }
     }
 }
@@ -383,6 +491,32 @@ impl SpeculativeConfig {
             a.probe_every,
             1..=MAX_PROBE_EVERY,
         )?;
+        let x = &self.suffix;
+        in_range("speculative.suffix.min_match", x.min_match, 1..=MAX_NGRAM)?;
+        in_range(
+            "speculative.suffix.max_tokens_per_scope",
+            x.max_tokens_per_scope,
+            1..=1 << 24,
+        )?;
+        in_range("speculative.suffix.max_scopes", x.max_scopes, 1..=4096)?;
+        let g = &self.goodput;
+        in_range("speculative.goodput.max_k", g.max_k, 0..=MAX_DRAFT_TOKENS)?;
+        if !(g.alpha > 0.0 && g.alpha <= 1.0) {
+            return Err(invalid(
+                "speculative.goodput.alpha",
+                format!("{} is out of range; allowed (0, 1]", g.alpha),
+            ));
+        }
+        in_range(
+            "speculative.goodput.initial_acceptance",
+            g.initial_acceptance,
+            0.0..=1.0,
+        )?;
+        in_range(
+            "speculative.goodput.probe_every",
+            g.probe_every,
+            1..=MAX_PROBE_EVERY,
+        )?;
         // The policy's own checks, on every variant the section describes
         // (the table's rows are only checked here).
         for (key, p) in [
@@ -394,6 +528,10 @@ impl SpeculativeConfig {
             (
                 "speculative.adaptive",
                 self.variant(DraftPolicyKind::Adaptive),
+            ),
+            (
+                "speculative.goodput",
+                self.variant(DraftPolicyKind::Goodput),
             ),
         ] {
             p.validate().map_err(|m| invalid(key, m))?;
@@ -415,6 +553,12 @@ impl SpeculativeConfig {
                 probe_every: a.probe_every,
             },
             DraftPolicyKind::Table => DraftPolicy::BatchTable(self.table.clone()),
+            DraftPolicyKind::Goodput => DraftPolicy::Goodput {
+                max_k: self.goodput.max_k,
+                alpha: self.goodput.alpha,
+                initial_acceptance: self.goodput.initial_acceptance,
+                probe_every: self.goodput.probe_every,
+            },
         }
     }
 
@@ -442,8 +586,17 @@ impl SpeculativeConfig {
             ngram_min,
             ngram_max,
             adaptive,
+            goodput,
+            suffix,
             jump_forward,
         } = self;
+        let SuffixSection {
+            enabled: x_enabled,
+            scope: x_scope,
+            min_match: x_min,
+            max_tokens_per_scope: x_tokens,
+            max_scopes: x_scopes,
+        } = suffix;
         let AdaptiveConfig {
             min_k,
             alpha,
@@ -451,6 +604,12 @@ impl SpeculativeConfig {
             initial_acceptance,
             probe_every,
         } = adaptive;
+        let GoodputConfig {
+            max_k: g_max_k,
+            alpha: g_alpha,
+            initial_acceptance: g_initial,
+            probe_every: g_probe,
+        } = goodput;
         let rows: Vec<String> = table.iter().map(|(b, k)| format!("[{b}, {k}]")).collect();
         vec![
             ("method", format!("\"{method}\"")),
@@ -467,6 +626,15 @@ impl SpeculativeConfig {
                 initial_acceptance.to_string(),
             ),
             ("adaptive.probe_every", probe_every.to_string()),
+            ("goodput.max_k", g_max_k.to_string()),
+            ("goodput.alpha", g_alpha.to_string()),
+            ("goodput.initial_acceptance", g_initial.to_string()),
+            ("goodput.probe_every", g_probe.to_string()),
+            ("suffix.enabled", x_enabled.to_string()),
+            ("suffix.scope", format!("\"{x_scope}\"")),
+            ("suffix.min_match", x_min.to_string()),
+            ("suffix.max_tokens_per_scope", x_tokens.to_string()),
+            ("suffix.max_scopes", x_scopes.to_string()),
             ("jump_forward", jump_forward.to_string()),
         ]
     }
@@ -757,9 +925,16 @@ impl Config {
             )));
         }
 
+        if file.speculative.suffix != self.speculative.suffix {
+            return Err(refuse(
+                "[speculative.suffix] changed; the cross-request proposer needs a restart".into(),
+            ));
+        }
+
         let speculative = SpeculativeConfig {
             method: in_force.method,
             jump_forward: in_force.jump_forward,
+            suffix: in_force.suffix.clone(),
             ..file.speculative.clone()
         };
         let policy = speculative.policy()?;

@@ -11,10 +11,19 @@ pub const SPEC_DRAFT_TOKENS: &str = "specgate_spec_decode_num_draft_tokens_total
 pub const SPEC_ACCEPTED_TOKENS: &str = "specgate_spec_decode_num_accepted_tokens_total";
 pub const SPEC_ACCEPTED_PER_POS: &str = "specgate_spec_decode_num_accepted_tokens_per_pos_total";
 pub const SPEC_DRAFT_LENGTH: &str = "specgate_spec_decode_draft_length";
+/// The cost model (label `rows`): seconds of a target forward (verify
+/// pass, acceptance included) and of a draft-model step by row count.
+pub const COST_VERIFY_SECONDS: &str = "specgate_cost_model_verify_seconds";
+pub const COST_DRAFT_STEP_SECONDS: &str = "specgate_cost_model_draft_step_seconds";
 pub const SPEC_GRAMMAR_DRAFT_TOKENS: &str = "specgate_spec_decode_grammar_num_draft_tokens_total";
 pub const SPEC_GRAMMAR_ACCEPTED_TOKENS: &str =
     "specgate_spec_decode_grammar_num_accepted_tokens_total";
 pub const SPEC_GRAMMAR_FORCED_TOKENS: &str = "specgate_spec_decode_grammar_forced_tokens_total";
+/// Drafted tokens that came from lookups chained before the method's
+/// proposer: in the sequence's own context, and in the cross-request pool.
+pub const SPEC_CONTEXT_DRAFT_TOKENS: &str = "specgate_spec_decode_context_num_draft_tokens_total";
+pub const SPEC_POOL_DRAFT_TOKENS: &str = "specgate_spec_decode_pool_num_draft_tokens_total";
+pub const SPEC_POOL_ACCEPTED_TOKENS: &str = "specgate_spec_decode_pool_num_accepted_tokens_total";
 pub const TTFT: &str = "specgate_time_to_first_token_seconds";
 pub const ITL: &str = "specgate_inter_token_latency_seconds";
 pub const E2E: &str = "specgate_e2e_request_latency_seconds";
@@ -88,9 +97,31 @@ fn describe() {
         SPEC_GRAMMAR_FORCED_TOKENS,
         "Tokens a grammar forced into proposals (jump-forward)"
     );
+    describe_counter!(
+        SPEC_CONTEXT_DRAFT_TOKENS,
+        "Drafted tokens found by lookup in the sequence's own context"
+    );
+    describe_counter!(
+        SPEC_POOL_DRAFT_TOKENS,
+        "Drafted tokens found in the cross-request pool (the tenant's finished requests)"
+    );
+    describe_counter!(
+        SPEC_POOL_ACCEPTED_TOKENS,
+        "Drafted tokens from the cross-request pool that the verifier accepted"
+    );
     describe_gauge!(
         SPEC_DRAFT_LENGTH,
-        "Draft length (k) in force for new rounds"
+        "Mean draft length (k) the policy chose for the decoding sequences of the last step"
+    );
+    describe_gauge!(
+        COST_VERIFY_SECONDS,
+        Unit::Seconds,
+        "Cost model: seconds of a target forward carrying `rows` rows (measured at start, kept current)"
+    );
+    describe_gauge!(
+        COST_DRAFT_STEP_SECONDS,
+        Unit::Seconds,
+        "Cost model: seconds of a draft-model step over `rows` sequences (measured at start, kept current)"
     );
     describe_histogram!(
         TTFT,

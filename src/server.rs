@@ -3,9 +3,9 @@
 //! and exit; SIGHUP (and a change of the config file) re-reads the
 //! `[speculative]` section and applies it to the next engine step.
 
-use crate::config::{Config, SpeculativeMethod};
+use crate::config::{Config, SpeculativeMethod, SuffixScope};
 use crate::engine::scheduler::SchedulerConfig;
-use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind};
+use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind, SuffixOptions};
 use crate::grammar::Grammars;
 use crate::http::cors::CorsPolicy;
 use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
@@ -119,12 +119,19 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
             ));
         }
         None => {
-            // Nothing to reload; SIGHUP stays harmless.
+            // No file to reload; SIGHUP only re-measures the cost model.
+            let engine = engine.clone();
             tokio::spawn(async move {
                 let mut hangups = hangups;
                 loop {
                     next_hangup(&mut hangups).await;
-                    tracing::warn!("SIGHUP: no config file to reload (started without --config)");
+                    tracing::info!(
+                        "SIGHUP: no config file to reload (started without --config); \
+                                    re-measuring the cost model"
+                    );
+                    if let Err(e) = engine.recalibrate() {
+                        tracing::warn!(error = %e, "SIGHUP: cannot re-measure the cost model");
+                    }
                 }
             });
         }
@@ -217,6 +224,10 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Gramma
             max_num_batched_tokens: cfg.scheduler.max_num_batched_tokens,
         },
         policy: sp.policy()?,
+        suffix: sp.suffix.enabled.then(|| SuffixOptions {
+            pool: sp.suffix.pool_config(),
+            global: sp.suffix.scope == SuffixScope::Global,
+        }),
     };
     let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
     let stats = engine.stats();
@@ -280,7 +291,13 @@ async fn watch_config(
     let mut seen = mtime(&path);
     loop {
         tokio::select! {
-            _ = next_hangup(&mut hup) => {}
+            _ = next_hangup(&mut hup) => {
+                // SIGHUP also asks for the cost model to be measured
+                // again (after a hardware or load change).
+                if let Err(e) = engine.recalibrate() {
+                    tracing::warn!(error = %e, "SIGHUP: cannot re-measure the cost model");
+                }
+            }
             _ = tokio::time::sleep(Duration::from_secs(2)) => {
                 let now = mtime(&path);
                 if now == seen {

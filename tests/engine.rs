@@ -67,6 +67,7 @@ fn engine_with(
             max_num_batched_tokens: tokens,
         },
         policy: DraftPolicy::Fixed { k: 3 },
+        suffix: None,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }
@@ -371,6 +372,7 @@ fn a_draft_with_a_shorter_context_does_not_fail_the_batch() {
             max_num_batched_tokens: 64,
         },
         policy: DraftPolicy::Fixed { k: 3 },
+        suffix: None,
     };
     let h = spawn(target(), ProposerKind::Draft(short_draft), None, cfg)
         .unwrap()
@@ -473,6 +475,7 @@ fn real_target_concurrent_requests_match_alone() {
             max_num_batched_tokens: 256,
         },
         policy: DraftPolicy::Fixed { k },
+        suffix: None,
     };
     let solo = spawn(
         load_gguf(&tp).unwrap(),
@@ -521,6 +524,7 @@ fn memory_budget_sets_the_block_count_for_draft_and_target() {
             max_num_batched_tokens: 64,
         },
         policy: DraftPolicy::Fixed { k: 2 },
+        suffix: None,
     };
     let bytes = 10 * 16 * (per_token + d_per_token) + 5;
     let (h, _) = spawn(

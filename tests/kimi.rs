@@ -124,6 +124,7 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
                 max_num_batched_tokens: tokens,
             },
             policy: DraftPolicy::Fixed { k: 3 },
+            suffix: None,
         };
         spawn(target, proposer, None, cfg).unwrap().0
     };

@@ -339,6 +339,7 @@ fn engine(
             max_num_batched_tokens: tokens,
         },
         policy: DraftPolicy::Fixed { k: 3 },
+        suffix: None,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }

@@ -68,6 +68,7 @@ fn engine_sized(blocks: usize, max_num_seqs: usize, tokens: usize) -> EngineHand
             max_num_batched_tokens: tokens,
         },
         policy: DraftPolicy::Fixed { k: 3 },
+        suffix: None,
     };
     spawn(target(), ProposerKind::Draft(draft), None, cfg)
         .unwrap()

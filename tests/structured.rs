@@ -66,6 +66,7 @@ fn run(
             max_num_batched_tokens: 512,
         },
         policy: DraftPolicy::Fixed { k: 4 },
+        suffix: None,
     };
     let (h, _) = spawn(load_gguf(&path).unwrap(), proposer, Some(tok.clone()), cfg).unwrap();
     let schemas = schemas();

@@ -10,13 +10,17 @@
 //! min_tokens, grammar) before warping, so q is the same function of the
 //! history as the target's p.
 
+pub mod cost;
 pub mod model;
 pub mod ngram;
 pub mod policy;
+pub mod suffix;
 
+pub use cost::{CostCurve, CostModel};
 pub use model::{DraftChunk, ModelDraft};
 pub use ngram::NgramProposer;
-pub use policy::{DraftPolicy, PolicyState};
+pub use policy::{DraftPolicy, PolicyState, StepLimits, StepPlan, StepSeq};
+pub use suffix::{SuffixConfig, SuffixMatch, SuffixPool};
 
 use specgate_verify::{Sampler, VerifyError};
 

@@ -38,6 +38,9 @@ pub struct ModelDraft {
     /// Per sequence: how many tokens its state has absorbed, and the state
     /// after each length fed in the last proposal.
     states: HashMap<u64, Checkpoints>,
+    /// `(rows, seconds)` of each forward since the last
+    /// [`ModelDraft::take_timings`], for the engine's cost model.
+    timings: Vec<(usize, f64)>,
 }
 
 /// A recurrent draft's states of one sequence: the length its slot holds,
@@ -61,7 +64,56 @@ impl ModelDraft {
             cached: HashMap::new(),
             slots: HashMap::new(),
             states: HashMap::new(),
+            timings: Vec::new(),
         })
+    }
+
+    /// `(rows, seconds)` of every proposal forward run since the last
+    /// call, oldest first.
+    pub fn take_timings(&mut self) -> Vec<(usize, f64)> {
+        std::mem::take(&mut self.timings)
+    }
+
+    /// Times one forward of `rows` filler tokens at `start_pos` through
+    /// `block_table` with every row's logits, as a draft step over `rows`
+    /// sequences costs (the output head runs per row): the engine's
+    /// calibration. It writes the draft's cache at those blocks and, for a
+    /// recurrent draft, a free state slot it then returns, so the caller
+    /// must own the blocks.
+    ///
+    /// Errors: the forward failed, or a recurrent draft has no free slot.
+    pub fn time_forward(
+        &mut self,
+        rows: usize,
+        start_pos: usize,
+        block_table: &[u32],
+    ) -> Result<f64, DraftError> {
+        const CALIBRATION: u64 = u64::MAX;
+        let slot = self.slot(CALIBRATION)?;
+        let vocab = self.model.config().vocab_size.max(1) as u32;
+        let tokens: Vec<u32> = (0..rows as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let input = SeqInput {
+            tokens: &tokens,
+            start_pos,
+            block_table,
+            logits: LogitsWanted::All,
+            state_slot: slot,
+        };
+        let t = std::time::Instant::now();
+        let out = self.model.forward_rows(&mut self.pool, &[input]);
+        let secs = t.elapsed().as_secs_f64();
+        self.release(CALIBRATION);
+        out?;
+        Ok(secs)
+    }
+
+    /// `forward_rows` on the draft's pool, timed into `timings`.
+    fn timed_forward(&mut self, inputs: &[SeqInput]) -> Result<Vec<Vec<f32>>, DraftError> {
+        let rows = inputs.iter().map(|i| i.tokens.len()).sum();
+        let t = std::time::Instant::now();
+        let out = self.model.forward_rows(&mut self.pool, inputs)?;
+        self.timings.push((rows, t.elapsed().as_secs_f64()));
+        Ok(out)
     }
 
     /// Errors unless the draft speaks the target's vocabulary.
@@ -73,6 +125,11 @@ impl ModelDraft {
             )));
         }
         Ok(())
+    }
+
+    /// Positions the draft model can attend to (its context length).
+    pub fn max_position(&self) -> usize {
+        self.model.config().max_position
     }
 
     /// Bytes of the draft's KV cache per token.
@@ -158,6 +215,8 @@ impl ModelDraft {
                 state_slot: *slot,
             })
             .collect();
+        // Not timed: without logits it costs less per row than a draft
+        // step, whose cost the timings feed.
         if let Err(e) = self.model.forward(&mut self.pool, &inputs) {
             for (c, _) in &run {
                 self.release(c.seq_id);
@@ -271,7 +330,7 @@ impl Proposer for ModelDraft {
                 state_slot: slots[i],
             })
             .collect();
-        let mut logits = self.model.forward_rows(&mut self.pool, &inputs)?;
+        let mut logits = self.timed_forward(&inputs)?;
         if recurrent {
             for &i in &active {
                 self.checkpoint(batch[i].seq_id, slots[i], batch[i].context.len())?;
@@ -307,7 +366,7 @@ impl Proposer for ModelDraft {
                     state_slot: slots[i],
                 })
                 .collect();
-            logits = self.model.forward_rows(&mut self.pool, &inputs)?;
+            logits = self.timed_forward(&inputs)?;
             if recurrent {
                 for &i in &live {
                     self.checkpoint(batch[i].seq_id, slots[i], batch[i].context.len() + step)?;

@@ -1,7 +1,12 @@
 //! How many tokens to draft: a fixed k, a table from the current batch size
-//! to k (so speculation can turn itself off under load), or adaptive from an
-//! exponential moving average of each sequence's acceptance. k = 0 is plain
-//! decoding through the same verify path.
+//! to k (so speculation can turn itself off under load), adaptive from an
+//! exponential moving average of each sequence's acceptance, or goodput:
+//! every step, the draft lengths of all decoding sequences together that
+//! maximise expected tokens per second of step time, from per-position
+//! acceptance estimates and the measured cost model ([`crate::cost`]).
+//! k = 0 is plain decoding through the same verify path.
+
+use crate::cost::CostModel;
 
 /// The most tokens any policy drafts per sequence and step. It equals the
 /// engine's own cap (`specgate::engine::MAX_SPECULATIVE_TOKENS`, checked at
@@ -47,13 +52,36 @@ pub enum DraftPolicy {
         initial_acceptance: f64,
         probe_every: u32,
     },
+    /// Per step, for all decoding sequences together, the draft lengths
+    /// (each in `0..=max_k`) that maximise expected emitted tokens per
+    /// second of the step, `sum E_i(k_i) / T(k)`: `E_i` from the
+    /// sequence's acceptance per draft position (EMA, weight `alpha`;
+    /// positions it has not seen yet come from the engine-wide prior, then
+    /// `initial_acceptance`), `T` from the [`CostModel`]: the target
+    /// forward over every row of the step plus the draft-model steps (a
+    /// step per draft depth, over the sequences drafting that deep). See
+    /// [`DraftPolicy::plan_step`]. A sequence left at k = 0 for
+    /// `probe_every` rounds may be probed with k = 1 (at most one probe
+    /// per `probe_every` engine steps), so acceptance that recovers is
+    /// noticed without paying a probe every step under load.
+    Goodput {
+        max_k: usize,
+        alpha: f64,
+        initial_acceptance: f64,
+        probe_every: u32,
+    },
 }
 
-/// Per-sequence memory of the adaptive policy.
+/// Per-sequence memory of the adaptive and goodput policies (also used
+/// engine-wide as the prior of new sequences).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyState {
     acceptance: Option<f64>,
     rounds_at_zero: u32,
+    /// `positions[p]`: EMA of the chance that draft p is accepted given
+    /// that drafts `0..p` were. Positions are observed in order, so the
+    /// vector only grows at its end.
+    positions: Vec<f64>,
 }
 
 impl PolicyState {
@@ -61,6 +89,100 @@ impl PolicyState {
     pub fn acceptance(&self) -> Option<f64> {
         self.acceptance
     }
+
+    /// The smoothed acceptance at each draft position observed so far.
+    pub fn positions(&self) -> &[f64] {
+        &self.positions
+    }
+
+    /// Rounds in a row that drafted nothing.
+    pub fn rounds_at_zero(&self) -> u32 {
+        self.rounds_at_zero
+    }
+
+    /// Folds one round (`proposed` drafts, the first `accepted` kept) into
+    /// the estimates with weight `alpha`; a position seen for the first
+    /// time starts from `init`.
+    pub fn record(&mut self, proposed: usize, accepted: usize, alpha: f64, init: f64) {
+        if proposed == 0 {
+            self.rounds_at_zero = self.rounds_at_zero.saturating_add(1);
+            return;
+        }
+        self.rounds_at_zero = 0;
+        let frac = accepted as f64 / proposed as f64;
+        self.acceptance = Some(match self.acceptance {
+            Some(prev) => prev + alpha * (frac - prev),
+            None => frac,
+        });
+        // Positions 0..accepted were accepted; `accepted` (if drafted) was
+        // the first rejected; later ones were not tried.
+        let seen = (accepted + 1).min(proposed);
+        for p in 0..seen {
+            if p == self.positions.len() {
+                let start = self.positions.last().copied().unwrap_or(init);
+                self.positions.push(start);
+            }
+            let hit = if p < accepted { 1.0 } else { 0.0 };
+            let v = &mut self.positions[p];
+            *v += alpha * (hit - *v);
+        }
+    }
+
+    /// The acceptance estimate at draft position `p`: this state's, else
+    /// `prior`'s, else the last position either has seen, else `init`.
+    pub fn estimate(&self, prior: &PolicyState, p: usize, init: f64) -> f64 {
+        self.positions
+            .get(p)
+            .or_else(|| prior.positions.get(p))
+            .or_else(|| self.positions.last())
+            .or_else(|| prior.positions.last())
+            .copied()
+            .unwrap_or(init)
+            .clamp(0.0, 1.0)
+    }
+}
+
+/// One decoding sequence as [`DraftPolicy::plan_step`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSeq<'a> {
+    pub state: &'a PolicyState,
+    /// What positions `state` has not seen yet default to: the engine's
+    /// estimate over recent sequences drafting the same way.
+    pub prior: &'a PolicyState,
+    /// The most drafts it may take this step (tokens it may still emit,
+    /// room in the pool); 0 when it does not speculate.
+    pub max_k: usize,
+    /// A draft length the request asked for: taken as is (within `max_k`).
+    pub fixed_k: Option<usize>,
+    /// `None` when its drafts cost no model step (lookups). `Some(rows)`
+    /// for a draft-model sequence: the rows its first draft step feeds
+    /// (1, or more while the draft catches up on its context; a caller
+    /// may spread a catch-up over the steps it serves).
+    pub model_rows: Option<f64>,
+}
+
+/// The step [`DraftPolicy::plan_step`] plans within.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepLimits {
+    /// Rows one forward may carry (`max_num_batched_tokens`).
+    pub budget: usize,
+    /// Rows of prompt chunks the step carries besides the decode rows.
+    pub prefill_rows: usize,
+    /// Whether a sequence left at k = 0 may be probed this step.
+    pub probe: bool,
+}
+
+/// What [`DraftPolicy::plan_step`] chose.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepPlan {
+    /// k per sequence, in the order given.
+    pub ks: Vec<usize>,
+    /// The sequence given k = 1 as a probe, if any.
+    pub probed: Option<usize>,
+    /// Expected emitted tokens and predicted seconds of the plan (goodput
+    /// only; 0 otherwise).
+    pub expected_tokens: f64,
+    pub predicted_secs: f64,
 }
 
 /// Expected tokens emitted by one round with k drafts when each draft is
@@ -111,6 +233,15 @@ impl DraftPolicy {
                 }
                 Ok(())
             }
+            DraftPolicy::Goodput {
+                max_k,
+                alpha,
+                initial_acceptance,
+                probe_every,
+            } => {
+                k_ok("max_k", *max_k)?;
+                check_smoothing(*alpha, *initial_acceptance, *probe_every)
+            }
             DraftPolicy::Adaptive {
                 min_k,
                 max_k,
@@ -123,33 +254,23 @@ impl DraftPolicy {
                 if min_k > max_k {
                     return Err(format!("min_k {min_k} > max_k {max_k}"));
                 }
-                if !(*alpha > 0.0 && *alpha <= 1.0) {
-                    return Err(format!("alpha {alpha} must be in (0, 1]"));
-                }
                 if !(0.0..=MAX_DRAFT_COST).contains(draft_cost) {
                     return Err(format!(
                         "draft_cost {draft_cost} must be in [0, {MAX_DRAFT_COST}]"
                     ));
                 }
-                if !(0.0..=1.0).contains(initial_acceptance) {
-                    return Err(format!(
-                        "initial_acceptance {initial_acceptance} must be in [0, 1]"
-                    ));
-                }
-                if !(1..=MAX_PROBE_EVERY).contains(probe_every) {
-                    return Err(format!(
-                        "probe_every {probe_every} must be in 1..={MAX_PROBE_EVERY}"
-                    ));
-                }
-                Ok(())
+                check_smoothing(*alpha, *initial_acceptance, *probe_every)
             }
         }
     }
 
     /// The k for a sequence now, with `batch` sequences decoding this step.
+    /// Goodput plans all sequences of a step together
+    /// ([`DraftPolicy::plan_step`]); asked alone it answers its `max_k`.
     pub fn k(&self, batch: usize, state: &PolicyState) -> usize {
         match self {
             DraftPolicy::Fixed { k } => *k,
+            DraftPolicy::Goodput { max_k, .. } => *max_k,
             DraftPolicy::BatchTable(rows) => rows
                 .iter()
                 .find(|(max_batch, _)| batch <= *max_batch)
@@ -177,21 +298,231 @@ impl DraftPolicy {
     }
 
     /// Records a round in which `proposed` drafts were offered and
-    /// `accepted` kept.
+    /// `accepted` kept (the fixed and table policies keep no memory).
     pub fn observe(&self, state: &mut PolicyState, proposed: usize, accepted: usize) {
-        let DraftPolicy::Adaptive { alpha, .. } = self else {
-            return;
-        };
-        if proposed == 0 {
-            state.rounds_at_zero += 1;
-            return;
+        match self {
+            DraftPolicy::Adaptive {
+                alpha,
+                initial_acceptance,
+                ..
+            }
+            | DraftPolicy::Goodput {
+                alpha,
+                initial_acceptance,
+                ..
+            } => state.record(proposed, accepted, *alpha, *initial_acceptance),
+            _ => {}
         }
-        state.rounds_at_zero = 0;
-        let frac = accepted as f64 / proposed as f64;
-        state.acceptance = Some(match state.acceptance {
-            Some(prev) => prev + alpha * (frac - prev),
-            None => frac,
-        });
+    }
+
+    /// The draft lengths of one step's decoding sequences, each within its
+    /// `max_k` (a `fixed_k` is kept as asked) and all within the budget
+    /// (`sum (1 + k_i) <= budget` where the decode rows alone fit). The
+    /// fixed, table and adaptive policies answer per sequence, as
+    /// [`DraftPolicy::k`] with the batch size `seqs.len()`. Goodput
+    /// maximises `sum E_i(k_i) / T(k)` over the plans that draft every
+    /// sequence whose next draft is at least as likely to be accepted as
+    /// some threshold (one plan per threshold: adding drafts in order of
+    /// their chance of acceptance), which is exact when the costs are
+    /// linear in the rows and a close bound otherwise. Each threshold is
+    /// tried under every depth cap as well, since a draft-model step costs
+    /// about the same for one sequence as for all.
+    pub fn plan_step(&self, seqs: &[StepSeq], cost: &CostModel, limits: StepLimits) -> StepPlan {
+        let n = seqs.len();
+        let room = limits.budget.saturating_sub(n);
+        let DraftPolicy::Goodput {
+            max_k,
+            initial_acceptance,
+            probe_every,
+            ..
+        } = self
+        else {
+            let mut left = room;
+            let ks = seqs
+                .iter()
+                .map(|s| {
+                    let k = s
+                        .fixed_k
+                        .unwrap_or_else(|| self.k(n, s.state))
+                        .min(s.max_k)
+                        .min(left);
+                    left -= k;
+                    k
+                })
+                .collect();
+            return StepPlan {
+                ks,
+                ..StepPlan::default()
+            };
+        };
+        // gains[i][j - 1]: what sequence i's draft j adds to the expected
+        // tokens, the chance that its drafts 1..=j are all accepted.
+        let gains: Vec<Vec<f64>> = seqs
+            .iter()
+            .map(|s| {
+                let cap = s.fixed_k.unwrap_or(*max_k).min(s.max_k);
+                let mut g = 1.0;
+                (0..cap)
+                    .map(|p| {
+                        g *= s.state.estimate(s.prior, p, *initial_acceptance);
+                        g
+                    })
+                    .collect()
+            })
+            .collect();
+        let base = || {
+            let mut plan = GoodputSearch::new(seqs, cost, limits, room);
+            for (i, s) in seqs.iter().enumerate() {
+                if s.fixed_k.is_some() {
+                    for &g in &gains[i] {
+                        if !plan.add(i, g) {
+                            break;
+                        }
+                    }
+                }
+            }
+            plan
+        };
+        // Drafts in order of their chance of acceptance: each prefix of
+        // this order is one threshold's plan. A proposal is tried in
+        // order, so a sequence's draft j never comes before its draft j-1
+        // (its gains do not increase; ties go to the smaller j).
+        let mut order: Vec<(f64, usize, usize)> = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
+            if s.fixed_k.is_none() {
+                order.extend(gains[i].iter().enumerate().map(|(j, &g)| (g, i, j + 1)));
+            }
+        }
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let start = base();
+        let mut best = (start.goodput(), start.ks.clone());
+        // A draft-model step costs the same whether one sequence or all of
+        // them draft that deep, so the thresholds are tried under every
+        // depth cap too: "one draft for everyone" is a plan of its own.
+        let deepest = order.iter().map(|o| o.2).max().unwrap_or(0);
+        for depth in 1..=deepest {
+            let mut plan = base();
+            for &(g, i, j) in order.iter().filter(|o| o.2 <= depth) {
+                if plan.ks[i] + 1 != j || !plan.add(i, g) {
+                    continue;
+                }
+                let now = plan.goodput();
+                // Strictly better only: an equal plan with fewer drafts wins.
+                if now > best.0 * (1.0 + 1e-9) {
+                    best = (now, plan.ks.clone());
+                }
+            }
+        }
+        let mut ks = best.1;
+        let mut probed = None;
+        if limits.probe && ks.iter().sum::<usize>() < room {
+            probed = seqs
+                .iter()
+                .enumerate()
+                .filter(|(i, s)| {
+                    ks[*i] == 0
+                        && s.fixed_k.is_none()
+                        && !gains[*i].is_empty()
+                        && s.state.rounds_at_zero + 1 >= *probe_every
+                })
+                .max_by_key(|(i, s)| (s.state.rounds_at_zero, std::cmp::Reverse(*i)))
+                .map(|(i, _)| i);
+            if let Some(i) = probed {
+                ks[i] = 1;
+            }
+        }
+        let mut done = GoodputSearch::new(seqs, cost, limits, room);
+        for (i, &k) in ks.iter().enumerate() {
+            for &g in &gains[i][..k] {
+                done.add(i, g);
+            }
+        }
+        StepPlan {
+            ks,
+            probed,
+            expected_tokens: done.expected,
+            predicted_secs: done.secs(),
+        }
+    }
+}
+
+/// The bounds every smoothing policy shares.
+fn check_smoothing(alpha: f64, initial_acceptance: f64, probe_every: u32) -> Result<(), String> {
+    if !(alpha > 0.0 && alpha <= 1.0) {
+        return Err(format!("alpha {alpha} must be in (0, 1]"));
+    }
+    if !(0.0..=1.0).contains(&initial_acceptance) {
+        return Err(format!(
+            "initial_acceptance {initial_acceptance} must be in [0, 1]"
+        ));
+    }
+    if !(1..=MAX_PROBE_EVERY).contains(&probe_every) {
+        return Err(format!(
+            "probe_every {probe_every} must be in 1..={MAX_PROBE_EVERY}"
+        ));
+    }
+    Ok(())
+}
+
+/// The goodput search's running plan: draft lengths, expected tokens, and
+/// what the step's forwards carry, updated one draft at a time.
+struct GoodputSearch<'a> {
+    seqs: &'a [StepSeq<'a>],
+    cost: &'a CostModel,
+    limits: StepLimits,
+    ks: Vec<usize>,
+    expected: f64,
+    /// Draft rows the budget still allows.
+    room: usize,
+    drafted: usize,
+    /// Rows of each draft-model step: `[0]` the first (catch-ups), `[j]`
+    /// the sequences drafting more than j tokens.
+    draft_rows: Vec<f64>,
+}
+
+impl<'a> GoodputSearch<'a> {
+    fn new(seqs: &'a [StepSeq<'a>], cost: &'a CostModel, limits: StepLimits, room: usize) -> Self {
+        let deepest = seqs.iter().map(|s| s.max_k).max().unwrap_or(0);
+        Self {
+            seqs,
+            cost,
+            limits,
+            ks: vec![0; seqs.len()],
+            expected: seqs.len() as f64,
+            room,
+            drafted: 0,
+            draft_rows: vec![0.0; deepest + 1],
+        }
+    }
+
+    /// Drafts one more token for sequence `i`, whose draft adds `gain`
+    /// expected tokens; false when the budget is spent.
+    fn add(&mut self, i: usize, gain: f64) -> bool {
+        if self.drafted >= self.room {
+            return false;
+        }
+        let k = self.ks[i];
+        if let Some(rows) = self.seqs[i].model_rows {
+            self.draft_rows[k] += if k == 0 { rows.max(1.0) } else { 1.0 };
+        }
+        self.ks[i] = k + 1;
+        self.drafted += 1;
+        self.expected += gain;
+        true
+    }
+
+    fn secs(&self) -> f64 {
+        let rows = self.seqs.len() + self.drafted + self.limits.prefill_rows;
+        self.cost.step_secs(rows, &self.draft_rows)
+    }
+
+    fn goodput(&self) -> f64 {
+        let t = self.secs();
+        if t > 0.0 {
+            self.expected / t
+        } else {
+            0.0
+        }
     }
 }
 
@@ -309,6 +640,230 @@ mod tests {
         {
             let e = with(&|p| set(p, which)).unwrap_err();
             assert!(e.contains(name), "{which}: {e}");
+        }
+    }
+
+    fn goodput(max_k: usize) -> DraftPolicy {
+        DraftPolicy::Goodput {
+            max_k,
+            alpha: 0.3,
+            initial_acceptance: 0.6,
+            probe_every: 4,
+        }
+    }
+
+    /// A state whose every position has acceptance `a`.
+    fn accepting(a: f64) -> PolicyState {
+        PolicyState {
+            acceptance: Some(a),
+            rounds_at_zero: 0,
+            positions: vec![a; MAX_DRAFT_TOKENS],
+        }
+    }
+
+    fn curve(points: &[(usize, f64)]) -> CostCurve {
+        CostCurve::new(points.to_vec()).unwrap()
+    }
+
+    /// Verify costs `base + per_row * rows`; a draft step `draft`
+    /// (constant per step plus a little per row) or none.
+    fn costs(base: f64, per_row: f64, draft: Option<f64>) -> CostModel {
+        let v = curve(&[(1, base + per_row), (64, base + 64.0 * per_row)]);
+        let d = draft.map(|d| curve(&[(1, d), (64, d * 2.0)]));
+        CostModel::new(v, d)
+    }
+
+    const NO_PRIOR: &PolicyState = &PolicyState {
+        acceptance: None,
+        rounds_at_zero: 0,
+        positions: Vec::new(),
+    };
+
+    fn seq(state: &PolicyState, model: bool) -> StepSeq<'_> {
+        StepSeq {
+            state,
+            prior: NO_PRIOR,
+            max_k: MAX_DRAFT_TOKENS,
+            fixed_k: None,
+            model_rows: model.then_some(1.0),
+        }
+    }
+
+    fn limits(budget: usize) -> StepLimits {
+        StepLimits {
+            budget,
+            prefill_rows: 0,
+            probe: false,
+        }
+    }
+
+    use crate::cost::{CostCurve, CostModel};
+
+    #[test]
+    fn goodput_drafts_nothing_when_nothing_is_accepted() {
+        let p = goodput(8);
+        let none = accepting(0.0);
+        // Even when verification and drafting are nearly free.
+        let cheap = costs(1.0, 1e-6, Some(1e-6));
+        for n in [1, 4, 32] {
+            let seqs = vec![seq(&none, true); n];
+            let plan = p.plan_step(&seqs, &cheap, limits(512));
+            assert_eq!(plan.ks, vec![0; n], "n = {n}");
+        }
+    }
+
+    #[test]
+    fn goodput_drafts_long_when_verification_is_cheap_and_acceptance_high() {
+        let p = goodput(8);
+        let high = accepting(0.9);
+        // Extra rows almost free (a GPU-like forward), lookups for drafts.
+        let cheap = costs(1.0, 0.001, None);
+        let seqs = vec![seq(&high, false); 4];
+        let plan = p.plan_step(&seqs, &cheap, limits(512));
+        assert_eq!(plan.ks, vec![8; 4]);
+        // The same acceptance on a CPU whose rows cost as much as the
+        // forward's floor, with a draft model of 40% a forward: less or
+        // no drafting.
+        let dear = costs(1.0, 1.0, Some(0.4));
+        let seqs = vec![seq(&high, true); 4];
+        let plan = p.plan_step(&seqs, &dear, limits(512));
+        assert!(plan.ks.iter().all(|&k| k < 8), "{:?}", plan.ks);
+    }
+
+    #[test]
+    fn goodput_respects_the_token_budget_and_each_cap() {
+        let p = goodput(8);
+        let high = accepting(0.95);
+        let cheap = costs(1.0, 0.0001, None);
+        let mut seqs = vec![seq(&high, false); 4];
+        seqs[1].max_k = 2;
+        for budget in [4, 5, 9, 13, 100] {
+            let plan = p.plan_step(&seqs, &cheap, limits(budget));
+            let rows: usize = plan.ks.iter().map(|k| k + 1).sum();
+            assert!(rows <= budget.max(4), "budget {budget}: {:?}", plan.ks);
+            assert!(plan.ks[1] <= 2, "{:?}", plan.ks);
+            if budget == 100 {
+                assert_eq!(plan.ks, vec![8, 2, 8, 8]);
+            }
+        }
+        // A length the request asked for is kept, whatever it costs.
+        seqs[0].fixed_k = Some(3);
+        let none = accepting(0.0);
+        seqs[2].state = &none;
+        let plan = p.plan_step(&seqs, &costs(1.0, 5.0, Some(5.0)), limits(100));
+        assert_eq!(plan.ks[0], 3);
+        assert_eq!(plan.ks[2], 0);
+    }
+
+    #[test]
+    fn goodput_follows_the_cost_model_when_it_changes() {
+        let p = goodput(6);
+        let st = accepting(0.7);
+        let seqs = vec![seq(&st, true); 8];
+        let mut model = costs(1.0, 0.002, Some(0.05));
+        let before = p.plan_step(&seqs, &model, limits(512));
+        assert!(before.ks.iter().all(|&k| k >= 2), "{:?}", before.ks);
+        // The machine turns out slower per row and the draft dearer
+        // (another tenant, an AVX2 CPU): step timings move the curves.
+        for _ in 0..300 {
+            for rows in [8, 16, 32, 56] {
+                model.observe_verify(rows, 1.0 + rows as f64);
+            }
+            model.observe_draft(8, 0.8);
+            model.observe_draft(1, 0.7);
+        }
+        let after = p.plan_step(&seqs, &model, limits(512));
+        assert_eq!(after.ks, vec![0; 8], "{:?}", model);
+    }
+
+    #[test]
+    fn goodput_prefers_sequences_whose_draft_has_caught_up() {
+        let p = goodput(4);
+        let st = accepting(0.8);
+        let model = costs(1.0, 0.01, None);
+        let mut seqs = vec![seq(&st, true); 2];
+        // The second's draft would first run 400 tokens of its context.
+        seqs[1].model_rows = Some(400.0);
+        let model = CostModel::new(model.verify, Some(curve(&[(1, 0.1), (512, 40.0)])));
+        let plan = p.plan_step(&seqs, &model, limits(512));
+        assert!(plan.ks[0] > 0 && plan.ks[1] == 0, "{:?}", plan.ks);
+    }
+
+    #[test]
+    fn goodput_probes_one_sequence_left_at_zero() {
+        let p = goodput(4);
+        let mut zero = accepting(0.0);
+        zero.rounds_at_zero = 10;
+        let model = costs(1.0, 0.01, None);
+        let seqs = vec![seq(&zero, false); 3];
+        let mut l = limits(512);
+        assert_eq!(p.plan_step(&seqs, &model, l).ks, vec![0, 0, 0]);
+        l.probe = true;
+        let plan = p.plan_step(&seqs, &model, l);
+        assert_eq!((plan.ks, plan.probed), (vec![1, 0, 0], Some(0)));
+    }
+
+    #[test]
+    fn goodput_estimates_positions_and_falls_back_to_the_prior() {
+        let mut s = PolicyState::default();
+        // Accepted 2 of 4: positions 0 and 1 hit, 2 missed, 3 unseen.
+        s.record(4, 2, 1.0, 0.5);
+        assert_eq!(s.positions(), &[1.0, 1.0, 0.0]);
+        let mut prior = PolicyState::default();
+        prior.record(6, 6, 1.0, 0.5);
+        assert_eq!(s.estimate(&prior, 2, 0.5), 0.0);
+        assert_eq!(s.estimate(&prior, 4, 0.5), 1.0);
+        let fresh = PolicyState::default();
+        assert_eq!(fresh.estimate(&PolicyState::default(), 3, 0.25), 0.25);
+        assert_eq!(fresh.estimate(&prior, 9, 0.25), 1.0);
+        // Rounds without drafts are counted for probing.
+        s.record(0, 0, 1.0, 0.5);
+        s.record(0, 0, 1.0, 0.5);
+        assert_eq!(s.rounds_at_zero(), 2);
+    }
+
+    /// On small random cases, the threshold search finds the exhaustive
+    /// optimum or comes within 2% of it.
+    #[test]
+    fn goodput_is_near_the_exhaustive_optimum() {
+        let p = goodput(4);
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for case in 0..300 {
+            let states: Vec<PolicyState> = (0..3)
+                .map(|_| {
+                    let mut s = PolicyState::default();
+                    s.positions = (0..4).map(|_| rnd()).collect();
+                    s
+                })
+                .collect();
+            let model = costs(1.0, rnd() * 0.5, (case % 2 == 0).then(|| rnd() * 0.6));
+            let seqs: Vec<StepSeq> = states.iter().map(|s| seq(s, case % 2 == 0)).collect();
+            let plan = p.plan_step(&seqs, &model, limits(512));
+            let got = plan.expected_tokens / plan.predicted_secs;
+            let mut best = 0.0f64;
+            for code in 0..125 {
+                let ks = [code % 5, code / 5 % 5, code / 25];
+                let mut search = GoodputSearch::new(&seqs, &model, limits(512), 512);
+                for (i, &k) in ks.iter().enumerate() {
+                    let mut g = 1.0;
+                    for pos in 0..k {
+                        g *= states[i].positions[pos];
+                        search.add(i, g);
+                    }
+                }
+                best = best.max(search.goodput());
+            }
+            assert!(
+                got >= best * 0.98,
+                "case {case}: {got} vs {best}, {:?}",
+                plan.ks
+            );
         }
     }
 }

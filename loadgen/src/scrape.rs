@@ -1,31 +1,36 @@
 //! The server's own counters, read from its Prometheus /metrics before and
 //! after a run: speculative decoding (drafts, drafted and accepted tokens)
 //! and the request and generated-token counts. specgate's names come first
-//! (src/metrics.rs); vLLM's `vllm:` names are read when ours are absent. A
-//! server with neither just yields no figures.
+//! (src/metrics.rs); vLLM's `vllm:` and llama.cpp's `llamacpp:` names (its
+//! llama-server with `--metrics`) are read when ours are absent. A server
+//! with none just yields no figures.
 
 use serde::{Deserialize, Serialize};
 
 /// Names of one counter under each server's convention.
-const DRAFTS: [&str; 2] = [
+const DRAFTS: [&str; 3] = [
     "specgate_spec_decode_num_drafts_total",
     "vllm:spec_decode_num_drafts_total",
+    "llamacpp:spec_decode_num_drafts_total",
 ];
-const DRAFT_TOKENS: [&str; 2] = [
+const DRAFT_TOKENS: [&str; 3] = [
     "specgate_spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_draft_tokens_total",
+    "llamacpp:spec_decode_num_draft_tokens_total",
 ];
-const ACCEPTED: [&str; 2] = [
+const ACCEPTED: [&str; 3] = [
     "specgate_spec_decode_num_accepted_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
+    "llamacpp:spec_decode_num_accepted_tokens_total",
 ];
 const SUCCESS: [&str; 2] = [
     "specgate_request_success_total",
     "vllm:request_success_total",
 ];
-const GENERATED: [&str; 2] = [
+const GENERATED: [&str; 3] = [
     "specgate_generation_tokens_total",
     "vllm:generation_tokens_total",
+    "llamacpp:tokens_predicted_total",
 ];
 
 /// Counter values at one moment; `None` where the server has no such metric.
@@ -157,6 +162,15 @@ specgate_generation_tokens_total 100
                  vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 6.0\n";
         let c = Counters::parse(v);
         assert_eq!((c.drafts, c.accepted), (Some(4.0), Some(6.0)));
+        let l = "llamacpp:spec_decode_num_drafts_total 3\n\
+                 llamacpp:spec_decode_num_draft_tokens_total 9\n\
+                 llamacpp:spec_decode_num_accepted_tokens_total 7\n\
+                 llamacpp:tokens_predicted_total 40\n";
+        let c = Counters::parse(l);
+        assert_eq!(
+            (c.drafts, c.draft_tokens, c.accepted, c.generated),
+            (Some(3.0), Some(9.0), Some(7.0), Some(40.0))
+        );
         let d = ServerDelta::between(&Counters::default(), &Counters::parse("other 1\n"));
         assert_eq!(d, ServerDelta::default());
         // No drafting during the run: no rate rather than a division by 0.

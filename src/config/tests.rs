@@ -16,10 +16,24 @@ fn defaults_serve_the_real_pair_and_method_draft_needs_a_path() {
     let e = c2.validate().unwrap_err().to_string();
     assert!(e.contains("draft.path"), "{e}");
     assert_eq!(c.server.port, 8000);
+    // The default policy plans from the measured cost model.
     assert_eq!(
         c.speculative.policy().unwrap(),
-        DraftPolicy::BatchTable(vec![(1, 3), (2, 2), (4, 1)])
+        DraftPolicy::Goodput {
+            max_k: 8,
+            alpha: 0.3,
+            initial_acceptance: 0.6,
+            probe_every: 16
+        }
     );
+    let e = parse("[speculative.goodput]\nmax_k = 17")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("speculative.goodput.max_k"), "{e}");
+    let e = parse("[speculative.goodput]\nalpha = 0")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("speculative.goodput.alpha"), "{e}");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! blocks; EOS, a stop token or the token limit end a sequence and free its
 //! blocks at once.
 
+mod calibrate;
 pub mod scheduler;
 mod sequence;
 mod step;
@@ -50,6 +51,9 @@ pub struct GenRequest {
     /// A grammar the output must follow (JSON schema, tool calls): the
     /// engine starts one constraint per sequence from it.
     pub grammar: Option<Arc<dyn ConstraintSource>>,
+    /// Who sent it, for the cross-request proposer's scope: an opaque
+    /// hash of the API key (0 when the server has none).
+    pub tenant: u64,
 }
 
 /// Most alternatives a request may ask for per token (OpenAI's limit).
@@ -174,6 +178,16 @@ pub struct EngineConfig {
     pub block_size: usize,
     pub scheduler: SchedulerConfig,
     pub policy: DraftPolicy,
+    /// The cross-request proposer, or `None` for none.
+    pub suffix: Option<SuffixOptions>,
+}
+
+/// The cross-request proposer's settings (see [`specgate_draft::suffix`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuffixOptions {
+    pub pool: specgate_draft::SuffixConfig,
+    /// One pool for every tenant (else one per [`GenRequest::tenant`]).
+    pub global: bool,
 }
 
 /// Counters and gauges the engine publishes after every step.
@@ -201,6 +215,12 @@ pub struct EngineStats {
     /// recomputation after preemption included).
     pub prefill_tokens: u64,
     pub spec: SpecStats,
+    /// Of `spec.draft_tokens`, those that came from lookups chained before
+    /// the method's proposer: in the sequence's own context, and in the
+    /// cross-request pool (with how many of the latter were accepted).
+    pub context_draft_tokens: u64,
+    pub pool_draft_tokens: u64,
+    pub pool_accepted_tokens: u64,
     pub finished: u64,
     pub cancelled: u64,
     /// Requests ended by an internal error (contained to them).
@@ -211,6 +231,7 @@ pub struct EngineStats {
 enum Command {
     Submit(Box<Sequence>),
     SetPolicy(DraftPolicy),
+    Calibrate,
     Fault(Fault),
     Shutdown,
 }
@@ -370,6 +391,17 @@ impl EngineHandle {
         policy.validate().map_err(EngineError::Invalid)?;
         self.tx
             .send(Command::SetPolicy(policy))
+            .map_err(|_| EngineError::Stopped)
+    }
+
+    /// Measures the step cost model again, between two steps (on demand:
+    /// a config reload does it). Running requests wait while it runs (a
+    /// few seconds at most).
+    ///
+    /// Errors: `Stopped`.
+    pub fn recalibrate(&self) -> Result<(), EngineError> {
+        self.tx
+            .send(Command::Calibrate)
             .map_err(|_| EngineError::Stopped)
     }
 

@@ -5,7 +5,7 @@
 //! no model, so it is unit-tested on its own.
 
 use crate::kv::{BlockManager, SeqId};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// What the scheduler needs to know of a sequence.
 pub trait Schedulable {
@@ -64,9 +64,18 @@ impl Scheduler {
         Self { cfg }
     }
 
+    /// The limits it plans within.
+    pub fn config(&self) -> SchedulerConfig {
+        self.cfg
+    }
+
     /// Plans a step. `running` is in admission order (oldest first) and
-    /// stays so; `k_of(seq, decode_batch)` is the draft length a sequence
-    /// wants when `decode_batch` sequences decode this step.
+    /// stays so; `k_of(ready, budget, prefill_rows)` gives the draft length
+    /// of each sequence ready to decode (in `running` order), planned
+    /// together: `budget` rows fit in the step, and `prefill_rows` of them
+    /// go to prompt chunks if the decodes leave room (what the forward
+    /// will carry besides the decode rows). A length past the budget is
+    /// cut to fit.
     ///
     /// Invariants kept: every running sequence holds blocks for all its
     /// tokens; every decode entry's table covers `tokens + k` slots; the
@@ -76,13 +85,24 @@ impl Scheduler {
         waiting: &mut VecDeque<T>,
         running: &mut Vec<T>,
         bm: &mut BlockManager,
-        k_of: &dyn Fn(&T, usize) -> usize,
+        k_of: &dyn Fn(&[&T], usize, usize) -> Vec<usize>,
     ) -> Plan {
         let mut plan = Plan::default();
         self.admit(waiting, running, bm, &mut plan);
         let mut budget = self.cfg.max_num_batched_tokens;
         let ready = |s: &T| s.computed() + 1 == s.tokens().len();
-        let decode_batch = running.iter().filter(|s| ready(s)).count();
+        let decoding: Vec<&T> = running.iter().filter(|s| ready(s)).collect();
+        let pending: usize = running
+            .iter()
+            .filter(|s| !ready(s))
+            .map(|s| s.tokens().len() - 1 - s.computed())
+            .sum();
+        let prefill_rows = pending.min(budget.saturating_sub(decoding.len()));
+        let ks: HashMap<SeqId, usize> = decoding
+            .iter()
+            .map(|s| s.id())
+            .zip(k_of(&decoding, budget, prefill_rows))
+            .collect();
 
         let mut i = 0;
         while i < running.len() {
@@ -90,7 +110,11 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let k = k_of(&running[i], decode_batch).min(budget - 1);
+            let k = ks
+                .get(&running[i].id())
+                .copied()
+                .unwrap_or(0)
+                .min(budget - 1);
             let (id, len) = (running[i].id(), running[i].tokens().len());
             // Make room for the lookahead slots, preempting the youngest.
             let mut ok = true;
@@ -200,6 +224,11 @@ mod tests {
         }
     }
 
+    /// Every ready sequence drafts `k`.
+    fn each(k: usize) -> impl Fn(&[&S], usize, usize) -> Vec<usize> {
+        move |ready: &[&S], _, _| vec![k; ready.len()]
+    }
+
     fn sched(seqs: usize, tokens: usize) -> Scheduler {
         Scheduler::new(SchedulerConfig {
             max_num_seqs: seqs,
@@ -213,7 +242,7 @@ mod tests {
         let mut bm = BlockManager::new(64, 4);
         let mut waiting: VecDeque<S> = [seq(1, 3), seq(2, 40)].into();
         let mut running = Vec::new();
-        let k = |_: &S, _: usize| 3;
+        let k = each(3);
         let p = s.plan(&mut waiting, &mut running, &mut bm, &k);
         assert_eq!(p.prefill, vec![(1, 0, 2), (2, 0, 14)]);
         assert!(p.decode.is_empty());
@@ -232,7 +261,7 @@ mod tests {
         let mut bm = BlockManager::new(64, 4);
         let mut waiting: VecDeque<S> = (1..=4).map(|i| seq(i, 5)).collect();
         let mut running = Vec::new();
-        s.plan(&mut waiting, &mut running, &mut bm, &|_, _| 0);
+        s.plan(&mut waiting, &mut running, &mut bm, &each(0));
         assert_eq!(running.iter().map(|s| s.id).collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(waiting.front().unwrap().id, 3);
     }
@@ -252,7 +281,7 @@ mod tests {
         }
         // Each wants k = 4: 12 slots = 3 blocks each. Seq 1 takes the free
         // block; seq 2 gets the youngest's (3) blocks.
-        let p = s.plan(&mut waiting, &mut running, &mut bm, &|_, _| 4);
+        let p = s.plan(&mut waiting, &mut running, &mut bm, &each(4));
         assert_eq!(p.preempted, vec![3]);
         assert_eq!(p.decode, vec![(1, 4), (2, 4)]);
         assert_eq!(waiting.iter().map(|s| s.id).collect::<Vec<_>>(), vec![3]);
@@ -269,7 +298,35 @@ mod tests {
         let mut x = seq(1, 5);
         x.computed = 4;
         let mut running = vec![x];
-        let p = s.plan(&mut waiting, &mut running, &mut bm, &|_, _| 8);
+        let p = s.plan(&mut waiting, &mut running, &mut bm, &each(8));
         assert_eq!(p.decode, vec![(1, 2)]);
+    }
+
+    #[test]
+    fn draft_lengths_are_planned_together_with_the_prefill_rows() {
+        let s = sched(8, 32);
+        let mut bm = BlockManager::new(64, 4);
+        let mut waiting = VecDeque::new();
+        let mut running = Vec::new();
+        for (id, computed) in [(1, 4), (2, 1), (3, 4)] {
+            bm.allocate(id, 5).unwrap();
+            let mut x = seq(id, 5);
+            x.computed = computed;
+            running.push(x);
+        }
+        let seen = std::cell::RefCell::new(Vec::new());
+        let k = |ready: &[&S], budget: usize, prefill: usize| {
+            seen.borrow_mut().push((
+                ready.iter().map(|s| s.id).collect::<Vec<_>>(),
+                budget,
+                prefill,
+            ));
+            vec![2, 5]
+        };
+        let p = s.plan(&mut waiting, &mut running, &mut bm, &k);
+        // Seqs 1 and 3 decode; seq 2 has 3 prompt tokens left to prefill.
+        assert_eq!(seen.into_inner(), vec![(vec![1, 3], 32, 3)]);
+        assert_eq!(p.decode, vec![(1, 2), (3, 5)]);
+        assert_eq!(p.prefill, vec![(2, 1, 3)]);
     }
 }

@@ -15,19 +15,22 @@
 //! prompt logprobs ask the forward for every row's logits; the logprobs go
 //! out as one event before the request's first tokens.
 
+use super::calibrate::{self, Calibration};
 use super::scheduler::Scheduler;
 use super::sequence::Sequence;
 use super::{
     Command, EngineConfig, EngineError, EngineStats, Event, Fault, FinishReason, KvSize,
-    ProposerKind, SpecMethod, Usage,
+    ProposerKind, SpecMethod, Usage, MAX_SPECULATIVE_TOKENS,
 };
+use crate::config::MAX_NGRAM;
 use crate::kv::{BlockManager, SeqId};
 use crate::metrics as names;
 use crate::spec::{propose, verify_round, RoundInput, RoundOutput, SpecError, SpecStats};
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
 use specgate_draft::{
-    DraftChunk, DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposal, Proposer,
+    CostModel, DraftChunk, DraftError, DraftPolicy, ModelDraft, NgramProposer, PolicyState,
+    Proposal, ProposeRequest, Proposer, StepLimits, StepSeq, SuffixPool,
 };
 use specgate_verify::accept::Verdict;
 use specgate_verify::process::token_logprob;
@@ -60,6 +63,76 @@ pub(crate) struct Engine {
     shared: Arc<Mutex<EngineStats>>,
     /// A fault a test asked for (see [`Fault`]).
     fault: Option<Fault>,
+    /// What a step costs here, measured at start and kept current.
+    cost: CostModel,
+    /// Engine-wide acceptance per draft position, per proposer: where a
+    /// sequence has not drafted that deep yet, the policy assumes these.
+    priors: Priors,
+    /// Steps since the policy last probed a sequence left at k = 0.
+    steps_since_probe: u32,
+    /// Mean k of the decoding sequences in the last plan (the draft-length
+    /// gauge), and whether any of them drafts with the model.
+    last_mean_k: f64,
+    model_drafting: bool,
+    /// Lookups chained before the method's proposer: the cross-request
+    /// pool (with whether it is one pool for all tenants) and the lookup
+    /// in a draft-model sequence's own context.
+    suffix: Option<SuffixPool>,
+    suffix_global: bool,
+    context_lookup: Option<NgramProposer>,
+    /// This step's lookup guesses, found while planning (so the policy
+    /// knows they cost no model step), by sequence.
+    lookups: HashMap<SeqId, Lookup>,
+}
+
+/// A guess found by a lookup, and where.
+#[derive(Debug, Clone)]
+struct Lookup {
+    tokens: Vec<u32>,
+    from_pool: bool,
+}
+
+/// Proposes the guesses found while planning.
+struct Lookups<'a>(&'a HashMap<SeqId, Lookup>);
+
+impl Proposer for Lookups<'_> {
+    fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
+        Ok(batch
+            .iter()
+            .map(|r| Proposal {
+                tokens: self
+                    .0
+                    .get(&r.seq_id)
+                    .map_or(&[][..], |l| &l.tokens[..r.k.min(l.tokens.len())])
+                    .to_vec(),
+                q: None,
+                forced: 0,
+            })
+            .collect())
+    }
+}
+
+/// Acceptance priors by proposer.
+#[derive(Debug, Default)]
+struct Priors {
+    ngram: PolicyState,
+    draft: PolicyState,
+}
+
+impl Priors {
+    fn of(&self, method: SpecMethod) -> &PolicyState {
+        match method {
+            SpecMethod::Draft => &self.draft,
+            _ => &self.ngram,
+        }
+    }
+
+    fn of_mut(&mut self, method: SpecMethod) -> &mut PolicyState {
+        match method {
+            SpecMethod::Draft => &mut self.draft,
+            _ => &mut self.ngram,
+        }
+    }
 }
 
 impl Engine {
@@ -97,7 +170,7 @@ impl Engine {
                 cfg.kv
             )));
         }
-        let pool =
+        let mut pool =
             KvPool::for_model_with_state_slots(&target, num_blocks, cfg.block_size, state_slots)
                 .map_err(|e| invalid(e.to_string()))?;
         let mut bm = BlockManager::new(num_blocks, cfg.block_size);
@@ -113,7 +186,7 @@ impl Engine {
                  prefix caching off"
             );
         }
-        let (default_method, ngram, draft) = match proposer {
+        let (default_method, ngram, mut draft) = match proposer {
             ProposerKind::None => (SpecMethod::Off, NgramProposer::default(), None),
             ProposerKind::Ngram { min_n, max_n } => (
                 SpecMethod::Ngram,
@@ -132,6 +205,29 @@ impl Engine {
             .as_ref()
             .map(|t| t.eos_token_ids().to_vec())
             .unwrap_or_default();
+        if let Some(o) = &cfg.suffix {
+            o.pool.validate().map_err(invalid)?;
+        }
+        // A draft-model sequence first looks for a confident guess in its
+        // own context (as long a match as the pool wants).
+        let context_lookup = match (&cfg.suffix, default_method) {
+            (Some(o), SpecMethod::Draft) => Some(
+                NgramProposer::new(o.pool.min_match, o.pool.max_match.min(MAX_NGRAM))
+                    .map_err(invalid)?,
+            ),
+            _ => None,
+        };
+        let max_rows = cfg.scheduler.max_num_batched_tokens;
+        let cost = calibrate::measure(Calibration {
+            target: &target,
+            pool: &mut pool,
+            draft: draft.as_mut(),
+            bm: &mut bm,
+            state_slot: 0,
+            max_rows,
+            max_seqs: cfg.scheduler.max_num_seqs,
+        })?
+        .ok_or_else(|| invalid("the KV pool cannot hold one row to measure the model".into()))?;
         let stats = EngineStats {
             num_blocks,
             kv_bytes: num_blocks * per_block + state_slots * slot_bytes,
@@ -160,7 +256,50 @@ impl Engine {
             exported: stats.clone(),
             stats,
             fault: None,
+            cost,
+            priors: Priors::default(),
+            steps_since_probe: 0,
+            last_mean_k: 0.0,
+            model_drafting: false,
+            suffix: cfg.suffix.as_ref().map(|o| SuffixPool::new(o.pool.clone())),
+            suffix_global: cfg.suffix.as_ref().is_some_and(|o| o.global),
+            context_lookup,
+            lookups: HashMap::new(),
         })
+    }
+
+    /// Measures the cost model again (on demand), on blocks and a state
+    /// slot no sequence holds; keeps the current one when none are free.
+    fn recalibrate(&mut self) {
+        const CALIBRATION: SeqId = SeqId::MAX;
+        let slot = if self.slots.enabled {
+            match self.slots.assign(CALIBRATION) {
+                Some(s) => s,
+                None => {
+                    tracing::warn!("cost model not re-measured: every state slot is in use");
+                    return;
+                }
+            }
+        } else {
+            0
+        };
+        let measured = calibrate::measure(Calibration {
+            target: &self.target,
+            pool: &mut self.pool,
+            draft: self.draft.as_mut(),
+            bm: &mut self.bm,
+            state_slot: slot,
+            max_rows: self.sched.config().max_num_batched_tokens,
+            max_seqs: self.sched.config().max_num_seqs,
+        });
+        if let Some(s) = self.slots.release(CALIBRATION) {
+            self.pool.release_state(s);
+        }
+        match measured {
+            Ok(Some(c)) => self.cost = c,
+            Ok(None) => tracing::warn!("cost model not re-measured: no free block"),
+            Err(e) => tracing::warn!(error = %e, "cost model not re-measured"),
+        }
     }
 
     pub(crate) fn num_blocks(&self) -> usize {
@@ -214,6 +353,7 @@ impl Engine {
                         self.waiting.push_back(*seq);
                     }
                     Command::SetPolicy(p) => self.policy = p,
+                    Command::Calibrate => self.recalibrate(),
                     Command::Fault(Fault::EnginePanic) => panic!("injected engine fault"),
                     Command::Fault(f) => self.fault = Some(f),
                     Command::Shutdown => stop = true,
@@ -254,8 +394,15 @@ impl Engine {
         m::gauge!(names::PREFIX_ENABLED).set(if s.prefix_caching { 1.0 } else { 0.0 });
         m::gauge!(names::STATE_SLOTS).set(s.state_slots as f64);
         m::gauge!(names::STATE_SLOTS_USED).set(s.state_slots_used as f64);
-        let k = self.policy.k(s.running.max(1), &PolicyState::default());
-        m::gauge!(names::SPEC_DRAFT_LENGTH).set(k as f64);
+        m::gauge!(names::SPEC_DRAFT_LENGTH).set(self.last_mean_k);
+        for &(rows, secs) in self.cost.verify.points() {
+            m::gauge!(names::COST_VERIFY_SECONDS, "rows" => rows.to_string()).set(secs);
+        }
+        if let Some(d) = &self.cost.draft {
+            for &(rows, secs) in d.points() {
+                m::gauge!(names::COST_DRAFT_STEP_SECONDS, "rows" => rows.to_string()).set(secs);
+            }
+        }
         m::counter!(names::PREEMPTIONS).increment(s.preemptions - e.preemptions);
         m::counter!(names::PREFIX_HITS).increment(s.prefix.hits - e.prefix.hits);
         m::counter!(names::PREFIX_QUERIES).increment(s.prefix.queries - e.prefix.queries);
@@ -268,6 +415,12 @@ impl Engine {
             .increment(ns.grammar_draft_tokens - os.grammar_draft_tokens);
         m::counter!(names::SPEC_GRAMMAR_ACCEPTED_TOKENS)
             .increment(ns.grammar_accepted_tokens - os.grammar_accepted_tokens);
+        m::counter!(names::SPEC_CONTEXT_DRAFT_TOKENS)
+            .increment(s.context_draft_tokens - e.context_draft_tokens);
+        m::counter!(names::SPEC_POOL_DRAFT_TOKENS)
+            .increment(s.pool_draft_tokens - e.pool_draft_tokens);
+        m::counter!(names::SPEC_POOL_ACCEPTED_TOKENS)
+            .increment(s.pool_accepted_tokens - e.pool_accepted_tokens);
         m::counter!(names::SPEC_GRAMMAR_FORCED_TOKENS)
             .increment(ns.grammar_forced_tokens - os.grammar_forced_tokens);
         for (pos, &n) in ns.accepted_per_pos.iter().enumerate() {
@@ -319,18 +472,30 @@ impl Engine {
         }
     }
 
-    /// The k this sequence drafts now: its override or the policy, within
-    /// its token budget and what the pool can hold.
-    fn k_for(policy: &DraftPolicy, slots: usize, s: &Sequence, batch: usize) -> usize {
+    /// The most this sequence may draft now: 0 without speculation, else
+    /// within its token budget and what the pool can hold.
+    fn k_cap(slots: usize, s: &Sequence) -> usize {
         if s.method == SpecMethod::Off {
             return 0;
         }
-        let k = s
-            .req
-            .num_speculative_tokens
-            .unwrap_or_else(|| policy.k(batch, &s.spec.policy_state));
-        k.min(s.remaining().saturating_sub(1))
+        MAX_SPECULATIVE_TOKENS
+            .min(s.remaining().saturating_sub(1))
             .min(slots.saturating_sub(s.spec.tokens.len()))
+    }
+
+    /// What sequence `s`'s first draft-model step would feed: its context
+    /// the draft has not run yet (at least the last token), spread over
+    /// the steps it may still decode, since a catch-up is paid once and
+    /// serves every later proposal.
+    fn draft_rows(draft: Option<&ModelDraft>, s: &Sequence) -> Option<f64> {
+        if s.method != SpecMethod::Draft {
+            return None;
+        }
+        let held = draft.map_or(0, |d| d.held_tokens(s.spec.id));
+        let behind = s.spec.tokens.len().saturating_sub(held).max(1);
+        // Later steps emit about two tokens each when drafting pays.
+        let steps = (s.remaining() as f64 / 2.0).clamp(1.0, 32.0);
+        Some(1.0 + (behind - 1) as f64 / steps)
     }
 
     /// One step, in stages: plan, propose, verify, commit, emit. A failure
@@ -343,7 +508,9 @@ impl Engine {
         };
         self.stats.steps += 1;
         let proposals = self.propose_stage(&work.decodes);
+        let started = std::time::Instant::now();
         let (decoded, prefilled) = self.verify_stage(&work, &proposals);
+        self.observe_costs(&work, &proposals, started.elapsed().as_secs_f64());
         self.draft_prefill(&work.prefills, &prefilled);
         let mut ended = HashSet::new();
         for (p, r) in work.prefills.iter().zip(prefilled) {
@@ -375,16 +542,129 @@ impl Engine {
         }
     }
 
+    /// The scope of a sequence's cross-request pool.
+    fn scope(global: bool, s: &Sequence) -> String {
+        if global {
+            String::new()
+        } else {
+            format!("{:016x}", s.req.tenant)
+        }
+    }
+
+    /// Finds this step's lookup guesses for the sequences ready to decode:
+    /// an n-gram sequence in its own context (its method) and then the
+    /// pool; a draft-model sequence in its own context with the pool's
+    /// confidence, then the pool. What is found here is drafted instead of
+    /// running the method's proposer (the cheapest confident proposer wins).
+    fn find_lookups(&mut self) {
+        self.lookups.clear();
+        for s in &self.running {
+            if s.method == SpecMethod::Off || s.computed + 1 != s.spec.tokens.len() {
+                continue;
+            }
+            let ctx = &s.spec.tokens;
+            let own = match s.method {
+                SpecMethod::Ngram => self.ngram.lookup(ctx, MAX_SPECULATIVE_TOKENS),
+                _ => self
+                    .context_lookup
+                    .as_ref()
+                    .map_or(&[][..], |n| n.lookup(ctx, MAX_SPECULATIVE_TOKENS)),
+            };
+            let found = if !own.is_empty() {
+                Some(Lookup {
+                    tokens: own.to_vec(),
+                    from_pool: false,
+                })
+            } else {
+                let scope = Self::scope(self.suffix_global, s);
+                self.suffix.as_mut().and_then(|p| {
+                    p.lookup(&scope, ctx, MAX_SPECULATIVE_TOKENS)
+                        .map(|m| Lookup {
+                            tokens: m.tokens,
+                            from_pool: true,
+                        })
+                })
+            };
+            if let Some(l) = found {
+                self.lookups.insert(s.spec.id, l);
+            }
+        }
+    }
+
+    /// Keeps the cost model current from this step: the target forward
+    /// (with acceptance: a verified row's sampling is part of its cost)
+    /// and every draft-model forward since the last step.
+    fn observe_costs(&mut self, work: &Work, proposals: &[Proposal], verify_secs: f64) {
+        let rows: usize = work.prefills.iter().map(|p| p.n).sum::<usize>()
+            + proposals.iter().map(|p| p.tokens.len() + 1).sum::<usize>();
+        self.cost.observe_verify(rows, verify_secs);
+        if let Some(d) = self.draft.as_mut() {
+            for (rows, secs) in d.take_timings() {
+                self.cost.observe_draft(rows, secs);
+            }
+        }
+    }
+
     /// Plan: admission, preemption and this step's rows, by index into
     /// `running` (which stays put until the step ends). `None` when there
     /// is nothing to run.
     fn plan(&mut self) -> Option<Work> {
         let slots = self.bm.num_blocks() * self.bm.block_size();
-        let policy = &self.policy;
-        let k_of = |s: &Sequence, batch: usize| Self::k_for(policy, slots, s, batch);
+        self.find_lookups();
+        let (policy, cost, priors, draft) = (&self.policy, &self.cost, &self.priors, &self.draft);
+        let lookups = &self.lookups;
+        let probe_every = match policy {
+            DraftPolicy::Goodput { probe_every, .. } => *probe_every,
+            _ => u32::MAX,
+        };
+        let probe = self.steps_since_probe + 1 >= probe_every;
+        let chosen = std::cell::Cell::new((false, 0.0, false));
+        let k_of = |ready: &[&Sequence], budget: usize, prefill_rows: usize| {
+            let seqs: Vec<StepSeq> = ready
+                .iter()
+                .map(|s| {
+                    let found = lookups.get(&s.spec.id);
+                    let mut max_k = Self::k_cap(slots, s);
+                    if found.is_some() || s.method == SpecMethod::Ngram {
+                        // A lookup drafts what it found, nothing more.
+                        max_k = max_k.min(found.map_or(0, |l| l.tokens.len()));
+                    }
+                    StepSeq {
+                        state: &s.spec.policy_state,
+                        prior: priors.of(s.method),
+                        max_k,
+                        fixed_k: s.req.num_speculative_tokens,
+                        model_rows: match found {
+                            Some(_) => None,
+                            None => Self::draft_rows(draft.as_ref(), s),
+                        },
+                    }
+                })
+                .collect();
+            let limits = StepLimits {
+                budget,
+                prefill_rows,
+                probe,
+            };
+            let plan = policy.plan_step(&seqs, cost, limits);
+            let model = ready.iter().zip(&plan.ks).any(|(s, &k)| {
+                k > 0 && s.method == SpecMethod::Draft && !lookups.contains_key(&s.spec.id)
+            });
+            let mean = plan.ks.iter().sum::<usize>() as f64 / plan.ks.len().max(1) as f64;
+            chosen.set((plan.probed.is_some(), mean, model));
+            plan.ks
+        };
         let plan = self
             .sched
             .plan(&mut self.waiting, &mut self.running, &mut self.bm, &k_of);
+        let (probed, mean_k, model_drafting) = chosen.get();
+        self.steps_since_probe = if probed {
+            0
+        } else {
+            self.steps_since_probe.saturating_add(1)
+        };
+        self.last_mean_k = mean_k;
+        self.model_drafting = model_drafting;
         for &id in &plan.preempted {
             self.stats.preemptions += 1;
             // Recompute starts the state over from position 0.
@@ -430,10 +710,23 @@ impl Engine {
     /// on (plain decoding is still exact); the others keep their drafts.
     fn propose_stage(&mut self, decodes: &[Decode]) -> Vec<Proposal> {
         let mut out = vec![Proposal::default(); decodes.len()];
-        for method in [SpecMethod::Ngram, SpecMethod::Draft] {
+        let looked: Vec<bool> = decodes
+            .iter()
+            .map(|d| self.lookups.contains_key(&self.running[d.idx].spec.id))
+            .collect();
+        if looked.contains(&true) {
+            let (_, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
+            let mut lookups = Lookups(&self.lookups);
+            // Lookups do not fail; a grammar cut is part of shaping.
+            if let Err(e) = propose(&mut lookups, &mut rounds, &looked, &mut out) {
+                tracing::warn!(error = %e, "lookup drafting failed");
+            }
+        }
+        for method in [SpecMethod::Draft] {
             let sel: Vec<bool> = decodes
                 .iter()
-                .map(|d| self.running[d.idx].method == method)
+                .zip(&looked)
+                .map(|(d, &l)| !l && self.running[d.idx].method == method)
                 .collect();
             if !sel.contains(&true) {
                 continue;
@@ -598,6 +891,16 @@ impl Engine {
     /// the whole prompt through the draft in one go. A failure only costs
     /// that: those sequences' drafts catch up later, as before.
     fn draft_prefill(&mut self, prefills: &[Prefill], done: &Prefilled) {
+        // While the policy drafts with the model for no one (load makes it
+        // too dear), prompts skip the draft too: a sequence that drafts
+        // later catches up then, and the policy weighs that catch-up.
+        let decoding = self
+            .running
+            .iter()
+            .any(|s| s.computed + 1 == s.spec.tokens.len());
+        if matches!(self.policy, DraftPolicy::Goodput { .. }) && decoding && !self.model_drafting {
+            return;
+        }
         let (Some(draft), running, bm) = (self.draft.as_mut(), &self.running, &self.bm) else {
             return;
         };
@@ -656,12 +959,26 @@ impl Engine {
         let s = &mut self.running[d.idx];
         s.drafted += drafted as u64;
         s.accepted += v.accepted as u64;
+        match self.lookups.get(&s.spec.id) {
+            Some(l) if l.from_pool => {
+                self.stats.pool_draft_tokens += drafted as u64;
+                self.stats.pool_accepted_tokens += v.accepted as u64;
+            }
+            Some(_) => self.stats.context_draft_tokens += drafted as u64,
+            None => {}
+        }
+        self.policy
+            .observe(self.priors.of_mut(s.method), drafted, v.accepted);
         s.computed = s.spec.tokens.len() - 1;
         let reason = s.check_finished(d.old_len, &self.eos);
         emit(s, self.tokenizer.as_deref(), d.old_len, reason, v.logprobs);
         match reason {
             Some(_) => {
                 self.stats.finished += 1;
+                if let Some(pool) = self.suffix.as_mut() {
+                    let scope = Self::scope(self.suffix_global, s);
+                    pool.insert(&scope, &s.spec.tokens);
+                }
                 true
             }
             None => {

@@ -223,6 +223,7 @@ pub(super) async fn handle(
             state.settings.max_concurrent_requests
         ))
     })?;
+    let tenant = super::tenant(&state, &req);
     let body = read_body(&state, req.into_body()).await?;
     let v = if chat {
         api::parse_chat(&body)?
@@ -254,7 +255,8 @@ pub(super) async fn handle(
     })
     .await
     .map_err(|e| ApiError::internal(format!("Tokenizing the request failed: {e}.")))?;
-    let (gen, param) = built?;
+    let (mut gen, param) = built?;
+    gen.tenant = tenant;
     let prompt_tokens = gen.prompt.len();
     let first_prompt_token = gen.prompt.first().copied();
     let method = gen.method;
@@ -401,6 +403,8 @@ fn build_request(
             // Only `echo` shows the prompt's log-probabilities.
             prompt_logprobs: v.logprobs.filter(|_| v.echo),
             grammar: grammar(backend, v)?,
+            // Set by the caller, which has the request's headers.
+            tenant: 0,
         },
         param,
     ))

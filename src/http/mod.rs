@@ -315,6 +315,26 @@ fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {
     })
 }
 
+/// Who sent `req`, as the cross-request proposer's scope: a keyed hash
+/// of its bearer key (the key is checked already), 0 when the server has
+/// no keys. The hash key is random per process, so scopes say nothing
+/// about keys outside it.
+fn tenant(state: &AppState, req: &Request<Incoming>) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    if state.settings.api_keys.is_empty() {
+        return 0;
+    }
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    KEY.get_or_init(Default::default).hash_one(given).max(1)
+}
+
 /// The whole body within the size limit (413) and the body deadline (408:
 /// a Content-Length larger than what the client sends, a trickling body).
 async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> {

@@ -1,0 +1,870 @@
+//! Cross-request suffix pool: a model-free proposer that learns from
+//! finished requests (in the spirit of SuffixDecoding and llama.cpp's
+//! ngram-mod). It owns the token sequences (prompt + output) of finished
+//! requests, grouped by scope, and an index from each `min_match`-gram to
+//! its occurrences. While a sequence decodes, [`SuffixPool::lookup`] finds
+//! the longest suffix of its context (`max_match` down to `min_match`
+//! tokens) that occurs in the scope's documents and proposes what followed
+//! the most recent such occurrence.
+//!
+//! Scoping rule: a scope is an opaque string (a hash of the API key).
+//! Inserts and lookups touch only that scope's own documents and index;
+//! there is no shared index and no fallback to another scope. Proposals are
+//! verified losslessly, so they never change what is sampled, but accepted
+//! drafts change how fast tokens arrive: a tenant timing its own requests
+//! could learn whether some text was written by another tenant. Isolation
+//! is therefore a privacy requirement, not a quality knob.
+//!
+//! Memory bounds: a scope holds at most `max_tokens_per_scope` tokens (the
+//! oldest documents are evicted first), a document at most
+//! `max_doc_tokens` (its last ones), and the pool at most `max_scopes`
+//! scopes (the least recently used is dropped). Per stored token the index
+//! costs one 8-byte chain link plus at most one hash-map head entry, and
+//! heads pointing into evicted documents are removed on eviction, so the
+//! index never outgrows the tokens it covers: roughly 30-50 bytes per
+//! token in the worst case (all grams distinct). With the defaults the
+//! worst case is 64 scopes of 64 Ki tokens each, about 200 MB.
+//!
+//! Cost: a lookup hashes `min_match` tokens, then visits at most
+//! [`MAX_CANDIDATES`] occurrences of that hash, newest first, each costing a
+//! binary search over the scope's documents and at most `max_match` token
+//! comparisons: microseconds whatever the pool size. An insert costs
+//! `O(len * min_match)` hashing, and evicting a document the same.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+
+/// The most occurrences of a gram's hash a lookup examines. Bounds lookup
+/// cost under repetitive text (a gram seen 10 000 times) and under hash
+/// collisions; the newest occurrences are the ones kept in reach, which is
+/// what "most recent wins" wants anyway.
+pub const MAX_CANDIDATES: usize = 8;
+
+/// The largest `max_match`: every candidate is extended token by token up
+/// to `max_match`, so this bounds a lookup's comparisons, and a shared
+/// suffix longer than this already makes the continuation a confident
+/// guess.
+pub const MAX_MATCH_LIMIT: usize = 64;
+
+/// End of a hash chain.
+const NONE: u64 = u64::MAX;
+
+/// Limits of a [`SuffixPool`].
+///
+/// Invariant (checked by [`SuffixConfig::validate`]):
+/// `1 <= min_match <= max_match <= MAX_MATCH_LIMIT` and every other field
+/// is at least 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuffixConfig {
+    /// Shortest suffix that counts as a match; shorter ones are too common
+    /// for their continuation to be a confident guess. Also the gram length
+    /// the index is keyed by. Default 3.
+    pub min_match: usize,
+    /// Longest suffix compared; a longer shared history does not make the
+    /// guess better enough to pay for the comparisons. Default 12.
+    pub max_match: usize,
+    /// Tokens kept per scope; past it the oldest documents are evicted.
+    /// Default 1 << 16 (a few hundred recent requests).
+    pub max_tokens_per_scope: usize,
+    /// Scopes kept; past it the least recently used scope is dropped.
+    /// Default 64.
+    pub max_scopes: usize,
+    /// Tokens kept per document; a longer one keeps its last tokens (the
+    /// end of a conversation predicts its next turn best). Default 1 << 14.
+    pub max_doc_tokens: usize,
+}
+
+impl Default for SuffixConfig {
+    fn default() -> Self {
+        Self {
+            min_match: 3,
+            max_match: 12,
+            max_tokens_per_scope: 1 << 16,
+            max_scopes: 64,
+            max_doc_tokens: 1 << 14,
+        }
+    }
+}
+
+impl SuffixConfig {
+    /// Errors, naming the offending field, unless
+    /// `1 <= min_match <= max_match <= MAX_MATCH_LIMIT` and
+    /// `max_tokens_per_scope`, `max_scopes` and `max_doc_tokens` are >= 1.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_match == 0 {
+            return Err("suffix min_match must be at least 1 (got 0)".into());
+        }
+        if self.max_match < self.min_match {
+            return Err(format!(
+                "suffix max_match ({}) must be at least min_match ({})",
+                self.max_match, self.min_match
+            ));
+        }
+        if self.max_match > MAX_MATCH_LIMIT {
+            return Err(format!(
+                "suffix max_match must be at most {MAX_MATCH_LIMIT} (got {})",
+                self.max_match
+            ));
+        }
+        for (name, value) in [
+            ("max_tokens_per_scope", self.max_tokens_per_scope),
+            ("max_scopes", self.max_scopes),
+            ("max_doc_tokens", self.max_doc_tokens),
+        ] {
+            if value == 0 {
+                return Err(format!("suffix {name} must be at least 1 (got 0)"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A proposed continuation.
+///
+/// Invariant: `tokens` is non-empty and no longer than the `k` asked for;
+/// `match_len` is in `min_match..=max_match` and at most the context length:
+/// the last `match_len` context tokens equal the `match_len` stored tokens
+/// right before `tokens` in one document of the scope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuffixMatch {
+    /// What followed the matched suffix in the stored document.
+    pub tokens: Vec<u32>,
+    /// How many trailing context tokens matched; longer is more confident.
+    pub match_len: usize,
+}
+
+/// One stored document.
+struct Doc {
+    /// Scope-global position of `tokens[0]`. Positions increase by one per
+    /// stored token and are never reused, so live documents occupy one
+    /// contiguous range and "more recent" is simply "larger position".
+    start: u64,
+    tokens: Vec<u32>,
+    /// `links[j - min_match]` is the position of the previous occurrence
+    /// whose gram hashes like `tokens[j - min_match..j]` (or [`NONE`]). An
+    /// occurrence is named by the position right after its gram, i.e. where
+    /// its continuation starts, so only `j < tokens.len()` is indexed and
+    /// every candidate has a non-empty continuation.
+    links: Vec<u64>,
+}
+
+impl Doc {
+    fn end(&self) -> u64 {
+        self.start + self.tokens.len() as u64
+    }
+}
+
+/// One tenant's documents and index.
+struct Scope {
+    /// Oldest first.
+    docs: VecDeque<Doc>,
+    /// Gram hash -> position of its newest occurrence, the head of a chain
+    /// through `Doc::links`. Chains only go back in position, so a walk
+    /// stops at the first evicted position; heads into evicted documents
+    /// are removed on eviction, so the map holds at most one entry per
+    /// live token.
+    heads: HashMap<u64, u64>,
+    tokens: usize,
+    next_pos: u64,
+    last_used: u64,
+}
+
+impl Scope {
+    fn new() -> Self {
+        Self {
+            docs: VecDeque::new(),
+            heads: HashMap::new(),
+            tokens: 0,
+            next_pos: 0,
+            last_used: 0,
+        }
+    }
+
+    /// The live document holding position `pos`, if any.
+    fn doc_at(&self, pos: u64) -> Option<&Doc> {
+        let first = self.docs.front()?;
+        if pos < first.start || pos >= self.next_pos {
+            return None;
+        }
+        let i = self.docs.partition_point(|d| d.start <= pos) - 1;
+        let doc = &self.docs[i];
+        (pos < doc.end()).then_some(doc)
+    }
+
+    /// Drops the oldest document and the chain heads that pointed into it
+    /// (their whole chains are then dead: chains only go back).
+    fn evict_oldest(&mut self, m: usize, mask: u64) {
+        let Some(doc) = self.docs.pop_front() else {
+            return;
+        };
+        let end = doc.end();
+        for j in m..doc.tokens.len() {
+            let h = gram_hash(&doc.tokens[j - m..j]) & mask;
+            if let Entry::Occupied(e) = self.heads.entry(h) {
+                if *e.get() < end {
+                    e.remove();
+                }
+            }
+        }
+        self.tokens -= doc.tokens.len();
+    }
+}
+
+/// Hash of one gram (FxHash-style mixing plus a finalizer so that the low
+/// bits, which a test-only mask keeps, depend on every token).
+fn gram_hash(gram: &[u32]) -> u64 {
+    let mut h: u64 = 0;
+    for &t in gram {
+        h = (h.rotate_left(5) ^ u64::from(t)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+/// Per-scope pools of finished documents, answering suffix lookups.
+///
+/// Invariants: a lookup only ever returns tokens stored under the same
+/// scope; every scope holds at most `max_tokens_per_scope` tokens, at most
+/// `max_scopes` scopes exist. `Debug` prints only counts: documents and
+/// scope names are tenant data and must not reach logs.
+pub struct SuffixPool {
+    cfg: SuffixConfig,
+    scopes: HashMap<String, Scope>,
+    /// LRU clock, bumped by every insert and every lookup of a known scope.
+    clock: u64,
+    /// Applied to every gram hash; all ones in production, tiny in tests
+    /// to force collisions.
+    hash_mask: u64,
+    max_candidates: usize,
+}
+
+impl fmt::Debug for SuffixPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SuffixPool")
+            .field("cfg", &self.cfg)
+            .field("scopes", &self.scopes.len())
+            .field("tokens", &self.total_tokens())
+            .finish()
+    }
+}
+
+impl SuffixPool {
+    /// An empty pool.
+    ///
+    /// # Panics
+    /// When `cfg.validate()` fails: a bad config is a startup error, and
+    /// `min_match == 0` would index empty grams.
+    pub fn new(cfg: SuffixConfig) -> Self {
+        Self::with_index(cfg, u64::MAX, MAX_CANDIDATES)
+    }
+
+    fn with_index(cfg: SuffixConfig, hash_mask: u64, max_candidates: usize) -> Self {
+        if let Err(e) = cfg.validate() {
+            panic!("invalid suffix pool config: {e}");
+        }
+        Self {
+            cfg,
+            scopes: HashMap::new(),
+            clock: 0,
+            hash_mask,
+            max_candidates,
+        }
+    }
+
+    /// The limits the pool was built with.
+    pub fn config(&self) -> &SuffixConfig {
+        &self.cfg
+    }
+
+    /// Adds one finished document (prompt + output) to `scope`'s pool, as
+    /// its most recent one. A document longer than `max_doc_tokens` (or
+    /// `max_tokens_per_scope`) keeps its last tokens; one shorter than
+    /// `min_match + 1` after that is ignored (no gram with a continuation)
+    /// and creates no scope. Evicts the scope's oldest documents to stay
+    /// within `max_tokens_per_scope`, and creating a scope past
+    /// `max_scopes` drops the least recently used one.
+    pub fn insert(&mut self, scope: &str, tokens: &[u32]) {
+        let m = self.cfg.min_match;
+        let keep = self.cfg.max_doc_tokens.min(self.cfg.max_tokens_per_scope);
+        let tokens = &tokens[tokens.len().saturating_sub(keep)..];
+        if tokens.len() <= m {
+            return;
+        }
+        self.clock += 1;
+        let clock = self.clock;
+        if !self.scopes.contains_key(scope) && self.scopes.len() >= self.cfg.max_scopes {
+            let lru = self
+                .scopes
+                .iter()
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(name, _)| name.clone());
+            if let Some(name) = lru {
+                self.scopes.remove(&name);
+            }
+        }
+        let mask = self.hash_mask;
+        let cap = self.cfg.max_tokens_per_scope;
+        let s = self
+            .scopes
+            .entry(scope.to_owned())
+            .or_insert_with(Scope::new);
+        s.last_used = clock;
+        while s.tokens + tokens.len() > cap && !s.docs.is_empty() {
+            s.evict_oldest(m, mask);
+        }
+        let start = s.next_pos;
+        let links = (m..tokens.len())
+            .map(|j| {
+                let h = gram_hash(&tokens[j - m..j]) & mask;
+                s.heads.insert(h, start + j as u64).unwrap_or(NONE)
+            })
+            .collect();
+        s.docs.push_back(Doc {
+            start,
+            tokens: tokens.to_vec(),
+            links,
+        });
+        s.tokens += tokens.len();
+        s.next_pos += tokens.len() as u64;
+    }
+
+    /// The continuation (1..=`k` tokens) after the longest suffix of
+    /// `context` (length in `min_match..=max_match`) found in `scope`'s
+    /// documents, taken from its most recent occurrence among ties. `None`
+    /// when `k == 0`, the scope is unknown, or nothing matches. Never
+    /// returns tokens from another scope. Marks a known scope as used.
+    ///
+    /// Only the [`MAX_CANDIDATES`] newest occurrences of the context's last
+    /// `min_match` tokens are examined, so an older, longer match of a very
+    /// frequent gram can be missed; a claimed match is always checked
+    /// token by token, never trusted to the hash.
+    pub fn lookup(&mut self, scope: &str, context: &[u32], k: usize) -> Option<SuffixMatch> {
+        if k == 0 {
+            return None;
+        }
+        let s = self.scopes.get_mut(scope)?;
+        self.clock += 1;
+        s.last_used = self.clock;
+        let m = self.cfg.min_match;
+        let n = context.len();
+        if n < m {
+            return None;
+        }
+        let limit = self.cfg.max_match.min(n);
+        let suffix = &context[n - m..];
+        let mut pos = *s.heads.get(&(gram_hash(suffix) & self.hash_mask))?;
+        // (document start, continuation offset, match length)
+        let mut best: Option<(u64, usize, usize)> = None;
+        for _ in 0..self.max_candidates {
+            let Some(doc) = s.doc_at(pos) else {
+                break; // evicted: the rest of the chain is older still
+            };
+            let j = (pos - doc.start) as usize;
+            if doc.tokens[j - m..j] == *suffix {
+                let mut len = m;
+                while len < limit && len < j && doc.tokens[j - len - 1] == context[n - len - 1] {
+                    len += 1;
+                }
+                // Newest first, so only a strictly longer match replaces.
+                if best.is_none_or(|(_, _, l)| len > l) {
+                    best = Some((doc.start, j, len));
+                }
+                if len == limit {
+                    break; // nothing older can beat it
+                }
+            }
+            pos = doc.links[j - m];
+            if pos == NONE {
+                break;
+            }
+        }
+        let (start, j, match_len) = best?;
+        let doc = s.doc_at(start)?;
+        let tokens = doc.tokens[j..(j + k).min(doc.tokens.len())].to_vec();
+        (!tokens.is_empty()).then_some(SuffixMatch { tokens, match_len })
+    }
+
+    /// Tokens stored under `scope` (0 for an unknown one); at most
+    /// `max_tokens_per_scope`.
+    pub fn scope_tokens(&self, scope: &str) -> usize {
+        self.scopes.get(scope).map_or(0, |s| s.tokens)
+    }
+
+    /// Tokens stored over all scopes.
+    pub fn total_tokens(&self) -> usize {
+        self.scopes.values().map(|s| s.tokens).sum()
+    }
+
+    /// Scopes currently held; at most `max_scopes`.
+    pub fn num_scopes(&self) -> usize {
+        self.scopes.len()
+    }
+
+    /// Drops everything stored under `scope` (say, its API key was
+    /// revoked); a no-op for an unknown scope.
+    pub fn forget(&mut self, scope: &str) {
+        self.scopes.remove(scope);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(min_match: usize, max_match: usize) -> SuffixConfig {
+        SuffixConfig {
+            min_match,
+            max_match,
+            ..SuffixConfig::default()
+        }
+    }
+
+    fn found(tokens: &[u32], match_len: usize) -> Option<SuffixMatch> {
+        Some(SuffixMatch {
+            tokens: tokens.to_vec(),
+            match_len,
+        })
+    }
+
+    /// splitmix64: the crate has no rand dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        /// A length drawn from `lens`, then that many tokens below
+        /// `alphabet`.
+        fn tokens(&mut self, lens: std::ops::Range<usize>, alphabet: u64) -> Vec<u32> {
+            let len = lens.start + self.below((lens.end - lens.start) as u64) as usize;
+            (0..len).map(|_| self.below(alphabet) as u32).collect()
+        }
+    }
+
+    /// Straightforward model of one scope: the spec's truncation and
+    /// eviction rules, and a brute-force longest-suffix / most-recent
+    /// search over every position of every live document.
+    struct Naive {
+        cfg: SuffixConfig,
+        docs: VecDeque<Vec<u32>>,
+    }
+
+    impl Naive {
+        fn new(cfg: SuffixConfig) -> Self {
+            Self {
+                cfg,
+                docs: VecDeque::new(),
+            }
+        }
+
+        fn insert(&mut self, tokens: &[u32]) {
+            let keep = self.cfg.max_doc_tokens.min(self.cfg.max_tokens_per_scope);
+            let doc = tokens[tokens.len().saturating_sub(keep)..].to_vec();
+            if doc.len() <= self.cfg.min_match {
+                return;
+            }
+            while self.tokens() + doc.len() > self.cfg.max_tokens_per_scope {
+                self.docs.pop_front();
+            }
+            self.docs.push_back(doc);
+        }
+
+        fn tokens(&self) -> usize {
+            self.docs.iter().map(Vec::len).sum()
+        }
+
+        fn lookup(&self, context: &[u32], k: usize) -> Option<SuffixMatch> {
+            if k == 0 {
+                return None;
+            }
+            let limit = self.cfg.max_match.min(context.len());
+            let mut best: Option<(&[u32], usize)> = None;
+            // Oldest to newest, so `>=` lets the most recent tie win.
+            for doc in &self.docs {
+                for j in 1..doc.len() {
+                    let mut len = 0;
+                    while len < limit
+                        && len < j
+                        && doc[j - len - 1] == context[context.len() - len - 1]
+                    {
+                        len += 1;
+                    }
+                    if len >= self.cfg.min_match && best.is_none_or(|(_, l)| len >= l) {
+                        best = Some((&doc[j..(j + k).min(doc.len())], len));
+                    }
+                }
+            }
+            best.map(|(t, match_len)| SuffixMatch {
+                tokens: t.to_vec(),
+                match_len,
+            })
+        }
+
+        /// Whether `needle` occurs contiguously in a live document.
+        fn contains(&self, needle: &[u32]) -> bool {
+            self.docs
+                .iter()
+                .any(|d| d.windows(needle.len()).any(|w| w == needle))
+        }
+    }
+
+    /// Checks that an answer is a real match in `model`'s documents: the
+    /// claimed suffix followed by the proposed tokens occurs in one document.
+    fn assert_real_match(model: &Naive, context: &[u32], got: &SuffixMatch) {
+        let mut claimed = context[context.len() - got.match_len..].to_vec();
+        claimed.extend_from_slice(&got.tokens);
+        assert!(
+            model.contains(&claimed),
+            "claimed match {claimed:?} does not occur in the scope"
+        );
+    }
+
+    #[test]
+    fn finds_the_continuation_of_an_inserted_document() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(p.lookup("a", &[9, 9, 3, 4, 5], 3), found(&[6, 7, 8], 3));
+        assert_eq!(p.lookup("a", &[1, 2, 3, 4, 5], 2), found(&[6, 7], 5));
+        // The continuation stops at the document's end.
+        assert_eq!(p.lookup("a", &[4, 5, 6, 7], 10), found(&[8], 4));
+        // A suffix at the very end of a document has no continuation.
+        assert_eq!(p.lookup("a", &[6, 7, 8], 4), None);
+    }
+
+    #[test]
+    fn longest_match_beats_a_shorter_more_recent_one() {
+        let mut p = SuffixPool::new(cfg(2, 12));
+        p.insert("a", &[7, 1, 2, 3, 40, 41]);
+        p.insert("a", &[9, 2, 3, 50, 51]);
+        // [1, 2, 3] (older) beats [2, 3] (newer).
+        assert_eq!(p.lookup("a", &[0, 1, 2, 3], 2), found(&[40, 41], 3));
+        // Without the longer history, the newer [2, 3] wins.
+        assert_eq!(p.lookup("a", &[0, 8, 2, 3], 2), found(&[50, 51], 2));
+    }
+
+    #[test]
+    fn equal_lengths_prefer_the_most_recent_occurrence() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[1, 2, 3, 10, 0, 1, 2, 3, 11]);
+        // Within one document the later position is the more recent.
+        assert_eq!(p.lookup("a", &[1, 2, 3], 1), found(&[11], 3));
+        p.insert("a", &[5, 1, 2, 3, 12, 13]);
+        // A later document beats both.
+        assert_eq!(p.lookup("a", &[1, 2, 3], 2), found(&[12, 13], 3));
+        // max_match caps the length, so capped matches tie and the newest
+        // wins even though an older one shares more history.
+        let mut p = SuffixPool::new(cfg(2, 3));
+        p.insert("a", &[6, 7, 1, 2, 3, 20]);
+        p.insert("a", &[0, 7, 1, 2, 3, 21]);
+        p.insert("a", &[9, 9, 1, 2, 3, 22]);
+        p.insert("a", &[9, 9, 9, 2, 3, 23]);
+        assert_eq!(p.lookup("a", &[6, 7, 1, 2, 3], 1), found(&[22], 3));
+    }
+
+    #[test]
+    fn matches_shorter_than_min_match_give_none() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[1, 2, 3, 4, 5]);
+        assert_eq!(p.lookup("a", &[9, 9, 3, 4], 2), None, "2-token match");
+        assert_eq!(p.lookup("a", &[3, 4], 2), None, "context below min_match");
+        assert_eq!(p.lookup("a", &[], 2), None);
+        assert_eq!(p.lookup("a", &[2, 3, 4], 2), found(&[5], 3));
+    }
+
+    #[test]
+    fn matches_do_not_span_documents() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[9, 9, 9, 1, 2]);
+        p.insert("a", &[3, 4, 5, 6]);
+        assert_eq!(p.lookup("a", &[1, 2, 3], 2), None);
+        assert_eq!(p.lookup("a", &[9, 1, 2], 2), None);
+    }
+
+    #[test]
+    fn k_bounds_the_length_and_zero_gives_none() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        for k in 1..=6 {
+            let got = p.lookup("a", &[1, 2, 3], k).unwrap();
+            assert_eq!(got.tokens, (4..4 + k as u32).collect::<Vec<_>>());
+        }
+        assert_eq!(p.lookup("a", &[1, 2, 3], 0), None);
+        assert_eq!(p.lookup("nobody", &[1, 2, 3], 4), None);
+    }
+
+    #[test]
+    fn short_documents_are_ignored_and_create_no_scope() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[1, 2, 3]);
+        assert_eq!(p.num_scopes(), 0);
+        assert_eq!(p.scope_tokens("a"), 0);
+        p.insert("a", &[1, 2, 3, 4]);
+        assert_eq!(p.scope_tokens("a"), 4);
+        assert_eq!(p.lookup("a", &[1, 2, 3], 1), found(&[4], 3));
+    }
+
+    #[test]
+    fn scopes_are_isolated() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(p.lookup("b", &[1, 2, 3], 3), None);
+        p.insert("b", &[7, 1, 2, 3, 99]);
+        assert_eq!(p.lookup("b", &[1, 2, 3], 3), found(&[99], 3));
+        assert_eq!(p.lookup("a", &[1, 2, 3], 3), found(&[4, 5, 6], 3));
+        p.forget("a");
+        assert_eq!(p.lookup("a", &[1, 2, 3], 3), None);
+        assert_eq!(p.scope_tokens("a"), 0);
+        assert_eq!(p.num_scopes(), 1);
+    }
+
+    #[test]
+    fn randomized_lookups_never_leak_across_scopes() {
+        let mut rng = Rng(7);
+        let c = SuffixConfig {
+            max_tokens_per_scope: 3000,
+            ..cfg(2, 8)
+        };
+        let mut p = SuffixPool::new(c.clone());
+        let mut b = Naive::new(c);
+        // Scope a's tokens are even, b's odd: any even token in an answer
+        // for b is a leak, and every answer for b must occur in b's docs.
+        for _ in 0..300 {
+            let len = 3 + rng.below(60) as usize;
+            let doc: Vec<u32> = rng.tokens(len..len + 1, 6).iter().map(|t| t * 2).collect();
+            p.insert("a", &doc);
+            if rng.below(3) == 0 {
+                let doc: Vec<u32> = rng
+                    .tokens(len..len + 1, 4)
+                    .iter()
+                    .map(|t| t * 2 + 1)
+                    .collect();
+                p.insert("b", &doc);
+                b.insert(&doc);
+            }
+        }
+        let mut answered = 0;
+        for i in 0..3000 {
+            // Mostly odd contexts (b-like), sometimes a's own even text.
+            let parity = u32::from(i % 4 != 0);
+            let ctx: Vec<u32> = rng
+                .tokens(1..13, 6)
+                .iter()
+                .map(|t| t * 2 + parity)
+                .collect();
+            if let Some(got) = p.lookup("b", &ctx, 1 + rng.below(8) as usize) {
+                answered += 1;
+                assert!(got.tokens.iter().all(|t| t % 2 == 1), "leak: {got:?}");
+                assert_real_match(&b, &ctx, &got);
+            }
+        }
+        assert!(
+            answered > 100,
+            "the test must exercise matches ({answered})"
+        );
+    }
+
+    #[test]
+    fn oldest_documents_are_evicted_past_the_token_cap() {
+        let mut p = SuffixPool::new(SuffixConfig {
+            max_tokens_per_scope: 20,
+            ..cfg(3, 12)
+        });
+        p.insert("a", &[1, 2, 3, 4, 5, 6, 7, 8]);
+        p.insert("a", &[11, 12, 13, 14, 15, 16, 17, 18]);
+        assert_eq!(p.scope_tokens("a"), 16);
+        assert_eq!(p.lookup("a", &[1, 2, 3], 1), found(&[4], 3));
+        p.insert("a", &[21, 22, 23, 24, 25, 26]);
+        assert_eq!(p.scope_tokens("a"), 14);
+        assert_eq!(p.lookup("a", &[1, 2, 3], 1), None, "oldest evicted");
+        assert_eq!(p.lookup("a", &[11, 12, 13], 1), found(&[14], 3));
+        assert_eq!(p.lookup("a", &[21, 22, 23], 1), found(&[24], 3));
+        // A document as long as the cap evicts everything else.
+        let big: Vec<u32> = (100..130).collect();
+        p.insert("a", &big);
+        assert_eq!(p.scope_tokens("a"), 20);
+        assert_eq!(p.lookup("a", &[21, 22, 23], 1), None);
+        assert_eq!(p.lookup("a", &[110, 111, 112], 2), found(&[113, 114], 3));
+        assert_eq!(p.lookup("a", &[100, 101, 102], 2), None, "cut by the cap");
+    }
+
+    #[test]
+    fn index_stays_bounded_under_eviction() {
+        let mut rng = Rng(11);
+        let mut p = SuffixPool::new(SuffixConfig {
+            max_tokens_per_scope: 500,
+            ..cfg(3, 12)
+        });
+        for _ in 0..2000 {
+            let len = 4 + rng.below(40) as usize;
+            p.insert("a", &rng.tokens(len..len + 1, 1000));
+            let s = &p.scopes["a"];
+            assert!(s.tokens <= 500);
+            assert_eq!(
+                s.tokens,
+                s.docs.iter().map(|d| d.tokens.len()).sum::<usize>()
+            );
+            // One head per live indexed position at most, none dangling.
+            assert!(s.heads.len() <= s.tokens);
+            let first = s.docs.front().unwrap().start;
+            assert!(s.heads.values().all(|&pos| pos >= first));
+        }
+    }
+
+    #[test]
+    fn least_recently_used_scope_is_dropped() {
+        let mut p = SuffixPool::new(SuffixConfig {
+            max_scopes: 2,
+            ..cfg(3, 12)
+        });
+        p.insert("a", &[1, 2, 3, 4]);
+        p.insert("b", &[1, 2, 3, 5]);
+        // A lookup counts as use: now b is the least recently used.
+        assert!(p.lookup("a", &[1, 2, 3], 1).is_some());
+        p.insert("c", &[1, 2, 3, 6]);
+        assert_eq!(p.num_scopes(), 2);
+        assert_eq!(p.scope_tokens("b"), 0);
+        assert_eq!(p.lookup("b", &[1, 2, 3], 1), None);
+        assert_eq!(p.lookup("a", &[1, 2, 3], 1), found(&[4], 3));
+        // The failed lookup of b (now unknown) used nothing; a was looked
+        // up after c was inserted, so c is now the least recently used.
+        p.insert("d", &[1, 2, 3, 7]);
+        assert_eq!(p.num_scopes(), 2);
+        assert_eq!(p.scope_tokens("c"), 0);
+        assert_eq!(p.lookup("d", &[1, 2, 3], 1), found(&[7], 3));
+        assert_eq!(p.lookup("a", &[1, 2, 3], 1), found(&[4], 3));
+        // Inserting into an existing scope at capacity evicts nobody.
+        p.insert("a", &[1, 2, 3, 8]);
+        assert_eq!(p.num_scopes(), 2);
+        assert!(p.scope_tokens("d") > 0);
+    }
+
+    #[test]
+    fn long_documents_keep_their_last_tokens() {
+        let mut p = SuffixPool::new(SuffixConfig {
+            max_doc_tokens: 10,
+            ..cfg(3, 12)
+        });
+        let doc: Vec<u32> = (0..100).collect();
+        p.insert("a", &doc);
+        assert_eq!(p.scope_tokens("a"), 10);
+        assert_eq!(p.lookup("a", &[1, 2, 3], 1), None, "head dropped");
+        assert_eq!(p.lookup("a", &[90, 91, 92], 3), found(&[93, 94, 95], 3));
+        // The kept part starts at 90: 89 is not part of the match.
+        assert_eq!(p.lookup("a", &[89, 90, 91, 92], 1), found(&[93], 3));
+    }
+
+    /// With every gram hashing to one of a handful of buckets and no
+    /// candidate cap, chains mix unrelated grams: the pool must still equal
+    /// the brute-force answer exactly, so a collision can never claim a
+    /// match, hide a longer one or break the recency order.
+    #[test]
+    fn hash_collisions_never_change_the_answer() {
+        for (seed, mask) in [(1, 0), (2, 1), (3, 3), (4, 15)] {
+            let mut rng = Rng(seed);
+            let c = SuffixConfig {
+                max_tokens_per_scope: 400,
+                max_doc_tokens: 60,
+                ..cfg(1 + seed as usize % 3, 6)
+            };
+            let mut p = SuffixPool::with_index(c.clone(), mask, usize::MAX);
+            let mut model = Naive::new(c);
+            let mut answered = 0;
+            for _ in 0..150 {
+                let doc = rng.tokens(1..81, 3);
+                p.insert("s", &doc);
+                model.insert(&doc);
+                assert_eq!(p.scope_tokens("s"), model.tokens());
+                for _ in 0..10 {
+                    let ctx = rng.tokens(0..10, 3);
+                    let k = rng.below(6) as usize;
+                    let got = p.lookup("s", &ctx, k);
+                    assert_eq!(got, model.lookup(&ctx, k), "ctx {ctx:?} k {k}");
+                    answered += usize::from(got.is_some());
+                }
+            }
+            assert!(answered > 500);
+        }
+    }
+
+    /// The production index (full hash, capped candidates) may miss an old
+    /// longer match of a frequent gram, but every answer is real, never
+    /// longer than the best one, and equal to it when grams are rare.
+    #[test]
+    fn production_index_answers_are_real_and_exact_on_sparse_data() {
+        let mut rng = Rng(5);
+        let c = SuffixConfig {
+            max_tokens_per_scope: 2000,
+            ..cfg(2, 8)
+        };
+        let mut dense = SuffixPool::new(c.clone());
+        let mut sparse = SuffixPool::new(c.clone());
+        let (mut dense_model, mut sparse_model) = (Naive::new(c.clone()), Naive::new(c));
+        for _ in 0..200 {
+            let len = 3 + rng.below(50) as usize;
+            let d = rng.tokens(len..len + 1, 4);
+            dense.insert("s", &d);
+            dense_model.insert(&d);
+            // A large alphabet keeps every bigram's occurrences well under
+            // the candidate cap.
+            let d = rng.tokens(len..len + 1, 400);
+            sparse.insert("s", &d);
+            sparse_model.insert(&d);
+        }
+        for _ in 0..2000 {
+            let ctx = rng.tokens(2..12, 4);
+            let k = 1 + rng.below(6) as usize;
+            let want = dense_model.lookup(&ctx, k);
+            if let Some(got) = dense.lookup("s", &ctx, k) {
+                assert_real_match(&dense_model, &ctx, &got);
+                assert!(got.match_len <= want.unwrap().match_len);
+            }
+            // Sparse: reuse a stored snippet as context so matches happen.
+            let doc = &sparse_model.docs[rng.below(sparse_model.docs.len() as u64) as usize];
+            let end = 2 + rng.below(doc.len() as u64 - 1) as usize;
+            let ctx = &doc[end.saturating_sub(10)..end];
+            assert_eq!(sparse.lookup("s", ctx, k), sparse_model.lookup(ctx, k));
+        }
+    }
+
+    #[test]
+    fn validate_names_the_bad_field() {
+        assert_eq!(SuffixConfig::default().validate(), Ok(()));
+        let bad = |c: SuffixConfig| c.validate().unwrap_err();
+        assert!(bad(cfg(0, 12)).contains("min_match"));
+        assert!(bad(cfg(5, 4)).contains("max_match"));
+        assert!(bad(cfg(3, 65)).contains("max_match"));
+        assert_eq!(cfg(64, 64).validate(), Ok(()));
+        for field in ["max_tokens_per_scope", "max_scopes", "max_doc_tokens"] {
+            let mut c = SuffixConfig::default();
+            match field {
+                "max_tokens_per_scope" => c.max_tokens_per_scope = 0,
+                "max_scopes" => c.max_scopes = 0,
+                _ => c.max_doc_tokens = 0,
+            }
+            assert!(bad(c).contains(field), "{field}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "min_match")]
+    fn new_rejects_an_invalid_config() {
+        SuffixPool::new(cfg(0, 3));
+    }
+
+    #[test]
+    fn debug_shows_no_tenant_data() {
+        let mut p = SuffixPool::new(SuffixConfig::default());
+        p.insert("secret-scope", &[123_456, 234_567, 345_678, 456_789]);
+        let s = format!("{p:?}");
+        assert!(!s.contains("secret") && !s.contains("123456"), "{s}");
+        assert!(s.contains("tokens: 4"), "{s}");
+    }
+}

@@ -1,0 +1,170 @@
+//! The cost model, measured on this machine: at startup (and on demand,
+//! [`super::EngineHandle::recalibrate`]) the engine times target forwards
+//! over the row counts a step can carry and draft-model steps over the
+//! sequence counts one can advance, on blocks it takes from the block
+//! manager for the purpose, so no running sequence's cache is touched.
+//! Afterwards the step timings keep the model current (the engine's
+//! `observe_costs`). The model is logged and exported in /metrics.
+
+use super::EngineError;
+use crate::kv::{BlockManager, SeqId};
+use specgate_draft::{CostCurve, CostModel, ModelDraft};
+use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput};
+use std::time::{Duration, Instant};
+
+/// Row counts of a target forward measured: the shapes of decode steps
+/// (a few sequences, each its last token plus drafts). Longer forwards are
+/// extrapolated, then learned from the steps that run them.
+pub(crate) const VERIFY_ROWS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32];
+
+/// Sequence counts of a draft step measured.
+pub(crate) const DRAFT_ROWS: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+/// Context the timed forwards attend to, when the pool has room: a
+/// forward at position 0 would leave attention out of the cost.
+const CONTEXT: usize = 128;
+
+/// Measuring stops taking longer forwards after this long; the curve is
+/// extrapolated from what was measured (a few seconds on a 2-core CPU for
+/// a 1.5B target and a 0.5B draft).
+const TIME_LIMIT: Duration = Duration::from_secs(8);
+
+/// The id the calibration's blocks are held under while it runs.
+const CALIBRATION_SEQ: SeqId = SeqId::MAX;
+
+/// What [`measure`] needs of the engine.
+pub(crate) struct Calibration<'a> {
+    pub target: &'a Model,
+    pub pool: &'a mut KvPool,
+    pub draft: Option<&'a mut ModelDraft>,
+    pub bm: &'a mut BlockManager,
+    /// A state slot of the target's pool no sequence holds (ignored by
+    /// models without recurrent layers).
+    pub state_slot: u32,
+    /// Rows one forward may carry, and sequences one step may draft for.
+    pub max_rows: usize,
+    pub max_seqs: usize,
+}
+
+/// Times the target (and the draft) on this machine and returns the cost
+/// model, or `None` when not even one row fits in the free blocks (the
+/// caller keeps its model).
+///
+/// Errors: a forward failed.
+pub(crate) fn measure(c: Calibration) -> Result<Option<CostModel>, EngineError> {
+    let started = Instant::now();
+    let bs = c.bm.block_size();
+    // Positions both models can address, and the free blocks hold.
+    let positions = c
+        .draft
+        .as_ref()
+        .map_or(usize::MAX, |d| d.max_position())
+        .min(c.target.config().max_position);
+    let free_tokens = (c.bm.num_free() * bs).min(positions);
+    let longest = VERIFY_ROWS[VERIFY_ROWS.len() - 1].min(c.max_rows);
+    let context = CONTEXT.min(free_tokens.saturating_sub(longest));
+    let rows_fit = free_tokens.saturating_sub(context).min(c.max_rows);
+    if rows_fit == 0 || c.bm.allocate(CALIBRATION_SEQ, context + rows_fit).is_err() {
+        return Ok(None);
+    }
+    let table = c.bm.table(CALIBRATION_SEQ).unwrap_or(&[]).to_vec();
+    let result = run(
+        c.target,
+        c.pool,
+        c.draft,
+        &table,
+        c.state_slot,
+        context,
+        rows_fit,
+        c.max_seqs,
+    );
+    c.bm.free(CALIBRATION_SEQ);
+    let model = result?;
+    log(&model, started.elapsed());
+    Ok(Some(model))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    target: &Model,
+    pool: &mut KvPool,
+    mut draft: Option<&mut ModelDraft>,
+    table: &[u32],
+    slot: u32,
+    context: usize,
+    rows_fit: usize,
+    max_seqs: usize,
+) -> Result<CostModel, EngineError> {
+    let failed = |e: String| EngineError::Invalid(format!("measuring the cost model: {e}"));
+    let vocab = target.config().vocab_size.max(1) as u32;
+    let tokens: Vec<u32> = (0..rows_fit as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
+    let time_target = |pool: &mut KvPool, rows: usize| -> Result<f64, EngineError> {
+        let input = SeqInput {
+            tokens: &tokens[..rows],
+            start_pos: context,
+            block_table: table,
+            logits: LogitsWanted::All,
+            state_slot: slot,
+        };
+        let t = Instant::now();
+        target
+            .forward_rows(pool, &[input])
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let deadline = Instant::now() + TIME_LIMIT;
+    // Warm-up: the first forward pays for page faults and thread start.
+    time_target(pool, 1)?;
+    let mut verify = Vec::new();
+    for rows in VERIFY_ROWS.into_iter().filter(|&r| r <= rows_fit) {
+        if !verify.is_empty() && Instant::now() > deadline {
+            break;
+        }
+        let secs = time_target(pool, rows)?.min(time_target(pool, rows)?);
+        verify.push((rows, secs));
+    }
+    let verify = CostCurve::new(verify).map_err(failed)?;
+    let draft = match draft.as_deref_mut() {
+        None => None,
+        Some(d) => {
+            let mut time = |rows| d.time_forward(rows, context, table);
+            time(1).map_err(|e| failed(e.to_string()))?;
+            let deadline = Instant::now() + TIME_LIMIT / 2;
+            let mut points = Vec::new();
+            for rows in DRAFT_ROWS
+                .into_iter()
+                .filter(|&r| r <= rows_fit.min(max_seqs.max(1)))
+            {
+                if !points.is_empty() && Instant::now() > deadline {
+                    break;
+                }
+                let a = time(rows).map_err(|e| failed(e.to_string()))?;
+                let b = time(rows).map_err(|e| failed(e.to_string()))?;
+                points.push((rows, a.min(b)));
+            }
+            Some(CostCurve::new(points).map_err(failed)?)
+        }
+    };
+    Ok(CostModel::new(verify, draft))
+}
+
+/// `rows: milliseconds` pairs of a curve, for the log.
+pub(crate) fn describe(curve: &CostCurve) -> String {
+    curve
+        .points()
+        .iter()
+        .map(|(r, s)| format!("{r}: {:.2}", s * 1e3))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn log(model: &CostModel, took: Duration) {
+    tracing::info!(
+        verify_ms_by_rows = %describe(&model.verify),
+        draft_step_ms_by_rows = %model.draft.as_ref().map(describe).unwrap_or_default(),
+        took_ms = took.as_millis() as u64,
+        "cost model measured"
+    );
+}

@@ -1,0 +1,312 @@
+//! The goodput policy and the cross-request proposer inside the engine, on
+//! tiny generated models: outputs stay exactly what plain decoding emits
+//! (greedy), sampling still follows the target's distribution (chi-square,
+//! with proposals from the pool of earlier requests), and the pool never
+//! proposes one tenant's text to another.
+
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use common::{chi_square, tiny_model};
+use specgate::engine::scheduler::SchedulerConfig;
+use specgate::engine::{
+    spawn, EngineConfig, EngineHandle, EngineStats, Event, GenRequest, KvSize, ProposerKind,
+    SuffixOptions,
+};
+use specgate_draft::{DraftPolicy, SuffixConfig};
+use specgate_verify::tiny::TinySpec;
+use specgate_verify::{KvPool, LogitsWanted, Model, SamplingParams};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+fn target() -> Model {
+    tiny_model(
+        &TinySpec {
+            dtype: GgmlDType::Q6K,
+            ..TinySpec::qwen2(31)
+        },
+        "target.gguf",
+    )
+}
+
+fn draft() -> Model {
+    tiny_model(
+        &TinySpec {
+            dtype: GgmlDType::Q4K,
+            ..TinySpec::qwen2(31)
+        },
+        "draft.gguf",
+    )
+}
+
+fn goodput() -> DraftPolicy {
+    DraftPolicy::Goodput {
+        max_k: 6,
+        alpha: 0.3,
+        initial_acceptance: 0.9,
+        probe_every: 4,
+    }
+}
+
+fn pool(global: bool) -> Option<SuffixOptions> {
+    Some(SuffixOptions {
+        pool: SuffixConfig::default(),
+        global,
+    })
+}
+
+fn engine(
+    target: Model,
+    proposer: ProposerKind,
+    policy: DraftPolicy,
+    suffix: Option<SuffixOptions>,
+) -> EngineHandle {
+    let cfg = EngineConfig {
+        kv: KvSize::Blocks(256),
+        block_size: 16,
+        scheduler: SchedulerConfig {
+            max_num_seqs: 32,
+            max_num_batched_tokens: 128,
+        },
+        policy,
+        suffix,
+    };
+    spawn(target, proposer, None, cfg).unwrap().0
+}
+
+/// Prompts with repeats (own-context lookups find them) and without
+/// (only the pool or the draft can guess).
+fn request(i: usize) -> GenRequest {
+    let len = 4 + (i * 7) % 30;
+    let prompt: Vec<u32> = if i % 2 == 0 {
+        (0..len)
+            .map(|j| ((i * 31 + j * (1 + i % 3)) % 50) as u32)
+            .collect()
+    } else {
+        (0..len).map(|j| (i * 53 + j * 11) as u32 % 384).collect()
+    };
+    GenRequest {
+        prompt,
+        max_new_tokens: 8 + (i * 11) % 24,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+fn collect(mut rx: UnboundedReceiver<Event>) -> Vec<u32> {
+    let mut out = Vec::new();
+    loop {
+        match rx.blocking_recv().expect("stream ended without Finished") {
+            Event::Tokens { ids, .. } => out.extend(ids),
+            Event::PromptLogprobs(_) => {}
+            Event::Finished { .. } => return out,
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+}
+
+fn run_all(h: &EngineHandle, reqs: Vec<GenRequest>) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = reqs.into_iter().map(|r| h.submit(r).unwrap()).collect();
+    rxs.into_iter().map(collect).collect()
+}
+
+fn wait_idle(h: &EngineHandle) -> EngineStats {
+    let t = Instant::now();
+    loop {
+        let s = h.stats();
+        if s.running == 0 && s.waiting == 0 && s.free_blocks == s.num_blocks {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "never idle: {s:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn goodput_with_lookups_and_the_pool_emits_what_plain_decoding_emits() {
+    let n = 16;
+    let reqs = || (0..n).map(request).collect::<Vec<_>>();
+    let plain = engine(
+        target(),
+        ProposerKind::None,
+        DraftPolicy::Fixed { k: 0 },
+        None,
+    );
+    let reference = run_all(&plain, reqs());
+    let mut pool_drafts = 0;
+    for (name, proposer) in [
+        ("ngram", ProposerKind::Ngram { min_n: 1, max_n: 3 }),
+        ("draft", ProposerKind::Draft(draft())),
+    ] {
+        let h = engine(target(), proposer, goodput(), pool(false));
+        // The second wave repeats the first: the pool now holds its text.
+        for wave in 0..2 {
+            let got = run_all(&h, reqs());
+            for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+                assert_eq!(g, r, "{name}, wave {wave}, request {i}");
+            }
+        }
+        let s = wait_idle(&h);
+        assert!(s.spec.draft_tokens > 0, "{name}: nothing drafted");
+        assert!(s.spec.accepted_tokens > 0, "{name}: nothing accepted");
+        pool_drafts += s.pool_draft_tokens;
+        eprintln!(
+            "{name}: drafted {} (context {}, pool {} of which {} accepted), accepted {}",
+            s.spec.draft_tokens,
+            s.context_draft_tokens,
+            s.pool_draft_tokens,
+            s.pool_accepted_tokens,
+            s.spec.accepted_tokens
+        );
+    }
+    assert!(pool_drafts > 0, "the pool never proposed");
+}
+
+#[test]
+fn the_pool_never_proposes_another_tenants_text() {
+    // No token repeats in the prompt, so only the pool can guess.
+    let req = |tenant| GenRequest {
+        prompt: (0..24).map(|j| (j * 13 + 5) % 384).collect(),
+        max_new_tokens: 24,
+        ignore_eos: true,
+        tenant,
+        ..Default::default()
+    };
+    let fixed = DraftPolicy::Fixed { k: 4 };
+    for global in [false, true] {
+        let h = engine(
+            target(),
+            ProposerKind::Ngram { min_n: 3, max_n: 3 },
+            fixed.clone(),
+            pool(global),
+        );
+        let first = run_all(&h, vec![req(7)]);
+        let before = wait_idle(&h).pool_draft_tokens;
+        let other = run_all(&h, vec![req(8)]);
+        let after_other = wait_idle(&h).pool_draft_tokens;
+        let again = run_all(&h, vec![req(7)]);
+        let after_same = wait_idle(&h).pool_draft_tokens;
+        assert_eq!(first, other);
+        assert_eq!(first, again);
+        assert!(after_same > after_other, "the owner's pool never proposed");
+        if global {
+            // One pool for all: the other tenant is proposed the text
+            // (which is why the default scopes by API key).
+            assert!(after_other > before);
+        } else {
+            assert_eq!(after_other, before, "tenant 8 was proposed tenant 7's text");
+        }
+    }
+}
+
+const V: usize = 12;
+
+fn tiny12(seed: u64, name: &str) -> Model {
+    tiny_model(
+        &TinySpec {
+            vocab_size: V,
+            dtype: GgmlDType::F32,
+            logit_scale: 0.7,
+            ..TinySpec::llama(seed)
+        },
+        name,
+    )
+}
+
+fn sampling(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
+}
+
+/// Exact warped p(x1, x2) of `target` after `prompt`.
+fn exact(target: &Model, prompt: &[u32]) -> Vec<f64> {
+    let w = sampling(0);
+    let table = [0u32, 1];
+    let mut pool = KvPool::new(target.config(), 2, 16).unwrap();
+    let first = target
+        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::Last)
+        .unwrap();
+    let p1 = w.warp(&first[0]);
+    let mut joint = vec![0f64; V * V];
+    for x1 in 0..V {
+        if p1[x1] == 0.0 {
+            continue;
+        }
+        let next = target
+            .forward_one(
+                &mut pool,
+                &[x1 as u32],
+                prompt.len(),
+                &table,
+                LogitsWanted::Last,
+            )
+            .unwrap();
+        let p2 = w.warp(&next[0]);
+        for x2 in 0..V {
+            joint[x1 * V + x2] = p1[x1] as f64 * p2[x2] as f64;
+        }
+    }
+    joint
+}
+
+/// Sampling through the engine with the pool of earlier requests
+/// proposing (each proposal the previous samples' text: deterministic,
+/// unlike the target) follows the target's joint distribution of the
+/// first two tokens: under the goodput policy (which drafts while the
+/// pool's guesses pay and stops when they do not) and with a draft every
+/// round.
+#[test]
+fn sampling_with_pool_proposals_follows_the_target_distribution() {
+    let n = 6000;
+    let prompt = vec![1u32, 5, 9, 2, 7];
+    let target = || tiny12(21, "target12.gguf");
+    let exact = exact(&target(), &prompt);
+    for (name, policy, least) in [
+        ("goodput", goodput(), 50),
+        ("fixed k = 1", DraftPolicy::Fixed { k: 1 }, n / 2),
+    ] {
+        let h = engine(
+            target(),
+            ProposerKind::Ngram { min_n: 3, max_n: 3 },
+            policy,
+            pool(false),
+        );
+        let mut counts = vec![0usize; V * V];
+        for wave in 0..n / 50 {
+            let reqs = (0..50)
+                .map(|i| GenRequest {
+                    prompt: prompt.clone(),
+                    max_new_tokens: 2,
+                    sampling: sampling(1000 + (wave * 50 + i) as u64),
+                    ignore_eos: true,
+                    ..Default::default()
+                })
+                .collect();
+            for out in run_all(&h, reqs) {
+                assert_eq!(out.len(), 2);
+                counts[out[0] as usize * V + out[1] as usize] += 1;
+            }
+        }
+        let s = wait_idle(&h);
+        let impossible: usize = counts
+            .iter()
+            .zip(&exact)
+            .filter(|(_, &p)| p == 0.0)
+            .map(|(c, _)| c)
+            .sum();
+        let (stat, crit) = chi_square(&exact, &counts, n);
+        eprintln!(
+            "{name}: chi2 {stat:.1} (critical {crit:.1}); pool drafted {}, accepted {}",
+            s.pool_draft_tokens, s.pool_accepted_tokens
+        );
+        assert_eq!(impossible, 0, "{name}: a token outside top-p was emitted");
+        assert!(stat < crit, "{name}: chi2 {stat} >= {crit}");
+        // The pool really proposed, and was sometimes right and sometimes not.
+        assert!(s.pool_draft_tokens as usize >= least, "{name}: {s:?}");
+        assert!(s.pool_accepted_tokens > 0 && s.pool_accepted_tokens < s.pool_draft_tokens);
+    }
+}
