@@ -105,6 +105,11 @@ fn main() -> anyhow::Result<()> {
         bytes_read,
         100.0 * covered as f64 / total.max(1) as f64
     )?;
+    // The vocabulary the ids index: `head_tokens = "auto"` picks this list
+    // only for a draft with the same one.
+    if let Some(v) = specgate_verify::model::vocab_fingerprint(Path::new(&args[0]))? {
+        writeln!(out, "# vocabulary: {v}")?;
+    }
     for id in &keep {
         writeln!(out, "{id}")?;
     }

@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 scripts/fetch-models.sh models
 cargo fmt --all -- --check
 cargo test --release --workspace
+# Again on the AVX2 kernels, what an AVX2-only CPU runs, where this machine
+# has better ones: the kernel tests of every format and the whole-model
+# differential tests (the same build: --workspace keeps the features).
+if grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo; then
+    SPECGATE_KERNEL_ISA=avx2 cargo test --release --workspace --lib kernels
+    SPECGATE_KERNEL_ISA=avx2 cargo test --release --workspace --test differential
+fi
 # Soak: 300 requests at concurrency 16 on SmolLM2-135M (clients hanging up
 # mid-stream, slow readers, hostile bodies), then the server must be idle and
 # healthy. Longer runs by flag: scripts/soak.sh -n 2000 -c 32 --config ...

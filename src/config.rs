@@ -142,6 +142,9 @@ pub struct DraftConfig {
     /// Token list (one id per line, e.g. configs/draft-head-qwen2.5.txt)
     /// restricting the draft's output head to those tokens: a cheaper draft
     /// step, still lossless (the verifier keeps the full vocabulary).
+    /// `"auto"` (the default) takes the list under configs/ made for the
+    /// draft's vocabulary, if there is one; `"off"` keeps the full head.
+    /// See `server::draft_head`.
     pub head_tokens: Option<PathBuf>,
 }
 
@@ -151,7 +154,7 @@ impl Default for DraftConfig {
             path: Some(PathBuf::from(
                 "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             )),
-            head_tokens: None,
+            head_tokens: Some(PathBuf::from("auto")),
         }
     }
 }

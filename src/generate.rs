@@ -8,7 +8,7 @@ use crate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 use anyhow::{bail, Context, Result};
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, PolicyState, Proposer};
 use specgate_verify::kv_pool::DEFAULT_BLOCK_SIZE;
-use specgate_verify::model::{load_model, load_model_tp, read_token_list};
+use specgate_verify::model::{load_model, load_model_tp};
 use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -146,8 +146,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut proposer: Option<Box<dyn Proposer>> = if let Some(path) = &args.draft {
         let mut draft =
             load_model(path).with_context(|| format!("loading draft model {}", path.display()))?;
-        if let Some(list) = &args.draft_head_tokens {
-            draft.restrict_head(&read_token_list(list)?)?;
+        if let Some((_, ids)) = crate::server::draft_head(args.draft_head_tokens.as_deref(), path)?
+        {
+            draft.restrict_head(&ids)?;
         }
         draft.warm_up()?;
         let d = ModelDraft::new(Arc::new(draft), blocks, DEFAULT_BLOCK_SIZE)?;

@@ -11,7 +11,9 @@ use crate::http::cors::CorsPolicy;
 use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
-use specgate_verify::model::{load_model, load_model_tp, read_token_list};
+use specgate_verify::model::{
+    load_model, load_model_tp, read_token_list, token_list_vocabulary, vocab_fingerprint,
+};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -199,8 +201,9 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Gramma
             tracing::info!(draft = %path.display(), "loading the draft model");
             let mut d = load_model(path)
                 .with_context(|| format!("loading draft model {}", path.display()))?;
-            if let Some(list) = &cfg.draft.head_tokens {
-                d.restrict_head(&read_token_list(list)?)?;
+            if let Some((list, ids)) = draft_head(cfg.draft.head_tokens.as_deref(), path)? {
+                tracing::info!(list = %list.display(), tokens = ids.len(), "draft head reduced");
+                d.restrict_head(&ids)?;
             }
             d.warm_up()?;
             ProposerKind::Draft(d)
@@ -246,6 +249,59 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Gramma
         None => engine,
     };
     Ok((engine, tokenizer, grammars))
+}
+
+/// Where `draft.head_tokens = "auto"` looks for token lists.
+pub const HEAD_LISTS_DIR: &str = "configs";
+
+/// The reduced output head for the draft at `draft`, as `[draft]
+/// head_tokens` says: unset or `"off"`, none; `"auto"` (the default), the
+/// first list `configs/draft-head-*.txt` (of the working directory) made
+/// for the draft's vocabulary (its `# vocabulary:` line equals the draft
+/// file's [`vocab_fingerprint`]), else none; a path, that list.
+///
+/// Errors: a list that cannot be read, or a named list made for another
+/// vocabulary (its ids would point at other tokens: still lossless, but a
+/// useless draft).
+pub fn draft_head(setting: Option<&Path>, draft: &Path) -> Result<Option<(PathBuf, Vec<u32>)>> {
+    let Some(setting) = setting.filter(|s| s.as_os_str() != "off") else {
+        return Ok(None);
+    };
+    let vocab = vocab_fingerprint(draft)
+        .with_context(|| format!("reading the vocabulary of {}", draft.display()))?;
+    if setting.as_os_str() == "auto" {
+        let Some(vocab) = vocab else {
+            return Ok(None);
+        };
+        let mut lists: Vec<PathBuf> = std::fs::read_dir(HEAD_LISTS_DIR)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        lists.retain(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("draft-head-") && n.ends_with(".txt"))
+        });
+        lists.sort();
+        for list in lists {
+            if token_list_vocabulary(&list)?.as_deref() == Some(vocab.as_str()) {
+                let ids = read_token_list(&list)?;
+                return Ok(Some((list, ids)));
+            }
+        }
+        tracing::info!(draft = %draft.display(), "no reduced-head list for the draft's vocabulary: full head");
+        return Ok(None);
+    }
+    if let (Some(made_for), Some(vocab)) = (token_list_vocabulary(setting)?, vocab) {
+        if made_for != vocab {
+            anyhow::bail!(
+                "draft.head_tokens {} was made for the vocabulary {made_for}, but the draft {} has {vocab}",
+                setting.display(),
+                draft.display()
+            );
+        }
+    }
+    let ids = read_token_list(setting)?;
+    Ok(Some((setting.to_path_buf(), ids)))
 }
 
 /// SIGHUP, where the platform has it (`None` elsewhere or if the handler

@@ -78,7 +78,7 @@ fn engine(
 /// (only the pool or the draft can guess).
 fn request(i: usize) -> GenRequest {
     let len = 4 + (i * 7) % 30;
-    let prompt: Vec<u32> = if i % 2 == 0 {
+    let prompt: Vec<u32> = if i.is_multiple_of(2) {
         (0..len)
             .map(|j| ((i * 31 + j * (1 + i % 3)) % 50) as u32)
             .collect()
@@ -308,5 +308,46 @@ fn sampling_with_pool_proposals_follows_the_target_distribution() {
         // The pool really proposed, and was sometimes right and sometimes not.
         assert!(s.pool_draft_tokens as usize >= least, "{name}: {s:?}");
         assert!(s.pool_accepted_tokens > 0 && s.pool_accepted_tokens < s.pool_draft_tokens);
+    }
+}
+
+/// The reduced draft head is on by default where a shipped list was made
+/// for the draft's vocabulary, off where none was, and a named list made
+/// for another vocabulary is refused.
+#[test]
+fn draft_head_lists_are_matched_by_vocabulary() {
+    use specgate::server::draft_head;
+    use specgate_verify::model::vocab_fingerprint;
+    use std::path::Path;
+    let (_, tiny_draft) = common::model_files();
+    let tiny_vocab = vocab_fingerprint(&tiny_draft).unwrap().unwrap();
+    assert!(tiny_vocab.ends_with(":384"), "{tiny_vocab}");
+    // No list under configs/ is for the tiny vocabulary: full head.
+    assert!(draft_head(Some(Path::new("auto")), &tiny_draft)
+        .unwrap()
+        .is_none());
+    assert!(draft_head(Some(Path::new("off")), &tiny_draft)
+        .unwrap()
+        .is_none());
+    assert!(draft_head(None, &tiny_draft).unwrap().is_none());
+    // The shipped Qwen list names the Qwen vocabulary: refused here.
+    let qwen_list = Path::new("configs/draft-head-qwen2.5.txt");
+    let e = draft_head(Some(qwen_list), &tiny_draft)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("made for the vocabulary"), "{e}");
+    // A list made for the tiny vocabulary is taken.
+    let dir = common::scratch_dir("head-lists");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mine = dir.join("draft-head-tiny.txt");
+    std::fs::write(&mine, format!("# vocabulary: {tiny_vocab}\n3\n1\n2\n")).unwrap();
+    let (path, ids) = draft_head(Some(&mine), &tiny_draft).unwrap().unwrap();
+    assert_eq!((path, ids), (mine, vec![3, 1, 2]));
+    // On the real 0.5B draft, "auto" finds the shipped list.
+    let real = Path::new("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if real.exists() {
+        let (path, ids) = draft_head(Some(Path::new("auto")), real).unwrap().unwrap();
+        assert_eq!(path, Path::new("configs/draft-head-qwen2.5.txt"));
+        assert_eq!(ids.len(), 32768);
     }
 }

@@ -836,10 +836,9 @@ mod tests {
         };
         for case in 0..300 {
             let states: Vec<PolicyState> = (0..3)
-                .map(|_| {
-                    let mut s = PolicyState::default();
-                    s.positions = (0..4).map(|_| rnd()).collect();
-                    s
+                .map(|_| PolicyState {
+                    positions: (0..4).map(|_| rnd()).collect(),
+                    ..Default::default()
                 })
                 .collect();
             let model = costs(1.0, rnd() * 0.5, (case % 2 == 0).then(|| rnd() * 0.6));

@@ -88,7 +88,7 @@ pub(crate) fn measure(c: Calibration) -> Result<Option<CostModel>, EngineError> 
 fn run(
     target: &Model,
     pool: &mut KvPool,
-    mut draft: Option<&mut ModelDraft>,
+    draft: Option<&mut ModelDraft>,
     table: &[u32],
     slot: u32,
     context: usize,
@@ -126,7 +126,7 @@ fn run(
         verify.push((rows, secs));
     }
     let verify = CostCurve::new(verify).map_err(failed)?;
-    let draft = match draft.as_deref_mut() {
+    let draft = match draft {
         None => None,
         Some(d) => {
             let mut time = |rows| d.time_forward(rows, context, table);

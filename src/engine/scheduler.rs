@@ -23,6 +23,11 @@ pub trait Schedulable {
     }
 }
 
+/// The draft lengths of the sequences ready to decode, planned together:
+/// `(ready, budget, prefill_rows)` to one k per ready sequence (see
+/// [`Scheduler::plan`]).
+pub type DraftLengths<'a, T> = dyn Fn(&[&T], usize, usize) -> Vec<usize> + 'a;
+
 /// Limits of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -85,7 +90,7 @@ impl Scheduler {
         waiting: &mut VecDeque<T>,
         running: &mut Vec<T>,
         bm: &mut BlockManager,
-        k_of: &dyn Fn(&[&T], usize, usize) -> Vec<usize>,
+        k_of: &DraftLengths<T>,
     ) -> Plan {
         let mut plan = Plan::default();
         self.admit(waiting, running, bm, &mut plan);

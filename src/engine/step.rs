@@ -625,8 +625,10 @@ impl Engine {
                 .map(|s| {
                     let found = lookups.get(&s.spec.id);
                     let mut max_k = Self::k_cap(slots, s);
-                    if found.is_some() || s.method == SpecMethod::Ngram {
-                        // A lookup drafts what it found, nothing more.
+                    let grammar = s.spec.sampler.processor().has_constraint();
+                    if (found.is_some() || s.method == SpecMethod::Ngram) && !grammar {
+                        // A lookup drafts what it found, nothing more (under
+                        // a grammar, forced tokens may extend it up to k).
                         max_k = max_k.min(found.map_or(0, |l| l.tokens.len()));
                     }
                     StepSeq {
@@ -650,7 +652,14 @@ impl Engine {
             let model = ready.iter().zip(&plan.ks).any(|(s, &k)| {
                 k > 0 && s.method == SpecMethod::Draft && !lookups.contains_key(&s.spec.id)
             });
-            let mean = plan.ks.iter().sum::<usize>() as f64 / plan.ks.len().max(1) as f64;
+            // The gauge: what goodput chose this step; what the other
+            // policies set (before any cap), as before.
+            let mean = match policy {
+                DraftPolicy::Goodput { .. } => {
+                    plan.ks.iter().sum::<usize>() as f64 / plan.ks.len().max(1) as f64
+                }
+                p => p.k(ready.len().max(1), &PolicyState::default()) as f64,
+            };
             chosen.set((plan.probed.is_some(), mean, model));
             plan.ks
         };
@@ -705,77 +714,83 @@ impl Engine {
         Some(work)
     }
 
-    /// Propose: drafts for every decode row, one batch per proposer. A
-    /// proposer that fails on a sequence alone leaves it undrafted from now
-    /// on (plain decoding is still exact); the others keep their drafts.
+    /// Propose: drafts for every decode row: the lookups found while
+    /// planning (n-gram sequences, and draft-model sequences a lookup
+    /// served), then one draft-model batch for the rest. A draft that
+    /// fails on a sequence alone leaves it undrafted from now on (plain
+    /// decoding is still exact); the others keep their drafts.
     fn propose_stage(&mut self, decodes: &[Decode]) -> Vec<Proposal> {
         let mut out = vec![Proposal::default(); decodes.len()];
         let looked: Vec<bool> = decodes
             .iter()
             .map(|d| self.lookups.contains_key(&self.running[d.idx].spec.id))
             .collect();
-        if looked.contains(&true) {
+        // n-gram sequences go through the lookup proposer even when it found
+        // nothing: shaping may still extend the empty guess with the tokens
+        // a grammar forces.
+        let by_lookup: Vec<bool> = decodes
+            .iter()
+            .zip(&looked)
+            .map(|(d, &l)| l || self.running[d.idx].method == SpecMethod::Ngram)
+            .collect();
+        if by_lookup.contains(&true) {
             let (_, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
             let mut lookups = Lookups(&self.lookups);
             // Lookups do not fail; a grammar cut is part of shaping.
-            if let Err(e) = propose(&mut lookups, &mut rounds, &looked, &mut out) {
+            if let Err(e) = propose(&mut lookups, &mut rounds, &by_lookup, &mut out) {
                 tracing::warn!(error = %e, "lookup drafting failed");
             }
         }
-        for method in [SpecMethod::Draft] {
-            let sel: Vec<bool> = decodes
-                .iter()
-                .zip(&looked)
-                .map(|(d, &l)| !l && self.running[d.idx].method == method)
-                .collect();
-            if !sel.contains(&true) {
-                continue;
+        // The draft model, for the draft-model sequences no lookup served.
+        let sel: Vec<bool> = decodes
+            .iter()
+            .zip(&looked)
+            .map(|(d, &l)| !l && self.running[d.idx].method == SpecMethod::Draft)
+            .collect();
+        if !sel.contains(&true) {
+            return out;
+        }
+        let Err(e) = self.try_propose(decodes, &sel, &mut out) else {
+            return out;
+        };
+        tracing::warn!(error = %e, "batched drafting failed; retrying per sequence");
+        for (i, d) in decodes.iter().enumerate().filter(|(i, _)| sel[*i]) {
+            // The failed batch may have left the draft's view of any of
+            // them half-advanced: it starts over from the tokens.
+            let id = self.running[d.idx].spec.id;
+            if let Some(dm) = self.draft.as_mut() {
+                dm.release(id);
             }
-            let Err(e) = self.try_propose(method, decodes, &sel, &mut out) else {
-                continue;
-            };
-            tracing::warn!(?method, error = %e, "batched drafting failed; retrying per sequence");
-            for (i, d) in decodes.iter().enumerate().filter(|(i, _)| sel[*i]) {
-                // The failed batch may have left the draft's view of any of
-                // them half-advanced: it starts over from the tokens.
-                let id = self.running[d.idx].spec.id;
+            let mut one = vec![false; decodes.len()];
+            one[i] = true;
+            if let Err(e) = self.try_propose(decodes, &one, &mut out) {
+                tracing::warn!(
+                    engine_request = id,
+                    error = %e,
+                    "drafting failed for one sequence; it continues without speculation"
+                );
+                self.running[d.idx].method = SpecMethod::Off;
+                out[i] = Proposal::default();
                 if let Some(dm) = self.draft.as_mut() {
                     dm.release(id);
-                }
-                let mut one = vec![false; decodes.len()];
-                one[i] = true;
-                if let Err(e) = self.try_propose(method, decodes, &one, &mut out) {
-                    tracing::warn!(
-                        engine_request = id,
-                        ?method,
-                        error = %e,
-                        "drafting failed for one sequence; it continues without speculation"
-                    );
-                    self.running[d.idx].method = SpecMethod::Off;
-                    out[i] = Proposal::default();
-                    if let Some(dm) = self.draft.as_mut() {
-                        dm.release(id);
-                    }
                 }
             }
         }
         out
     }
 
+    /// Drafts with the draft model for the decodes `sel` picks.
     fn try_propose(
         &mut self,
-        method: SpecMethod,
         decodes: &[Decode],
         sel: &[bool],
         out: &mut [Proposal],
     ) -> Result<(), StepError> {
         let (_, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
-        let (ngram, draft) = (&mut self.ngram, &mut self.draft);
-        contained(|| match (method, draft.as_mut()) {
-            (SpecMethod::Ngram, _) => propose(ngram, &mut rounds, sel, out),
-            (SpecMethod::Draft, Some(d)) => propose(d, &mut rounds, sel, out),
-            _ => Ok(()),
-        })
+        let Some(d) = self.draft.as_mut() else {
+            return Ok(());
+        };
+        contained(|| propose(d, &mut rounds, sel, out))
     }
 
     /// Verify: ONE verifier forward over every prefill chunk and decode

@@ -172,6 +172,54 @@ impl ModelConfig {
     }
 }
 
+/// A fingerprint of a GGUF file's vocabulary: FNV-1a (64 bits) over its
+/// token strings (`tokenizer.ggml.tokens`), each followed by a zero byte,
+/// with the count: `fnv1a64:<16 hex digits>:<count>`. Two files with the
+/// same fingerprint map every id to the same string, so a token list made
+/// for one fits the other. `None` for a path that is not a GGUF file or
+/// has no token strings.
+///
+/// Errors: a GGUF file that cannot be read.
+pub fn vocab_fingerprint(path: &std::path::Path) -> Result<Option<String>> {
+    use candle_core::quantized::gguf_file::Value;
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let g = crate::gguf::Gguf::open(path)?;
+    let Some(Value::Array(tokens)) = g.metadata.get("tokenizer.ggml.tokens") else {
+        return Ok(None);
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    for t in tokens {
+        let Value::String(t) = t else {
+            return Ok(None);
+        };
+        t.bytes().for_each(&mut eat);
+        eat(0);
+    }
+    Ok(Some(format!("fnv1a64:{h:016x}:{}", tokens.len())))
+}
+
+/// The vocabulary a token list was made for: its `# vocabulary: <fp>`
+/// line ([`vocab_fingerprint`]), if it has one.
+///
+/// Errors: the file cannot be read.
+pub fn token_list_vocabulary(path: &std::path::Path) -> Result<Option<String>> {
+    let text = std::fs::read_to_string(path).map_err(|source| VerifyError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .find_map(|l| l.strip_prefix("# vocabulary:"))
+        .map(|v| v.trim().to_owned()))
+}
+
 /// Reads a token list for [`super::Model::restrict_head`]: one id per line; empty
 /// lines and lines starting with `#` are skipped.
 ///

@@ -36,7 +36,10 @@ use crate::kv_pool::KvPool;
 use candle_core::Tensor;
 use std::sync::Mutex;
 
-pub use config::{read_token_list, Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
+pub use config::{
+    read_token_list, token_list_vocabulary, vocab_fingerprint, Arch, MlaConfig, ModelConfig,
+    MoeConfig, RopeStyle, YarnConfig,
+};
 pub use deepseek::MlaPrefill;
 pub use loader::{
     config_from_hf_json, load_gguf, load_gguf_tp, load_model, load_model_tp, load_safetensors,
