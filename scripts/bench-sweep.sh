@@ -21,7 +21,8 @@
 #
 # Settings (environment): CONCURRENCY (1,4,8), NUM_REQUESTS per point (8),
 # MAX_TOKENS (64), WARMUP (2), WORKLOAD (benches/workloads/editing.jsonl),
-# CONFIGS ("off ngram draft adaptive"), OUT (target/bench-sweep).
+# CONFIGS ("off ngram draft adaptive"; also "nopool": the default without
+# the cross-request pool), OUT (target/bench-sweep).
 # REPORT_ONLY=1 skips the runs and rewrites the section from the results
 # already in OUT (for a sweep that was cut short: the configs with results).
 # SKIP_BUILD=1 skips the `cargo test --release --workspace --no-run` build
@@ -98,6 +99,10 @@ speculative() {
     off) printf '[speculative]\nmethod = "off"\n' ;;
     ngram) printf '[speculative]\nmethod = "ngram"\npolicy = "table"\ntable = [[1, 3], [2, 2], [4, 1]]\n' ;;
     draft) sed -n '/^\[speculative\]/,$p' configs/default.toml ;;
+    # The default without the cross-request pool: what the policy and the
+    # draft alone give (a workload that repeats prompts feeds the pool).
+    nopool) sed -n '/^\[speculative\]/,$p' configs/default.toml
+            printf '\n[speculative.suffix]\nenabled = false\n' ;;
     adaptive) printf '[speculative]\nmethod = "draft"\npolicy = "adaptive"\nnum_tokens = 4\n' ;;
     *) echo "unknown config $1" >&2; exit 1 ;;
   esac
@@ -228,8 +233,8 @@ EOF
     [ -n "$ready" ] || { tail -n 40 "$log"; echo "llama-server ($label) not ready" >&2; exit 1; }
     echo "== $label at $url: $(cat "$OUT/$label.cmd")"
     bench "$url" "$label"
-    # llama.cpp's own speculative counters over the whole run (the bench
-    # reads only specgate's and vLLM's metric names).
+    # llama.cpp's own speculative counters over the whole run (warm-up
+    # included), for the section's summary line.
     http_get "$url/metrics" "$OUT/$label.metrics" >/dev/null || true
     kill $pid
     wait $pid || true
@@ -437,9 +442,8 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
   echo "tokens; acc. len: tokens per verify pass that drafted (1 + accepted / drafts),"
   echo "both from the server's /metrics over the run."
   if [ -n "$PEER_LABELS" ]; then
-    echo "specgate-bench reads only specgate's and vLLM's metric names, so these"
-    echo "columns are empty for llama.cpp; its own counters (\`llamacpp:spec_decode_*\`,"
-    echo "over its whole run, warm-up included) say:${peer_accept:- nothing (no speculative counters).}"
+    echo "For llama.cpp these columns come from its \`llamacpp:spec_decode_*\` counters;"
+    echo "over its whole run, warm-up included, they say:${peer_accept:- nothing (no speculative counters).}"
   fi
   echo
   cat "$OUT/table.md"

@@ -157,6 +157,12 @@ impl CostModel {
         self.verify.at(verify_rows as f64) + d
     }
 
+    /// Predicted seconds of one draft-model forward over `rows` rows (0
+    /// without a draft model).
+    pub fn draft_secs(&self, rows: f64) -> f64 {
+        self.draft.as_ref().map_or(0.0, |c| c.at(rows))
+    }
+
     /// Folds a timed target forward of `rows` rows into the model.
     pub fn observe_verify(&mut self, rows: usize, secs: f64) {
         self.verify.observe(rows, secs, self.alpha);

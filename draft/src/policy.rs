@@ -170,6 +170,14 @@ pub struct StepLimits {
     pub prefill_rows: usize,
     /// Whether a sequence left at k = 0 may be probed this step.
     pub probe: bool,
+    /// Prompt rows the draft model also runs this step if anyone drafts
+    /// with it (the draft's chunked prefill, skipped otherwise).
+    pub draft_prefill_rows: usize,
+    /// How much better than plain decoding a plan that runs the draft
+    /// model must be predicted to be (0.05 = 5%): a margin for the cost
+    /// model's error, so that a draft predicted to gain a little does not
+    /// lose a little.
+    pub model_margin: f64,
 }
 
 /// What [`DraftPolicy::plan_step`] chose.
@@ -395,7 +403,8 @@ impl DraftPolicy {
         }
         order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         let start = base();
-        let mut best = (start.goodput(), start.ks.clone());
+        let plain = start.goodput();
+        let mut best = (plain, start.ks.clone());
         // A draft-model step costs the same whether one sequence or all of
         // them draft that deep, so the thresholds are tried under every
         // depth cap too: "one draft for everyone" is a plan of its own.
@@ -407,8 +416,13 @@ impl DraftPolicy {
                     continue;
                 }
                 let now = plan.goodput();
+                let margin = if plan.uses_model() {
+                    limits.model_margin
+                } else {
+                    0.0
+                };
                 // Strictly better only: an equal plan with fewer drafts wins.
-                if now > best.0 * (1.0 + 1e-9) {
+                if now > best.0 * (1.0 + 1e-9) && now >= plain * (1.0 + margin) {
                     best = (now, plan.ks.clone());
                 }
             }
@@ -491,7 +505,7 @@ impl<'a> GoodputSearch<'a> {
             expected: seqs.len() as f64,
             room,
             drafted: 0,
-            draft_rows: vec![0.0; deepest + 1],
+            draft_rows: vec![0.0; deepest.max(1) + 1],
         }
     }
 
@@ -511,9 +525,19 @@ impl<'a> GoodputSearch<'a> {
         true
     }
 
+    /// Whether the plan runs the draft model at all.
+    fn uses_model(&self) -> bool {
+        self.draft_rows[0] > 0.0
+    }
+
     fn secs(&self) -> f64 {
         let rows = self.seqs.len() + self.drafted + self.limits.prefill_rows;
-        self.cost.step_secs(rows, &self.draft_rows)
+        let prefill = if self.uses_model() {
+            self.limits.draft_prefill_rows
+        } else {
+            0
+        };
+        self.cost.step_secs(rows, &self.draft_rows) + self.cost.draft_secs(prefill as f64)
     }
 
     fn goodput(&self) -> f64 {
@@ -692,8 +716,7 @@ mod tests {
     fn limits(budget: usize) -> StepLimits {
         StepLimits {
             budget,
-            prefill_rows: 0,
-            probe: false,
+            ..StepLimits::default()
         }
     }
 
@@ -820,6 +843,34 @@ mod tests {
         s.record(0, 0, 1.0, 0.5);
         s.record(0, 0, 1.0, 0.5);
         assert_eq!(s.rounds_at_zero(), 2);
+    }
+
+    #[test]
+    fn goodput_prices_the_draft_prefill_and_keeps_a_margin() {
+        let p = goodput(4);
+        let st = accepting(0.6);
+        let seqs = vec![seq(&st, true); 4];
+        // Drafting one token each: 4 x 1.6 tokens for V(8) + D(4) against
+        // 4 tokens for V(4): about 7% better.
+        let model = CostModel::new(
+            curve(&[(1, 1.0), (4, 1.0), (8, 1.4), (64, 5.0)]),
+            Some(curve(&[(1, 0.06), (4, 0.07), (256, 4.0)])),
+        );
+        let none = p.plan_step(&seqs, &model, limits(512));
+        assert!(none.ks.iter().all(|&k| k >= 1), "{:?}", none.ks);
+        // A 10% margin refuses that gain; a 5% one takes it.
+        let mut l = limits(512);
+        l.model_margin = 0.10;
+        assert_eq!(p.plan_step(&seqs, &model, l).ks, vec![0; 4]);
+        l.model_margin = 0.05;
+        assert!(p.plan_step(&seqs, &model, l).ks.iter().all(|&k| k >= 1));
+        // The draft would also have to run 200 prompt rows this step.
+        l.model_margin = 0.0;
+        l.draft_prefill_rows = 200;
+        assert_eq!(p.plan_step(&seqs, &model, l).ks, vec![0; 4]);
+        // Lookups pay neither.
+        let free = vec![seq(&st, false); 4];
+        assert!(p.plan_step(&free, &model, l).ks.iter().all(|&k| k >= 1));
     }
 
     /// On small random cases, the threshold search finds the exhaustive

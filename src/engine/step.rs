@@ -112,6 +112,13 @@ impl Proposer for Lookups<'_> {
     }
 }
 
+/// How much better than plain decoding the goodput policy must predict a
+/// plan that runs the draft model to be (see `StepLimits::model_margin`):
+/// the step cost model's error on such plans, a few percent once its
+/// curves have settled, so that a predicted gain smaller than that is not
+/// bought with a real loss.
+const MODEL_MARGIN: f64 = 0.05;
+
 /// Acceptance priors by proposer.
 #[derive(Debug, Default)]
 struct Priors {
@@ -507,10 +514,13 @@ impl Engine {
             return;
         };
         self.stats.steps += 1;
+        let started = std::time::Instant::now();
         let proposals = self.propose_stage(&work.decodes);
+        let propose_secs = started.elapsed().as_secs_f64();
         let started = std::time::Instant::now();
         let (decoded, prefilled) = self.verify_stage(&work, &proposals);
-        self.observe_costs(&work, &proposals, started.elapsed().as_secs_f64());
+        let verify_secs = started.elapsed().as_secs_f64();
+        self.observe_costs(&work, &proposals, verify_secs, propose_secs);
         self.draft_prefill(&work.prefills, &prefilled);
         let mut ended = HashSet::new();
         for (p, r) in work.prefills.iter().zip(prefilled) {
@@ -593,14 +603,29 @@ impl Engine {
 
     /// Keeps the cost model current from this step: the target forward
     /// (with acceptance: a verified row's sampling is part of its cost)
-    /// and every draft-model forward since the last step.
-    fn observe_costs(&mut self, work: &Work, proposals: &[Proposal], verify_secs: f64) {
+    /// and every draft-model forward of the propose stage, each scaled up
+    /// by the stage's time around the forwards (processing and sampling
+    /// each drafted row) so the curve prices a draft step whole.
+    fn observe_costs(
+        &mut self,
+        work: &Work,
+        proposals: &[Proposal],
+        verify_secs: f64,
+        propose_secs: f64,
+    ) {
         let rows: usize = work.prefills.iter().map(|p| p.n).sum::<usize>()
             + proposals.iter().map(|p| p.tokens.len() + 1).sum::<usize>();
         self.cost.observe_verify(rows, verify_secs);
         if let Some(d) = self.draft.as_mut() {
-            for (rows, secs) in d.take_timings() {
-                self.cost.observe_draft(rows, secs);
+            let forwards = d.take_timings();
+            let in_forwards: f64 = forwards.iter().map(|f| f.1).sum();
+            let whole = if in_forwards > 0.0 {
+                (propose_secs / in_forwards).max(1.0)
+            } else {
+                1.0
+            };
+            for (rows, secs) in forwards {
+                self.cost.observe_draft(rows, secs * whole);
             }
         }
     }
@@ -647,6 +672,8 @@ impl Engine {
                 budget,
                 prefill_rows,
                 probe,
+                draft_prefill_rows: if draft.is_some() { prefill_rows } else { 0 },
+                model_margin: MODEL_MARGIN,
             };
             let plan = policy.plan_step(&seqs, cost, limits);
             let model = ready.iter().zip(&plan.ks).any(|(s, &k)| {
