@@ -7,17 +7,14 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{chi_square, tiny_model};
+use common::{chi_square, collect_tokens, tiny_model, wait_idle};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, EngineStats, Event, GenRequest, KvSize, ProposerKind,
-    SuffixOptions,
+    spawn, EngineConfig, EngineHandle, GenRequest, KvSize, ProposerKind, SuffixOptions,
 };
 use specgate_draft::{DraftPolicy, SuffixConfig};
 use specgate_verify::tiny::TinySpec;
 use specgate_verify::{KvPool, LogitsWanted, Model, SamplingParams};
-use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 fn target() -> Model {
     tiny_model(
@@ -93,33 +90,9 @@ fn request(i: usize) -> GenRequest {
     }
 }
 
-fn collect(mut rx: UnboundedReceiver<Event>) -> Vec<u32> {
-    let mut out = Vec::new();
-    loop {
-        match rx.blocking_recv().expect("stream ended without Finished") {
-            Event::Tokens { ids, .. } => out.extend(ids),
-            Event::PromptLogprobs(_) => {}
-            Event::Finished { .. } => return out,
-            Event::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-}
-
 fn run_all(h: &EngineHandle, reqs: Vec<GenRequest>) -> Vec<Vec<u32>> {
     let rxs: Vec<_> = reqs.into_iter().map(|r| h.submit(r).unwrap()).collect();
-    rxs.into_iter().map(collect).collect()
-}
-
-fn wait_idle(h: &EngineHandle) -> EngineStats {
-    let t = Instant::now();
-    loop {
-        let s = h.stats();
-        if s.running == 0 && s.waiting == 0 && s.free_blocks == s.num_blocks {
-            return s;
-        }
-        assert!(t.elapsed() < Duration::from_secs(30), "never idle: {s:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    rxs.into_iter().map(collect_tokens).collect()
 }
 
 #[test]

@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::{spec_decode, tiny_model};
+use common::{collect_tokens, spec_decode, tiny_model};
 use specgate::engine::scheduler::SchedulerConfig;
-use specgate::engine::{spawn, EngineConfig, Event, GenRequest, KvSize, ProposerKind};
+use specgate::engine::{spawn, EngineConfig, GenRequest, KvSize, ProposerKind};
 use specgate::spec::SpecStats;
 use specgate_draft::{DraftPolicy, ModelDraft, NgramProposer, Proposer};
 use specgate_verify::model::load_safetensors_tp;
@@ -101,18 +101,6 @@ fn request(i: usize) -> GenRequest {
     }
 }
 
-fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<u32> {
-    let mut out = Vec::new();
-    loop {
-        match rx.blocking_recv().expect("stream ended without Finished") {
-            Event::Tokens { ids, .. } => out.extend(ids),
-            Event::PromptLogprobs(_) => {}
-            Event::Finished { .. } => return out,
-            Event::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-}
-
 #[test]
 fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
     let engine = |target, proposer, seqs, tokens| {
@@ -131,7 +119,7 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
     let n = 12;
     let h = engine(kimi(), ProposerKind::None, 1, 64);
     let alone: Vec<Vec<u32>> = (0..n)
-        .map(|i| collect(h.submit(request(i)).unwrap()))
+        .map(|i| collect_tokens(h.submit(request(i)).unwrap()))
         .collect();
     for proposer in [
         ProposerKind::None,
@@ -141,7 +129,7 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
         // A small token budget chunks prompts and mixes them with decodes.
         let h = engine(kimi(), proposer, 12, 40);
         let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
-        let together: Vec<Vec<u32>> = rxs.into_iter().map(collect).collect();
+        let together: Vec<Vec<u32>> = rxs.into_iter().map(collect_tokens).collect();
         assert_eq!(together, alone);
     }
     // The target sharded over 2 ranks (heads split, experts distributed,
@@ -154,6 +142,6 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
         40,
     );
     let rxs: Vec<_> = (0..n).map(|i| h.submit(request(i)).unwrap()).collect();
-    let together: Vec<Vec<u32>> = rxs.into_iter().map(collect).collect();
+    let together: Vec<Vec<u32>> = rxs.into_iter().map(collect_tokens).collect();
     assert_eq!(together, alone);
 }

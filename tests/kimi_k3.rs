@@ -12,13 +12,11 @@
 
 mod common;
 
-use common::{chi_square, spec_decode};
+use common::{chi_square, collect_tokens, spec_decode, wait_idle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use specgate::engine::scheduler::SchedulerConfig;
-use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, EngineStats, Event, GenRequest, KvSize, ProposerKind,
-};
+use specgate::engine::{spawn, EngineConfig, EngineHandle, GenRequest, KvSize, ProposerKind};
 use specgate::spec::SpecStats;
 use specgate_draft::{
     DraftError, DraftPolicy, ModelDraft, NgramProposer, Proposal, ProposeRequest, Proposer,
@@ -28,7 +26,6 @@ use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqI
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 const BS: usize = 16;
 
@@ -312,18 +309,6 @@ fn long(i: usize) -> GenRequest {
     }
 }
 
-fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<u32> {
-    let mut out = Vec::new();
-    loop {
-        match rx.blocking_recv().expect("stream ended without Finished") {
-            Event::Tokens { ids, .. } => out.extend(ids),
-            Event::PromptLogprobs(_) => {}
-            Event::Finished { .. } => return out,
-            Event::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-}
-
 fn engine(
     target: Model,
     proposer: ProposerKind,
@@ -344,27 +329,6 @@ fn engine(
     spawn(target, proposer, None, cfg).unwrap().0
 }
 
-/// Waits until nothing runs or waits and every block and state slot is
-/// back.
-fn wait_idle(h: &EngineHandle) -> EngineStats {
-    let t = Instant::now();
-    loop {
-        let s = h.stats();
-        if s.running == 0
-            && s.waiting == 0
-            && s.free_blocks == s.num_blocks
-            && s.state_slots_used == 0
-        {
-            return s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "engine never went idle: {s:?}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 #[test]
 fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
     let n = 12;
@@ -374,7 +338,7 @@ fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
         // this tiny random model can turn 1e-5 into another greedy token.
         let h = engine(target(world), ProposerKind::None, 64, 1, 64);
         let alone: Vec<Vec<u32>> = (0..n)
-            .map(|i| collect(h.submit(long(i)).unwrap()))
+            .map(|i| collect_tokens(h.submit(long(i)).unwrap()))
             .collect();
         let s = wait_idle(&h);
         assert!(
@@ -391,7 +355,7 @@ fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
             // to 4-6 blocks), and a small token budget chunks prompts.
             let h = engine(target(world), proposer, 12, 12, 40);
             let rxs: Vec<_> = (0..n).map(|i| h.submit(long(i)).unwrap()).collect();
-            let together: Vec<Vec<u32>> = rxs.into_iter().map(collect).collect();
+            let together: Vec<Vec<u32>> = rxs.into_iter().map(collect_tokens).collect();
             assert_eq!(together, alone, "world {world}");
             let s = wait_idle(&h);
             assert_eq!(s.state_slots, 12);
@@ -432,7 +396,7 @@ fn cancellation_leaks_neither_blocks_nor_state_slots() {
             }
         }
         for rx in keep {
-            collect(rx);
+            collect_tokens(rx);
         }
         let s = wait_idle(&h);
         assert_eq!(s.state_slots_used, 0, "seed {seed}");

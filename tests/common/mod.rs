@@ -1,7 +1,7 @@
 //! The one support module of the root package's integration tests (and of
 //! loadgen/tests, which includes it by path): where the real weights are
 //! ([`models`]), tiny generated models ([`tiny`]), the HTTP/1.1 client
-//! ([`client`]), the chi-square test ([`stats`]), one sequence decoded speculatively
+//! ([`client`]), reading engine streams ([`engine`]), the chi-square test ([`stats`]), one sequence decoded speculatively
 //! ([`spec`]), and here a tiny model with an in-code ChatML tokenizer and
 //! a server started in-process on 127.0.0.1:0. Everything is re-exported at
 //! this level, so `use common::*` reaches it all.
@@ -9,6 +9,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod engine;
 pub mod logs;
 pub mod models;
 pub mod schemas;
@@ -17,6 +18,7 @@ pub mod stats;
 pub mod tiny;
 
 pub use client::*;
+pub use engine::*;
 pub use logs::*;
 pub use models::*;
 pub use spec::*;
