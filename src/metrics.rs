@@ -15,6 +15,9 @@ pub const SPEC_DRAFT_LENGTH: &str = "specgate_spec_decode_draft_length";
 /// pass, acceptance included) and of a draft-model step by row count.
 pub const COST_VERIFY_SECONDS: &str = "specgate_cost_model_verify_seconds";
 pub const COST_DRAFT_STEP_SECONDS: &str = "specgate_cost_model_draft_step_seconds";
+/// Measured / predicted step time of goodput plans (EMA; label `plan`:
+/// `draft_model` for plans that ran the draft model, `other`).
+pub const COST_PREDICTION_RATIO: &str = "specgate_cost_model_prediction_ratio";
 pub const SPEC_GRAMMAR_DRAFT_TOKENS: &str = "specgate_spec_decode_grammar_num_draft_tokens_total";
 pub const SPEC_GRAMMAR_ACCEPTED_TOKENS: &str =
     "specgate_spec_decode_grammar_num_accepted_tokens_total";
@@ -117,6 +120,10 @@ fn describe() {
         COST_VERIFY_SECONDS,
         Unit::Seconds,
         "Cost model: seconds of a target forward carrying `rows` rows (measured at start, kept current)"
+    );
+    describe_gauge!(
+        COST_PREDICTION_RATIO,
+        "Measured / predicted step time of the goodput policy's plans (EMA), by plan kind"
     );
     describe_gauge!(
         COST_DRAFT_STEP_SECONDS,

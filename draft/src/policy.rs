@@ -178,6 +178,12 @@ pub struct StepLimits {
     /// model's error, so that a draft predicted to gain a little does not
     /// lose a little.
     pub model_margin: f64,
+    /// What plans that run the draft model really take against what the
+    /// cost model predicts for them, relative to other plans (1 = as
+    /// predicted; 0 is read as 1): their predicted time is multiplied by
+    /// it. The engine measures it, since such a step carries costs no
+    /// curve prices whole (the draft's bookkeeping, catch-ups).
+    pub model_factor: f64,
 }
 
 /// What [`DraftPolicy::plan_step`] chose.
@@ -537,7 +543,13 @@ impl<'a> GoodputSearch<'a> {
         } else {
             0
         };
-        self.cost.step_secs(rows, &self.draft_rows) + self.cost.draft_secs(prefill as f64)
+        let secs =
+            self.cost.step_secs(rows, &self.draft_rows) + self.cost.draft_secs(prefill as f64);
+        if self.uses_model() && self.limits.model_factor > 0.0 {
+            secs * self.limits.model_factor
+        } else {
+            secs
+        }
     }
 
     fn goodput(&self) -> f64 {
@@ -869,6 +881,22 @@ mod tests {
         l.draft_prefill_rows = 200;
         assert_eq!(p.plan_step(&seqs, &model, l).ks, vec![0; 4]);
         // Lookups pay neither.
+        let free = vec![seq(&st, false); 4];
+        assert!(p.plan_step(&free, &model, l).ks.iter().all(|&k| k >= 1));
+    }
+
+    #[test]
+    fn goodput_corrects_draft_model_plans_by_their_measured_error() {
+        let p = goodput(4);
+        let st = accepting(0.8);
+        let seqs = vec![seq(&st, true); 4];
+        let model = costs(1.0, 0.05, Some(0.2));
+        let mut l = limits(512);
+        assert!(p.plan_step(&seqs, &model, l).ks.iter().all(|&k| k >= 1));
+        // Such steps were measured taking twice the prediction.
+        l.model_factor = 2.0;
+        assert_eq!(p.plan_step(&seqs, &model, l).ks, vec![0; 4]);
+        // Lookups are not draft-model plans.
         let free = vec![seq(&st, false); 4];
         assert!(p.plan_step(&free, &model, l).ks.iter().all(|&k| k >= 1));
     }

@@ -74,6 +74,12 @@ pub(crate) struct Engine {
     /// gauge), and whether any of them drafts with the model.
     last_mean_k: f64,
     model_drafting: bool,
+    /// The goodput plan's predicted seconds for this step, and the EMA of
+    /// measured / predicted step time for plans that ran the draft model
+    /// (`[0]`) and plans that did not (`[1]`): how far off the cost model
+    /// is where it matters.
+    predicted_secs: f64,
+    prediction_ratio: [Option<f64>; 2],
     /// Lookups chained before the method's proposer: the cross-request
     /// pool (with whether it is one pool for all tenants) and the lookup
     /// in a draft-model sequence's own context.
@@ -268,6 +274,8 @@ impl Engine {
             steps_since_probe: 0,
             last_mean_k: 0.0,
             model_drafting: false,
+            predicted_secs: 0.0,
+            prediction_ratio: [None; 2],
             suffix: cfg.suffix.as_ref().map(|o| SuffixPool::new(o.pool.clone())),
             suffix_global: cfg.suffix.as_ref().is_some_and(|o| o.global),
             context_lookup,
@@ -402,6 +410,14 @@ impl Engine {
         m::gauge!(names::STATE_SLOTS).set(s.state_slots as f64);
         m::gauge!(names::STATE_SLOTS_USED).set(s.state_slots_used as f64);
         m::gauge!(names::SPEC_DRAFT_LENGTH).set(self.last_mean_k);
+        for (plan, r) in ["draft_model", "other"]
+            .into_iter()
+            .zip(self.prediction_ratio)
+        {
+            if let Some(r) = r {
+                m::gauge!(names::COST_PREDICTION_RATIO, "plan" => plan).set(r);
+            }
+        }
         for &(rows, secs) in self.cost.verify.points() {
             m::gauge!(names::COST_VERIFY_SECONDS, "rows" => rows.to_string()).set(secs);
         }
@@ -521,7 +537,10 @@ impl Engine {
         let (decoded, prefilled) = self.verify_stage(&work, &proposals);
         let verify_secs = started.elapsed().as_secs_f64();
         self.observe_costs(&work, &proposals, verify_secs, propose_secs);
+        let started = std::time::Instant::now();
         self.draft_prefill(&work.prefills, &prefilled);
+        let step_secs = propose_secs + verify_secs + started.elapsed().as_secs_f64();
+        self.check_prediction(step_secs);
         let mut ended = HashSet::new();
         for (p, r) in work.prefills.iter().zip(prefilled) {
             match r {
@@ -601,6 +620,26 @@ impl Engine {
         }
     }
 
+    /// Compares this step's measured time with what the goodput plan
+    /// predicted (the cost model as it stood), per kind of plan: exported
+    /// as `specgate_cost_model_prediction_ratio{plan}` and logged at debug.
+    fn check_prediction(&mut self, step_secs: f64) {
+        let predicted = std::mem::take(&mut self.predicted_secs);
+        if predicted <= 0.0 || step_secs <= 0.0 {
+            return;
+        }
+        let ratio = step_secs / predicted;
+        let which = usize::from(!self.model_drafting);
+        let r = &mut self.prediction_ratio[which];
+        *r = Some(r.map_or(ratio, |prev| prev + 0.05 * (ratio - prev)));
+        tracing::debug!(
+            predicted_ms = predicted * 1e3,
+            measured_ms = step_secs * 1e3,
+            draft_model = self.model_drafting,
+            "step time against the cost model"
+        );
+    }
+
     /// Keeps the cost model current from this step: the target forward
     /// (with acceptance: a verified row's sampling is part of its cost)
     /// and every draft-model forward of the propose stage, each scaled up
@@ -638,12 +677,17 @@ impl Engine {
         self.find_lookups();
         let (policy, cost, priors, draft) = (&self.policy, &self.cost, &self.priors, &self.draft);
         let lookups = &self.lookups;
+        // The measured error of draft-model plans against other plans.
+        let model_factor = match self.prediction_ratio {
+            [Some(model), Some(other)] if other > 0.0 => (model / other).clamp(0.5, 4.0),
+            _ => 1.0,
+        };
         let probe_every = match policy {
             DraftPolicy::Goodput { probe_every, .. } => *probe_every,
             _ => u32::MAX,
         };
         let probe = self.steps_since_probe + 1 >= probe_every;
-        let chosen = std::cell::Cell::new((false, 0.0, false));
+        let chosen = std::cell::Cell::new((false, 0.0, false, 0.0));
         let k_of = |ready: &[&Sequence], budget: usize, prefill_rows: usize| {
             let seqs: Vec<StepSeq> = ready
                 .iter()
@@ -674,6 +718,7 @@ impl Engine {
                 probe,
                 draft_prefill_rows: if draft.is_some() { prefill_rows } else { 0 },
                 model_margin: MODEL_MARGIN,
+                model_factor,
             };
             let plan = policy.plan_step(&seqs, cost, limits);
             let model = ready.iter().zip(&plan.ks).any(|(s, &k)| {
@@ -687,13 +732,20 @@ impl Engine {
                 }
                 p => p.k(ready.len().max(1), &PolicyState::default()) as f64,
             };
-            chosen.set((plan.probed.is_some(), mean, model));
+            chosen.set((plan.probed.is_some(), mean, model, plan.predicted_secs));
             plan.ks
         };
         let plan = self
             .sched
             .plan(&mut self.waiting, &mut self.running, &mut self.bm, &k_of);
-        let (probed, mean_k, model_drafting) = chosen.get();
+        let (probed, mean_k, model_drafting, predicted_secs) = chosen.get();
+        // The raw cost model's prediction: the error is measured against
+        // it, not against the corrected one (which would chase itself).
+        self.predicted_secs = if model_drafting {
+            predicted_secs / model_factor
+        } else {
+            predicted_secs
+        };
         self.steps_since_probe = if probed {
             0
         } else {
