@@ -151,7 +151,7 @@ fn run(
 }
 
 /// `rows: milliseconds` pairs of a curve, for the log.
-pub(crate) fn describe(curve: &CostCurve) -> String {
+fn describe(curve: &CostCurve) -> String {
     curve
         .points()
         .iter()

@@ -300,12 +300,7 @@ fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {
     if state.settings.api_keys.is_empty() {
         return true;
     }
-    let Some(given) = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
+    let Some(given) = bearer(req) else {
         return false;
     };
     // Every key is compared in full, so timing says nothing about which
@@ -326,13 +321,16 @@ fn tenant(state: &AppState, req: &Request<Incoming>) -> u64 {
     if state.settings.api_keys.is_empty() {
         return 0;
     }
-    let given = req
-        .headers()
+    let given = bearer(req).unwrap_or_default();
+    KEY.get_or_init(Default::default).hash_one(given).max(1)
+}
+
+/// The key of an `Authorization: Bearer <key>` header, if there is one.
+fn bearer(req: &Request<Incoming>) -> Option<&str> {
+    req.headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    KEY.get_or_init(Default::default).hash_one(given).max(1)
 }
 
 /// The whole body within the size limit (413) and the body deadline (408:
