@@ -18,6 +18,12 @@ pub const COST_DRAFT_STEP_SECONDS: &str = "specgate_cost_model_draft_step_second
 /// Measured / predicted step time of goodput plans (EMA; label `plan`:
 /// `draft_model` for plans that ran the draft model, `other`).
 pub const COST_PREDICTION_RATIO: &str = "specgate_cost_model_prediction_ratio";
+/// The draft model's realized gain (EMA of work per second of the steps it
+/// drafted in, over the same steps without its drafts) and whether it is
+/// vetoed (1) at that batch size; label `batch`: a range of decoding
+/// sequences per step, `1`, `2-3`, `4-7`, ...
+pub const SPEC_MODEL_GAIN: &str = "specgate_spec_decode_draft_model_gain";
+pub const SPEC_MODEL_VETOED: &str = "specgate_spec_decode_draft_model_vetoed";
 pub const SPEC_GRAMMAR_DRAFT_TOKENS: &str = "specgate_spec_decode_grammar_num_draft_tokens_total";
 pub const SPEC_GRAMMAR_ACCEPTED_TOKENS: &str =
     "specgate_spec_decode_grammar_num_accepted_tokens_total";
@@ -120,6 +126,14 @@ fn describe() {
         COST_VERIFY_SECONDS,
         Unit::Seconds,
         "Cost model: seconds of a target forward carrying `rows` rows (measured at start, kept current)"
+    );
+    describe_gauge!(
+        SPEC_MODEL_GAIN,
+        "Realized gain of steps that drafted with the draft model over the same steps without it (EMA), by batch size"
+    );
+    describe_gauge!(
+        SPEC_MODEL_VETOED,
+        "1 where the draft model is off at this batch size because it was measured losing (goodput policy)"
     );
     describe_gauge!(
         COST_PREDICTION_RATIO,

@@ -10,7 +10,7 @@ use candle_core::quantized::GgmlDType;
 use common::{chi_square, collect_tokens, tiny_model, wait_idle};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, GenRequest, KvSize, ProposerKind, SuffixOptions,
+    spawn, EngineConfig, EngineHandle, Fault, GenRequest, KvSize, ProposerKind, SuffixOptions,
 };
 use specgate_draft::{DraftPolicy, SuffixConfig};
 use specgate_verify::tiny::TinySpec;
@@ -323,4 +323,50 @@ fn draft_head_lists_are_matched_by_vocabulary() {
         assert_eq!(path, Path::new("configs/draft-head-qwen2.5.txt"));
         assert_eq!(ids.len(), 32768);
     }
+}
+
+/// The draft model is switched off at a batch size where it is measured
+/// losing (each of its steps made 40 ms dearer than the cost model measured
+/// at start), whatever the acceptance; outputs stay plain decoding's.
+#[test]
+fn a_draft_model_measured_losing_is_switched_off() {
+    let req = |i: usize| GenRequest {
+        prompt: (0..12).map(|j| ((j * 7 + i * 3) % 384) as u32).collect(),
+        max_new_tokens: 40,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let plain = engine(
+        target(),
+        ProposerKind::None,
+        DraftPolicy::Fixed { k: 0 },
+        None,
+    );
+    let h = engine(target(), ProposerKind::Draft(draft()), goodput(), None);
+    let fast = run_all(&h, vec![req(0)]);
+    let start = wait_idle(&h);
+    eprintln!(
+        "without the fault: {} of {} steps ran the draft model",
+        start.model_steps, start.steps
+    );
+    assert!(start.model_steps > 0, "the draft model never ran");
+    h.inject_fault(Fault::SlowDraft(40)).unwrap();
+    assert_eq!(fast, run_all(&plain, vec![req(0)]));
+    // One request at a time: every step has one decoding sequence.
+    for i in 1..4 {
+        assert_eq!(run_all(&h, vec![req(i)]), run_all(&plain, vec![req(i)]));
+    }
+    let mid = wait_idle(&h);
+    assert!(mid.model_vetoes >= 1, "never switched off: {mid:?}");
+    for i in 4..8 {
+        assert_eq!(run_all(&h, vec![req(i)]), run_all(&plain, vec![req(i)]));
+    }
+    let end = wait_idle(&h);
+    let (steps, model) = (end.steps - mid.steps, end.model_steps - mid.model_steps);
+    eprintln!("after the switch: {model} of {steps} steps ran the draft model");
+    // Only the re-checks (one step in 32) may still run it.
+    assert!(
+        model * 8 <= steps,
+        "{model} of {steps} steps ran the draft model"
+    );
 }

@@ -10,13 +10,16 @@
 //! min_tokens, grammar) before warping, so q is the same function of the
 //! history as the target's p.
 
+mod blocks;
 pub mod cost;
+pub mod guard;
 pub mod model;
 pub mod ngram;
 pub mod policy;
 pub mod suffix;
 
 pub use cost::{CostCurve, CostModel};
+pub use guard::ModelGuard;
 pub use model::{DraftChunk, ModelDraft};
 pub use ngram::NgramProposer;
 pub use policy::{DraftPolicy, PolicyState, StepLimits, StepPlan, StepSeq};

@@ -19,7 +19,13 @@
 //! draft), and the next proposal restores the checkpoint at the length the
 //! target accepted before feeding on; with no checkpoint there, it starts
 //! the sequence over from position 0.
+//!
+//! A sequence whose prompt the target found in its prefix cache shares an
+//! earlier sequence's blocks; where the draft wrote its own K/V for the
+//! same tokens in those blocks ([`crate::blocks`]), it counts them as held
+//! too (not for a recurrent draft, whose state a block cannot restore).
 
+use crate::blocks::BlockContents;
 use crate::{DraftError, Proposal, ProposeRequest, Proposer};
 use specgate_verify::sample::argmax;
 use specgate_verify::{KvPool, LogitsWanted, Model, ModelConfig, SeqInput};
@@ -41,6 +47,8 @@ pub struct ModelDraft {
     /// `(rows, seconds)` of each forward since the last
     /// [`ModelDraft::take_timings`], for the engine's cost model.
     timings: Vec<(usize, f64)>,
+    /// Which token prefix the draft's K/V in each full block holds.
+    blocks: BlockContents,
 }
 
 /// A recurrent draft's states of one sequence: the length its slot holds,
@@ -65,6 +73,7 @@ impl ModelDraft {
             slots: HashMap::new(),
             states: HashMap::new(),
             timings: Vec::new(),
+            blocks: BlockContents::new(block_size),
         })
     }
 
@@ -183,13 +192,22 @@ impl ModelDraft {
             let held = if c.start == 0 {
                 0
             } else {
-                self.cached.get(&c.seq_id).map_or(usize::MAX, |have| {
-                    if have.len() == c.start && common_prefix(have, c.tokens) == c.start {
+                match self.cached.get(&c.seq_id) {
+                    Some(have)
+                        if have.len() == c.start && common_prefix(have, c.tokens) == c.start =>
+                    {
                         c.start
-                    } else {
-                        usize::MAX
                     }
-                })
+                    // The target's prefix cache skipped these tokens: the
+                    // draft may hold them in the same blocks.
+                    None if !recurrent => {
+                        match self.blocks.extend(c.block_table, c.tokens, 0, c.start) {
+                            n if n == c.start => n,
+                            _ => usize::MAX,
+                        }
+                    }
+                    _ => usize::MAX,
+                }
             };
             let state_ok = !recurrent
                 || c.start == 0
@@ -215,6 +233,9 @@ impl ModelDraft {
                 state_slot: *slot,
             })
             .collect();
+        for (c, _) in &run {
+            self.blocks.forget(c.block_table, c.start, c.start + c.n);
+        }
         // Not timed: without logits it costs less per row than a draft
         // step, whose cost the timings feed.
         if let Err(e) = self.model.forward(&mut self.pool, &inputs) {
@@ -227,6 +248,7 @@ impl ModelDraft {
             let have = self.cached.entry(c.seq_id).or_default();
             have.clear();
             have.extend_from_slice(&c.tokens[..c.start + c.n]);
+            self.blocks.record(c.block_table, have, c.start);
             if recurrent {
                 self.states.insert(c.seq_id, (c.start + c.n, Vec::new()));
             }
@@ -238,6 +260,24 @@ impl ModelDraft {
     /// holds (what a proposal can skip).
     pub fn held_tokens(&self, seq_id: u64) -> usize {
         self.cached.get(&seq_id).map_or(0, Vec::len)
+    }
+
+    /// Where `seq_id`'s next proposal starts feeding `context` (whose
+    /// block table is `table`): the prefix the draft holds for it, or
+    /// holds in shared blocks, short of the last token (whose logits give
+    /// the first draft). A recurrent draft may start earlier still (from
+    /// its last checkpoint).
+    pub fn catch_up_from(&self, seq_id: u64, context: &[u32], table: &[u32]) -> usize {
+        let last = context.len().saturating_sub(1);
+        let valid = self
+            .cached
+            .get(&seq_id)
+            .map_or(0, |c| common_prefix(c, context))
+            .min(last);
+        if self.pool.state_slots() > 0 || valid == last {
+            return valid;
+        }
+        self.blocks.extend(table, context, valid, last)
     }
 
     /// The sequence's state slot (0 for a draft without recurrent layers).
@@ -305,11 +345,10 @@ impl Proposer for ModelDraft {
         let mut slots = vec![0u32; batch.len()];
         for &i in &active {
             let r = &batch[i];
-            let valid = self
-                .cached
-                .get(&r.seq_id)
-                .map_or(0, |c| common_prefix(c, r.context));
-            let mut start = valid.min(r.context.len() - 1);
+            let mut start = self.catch_up_from(r.seq_id, r.context, r.block_table);
+            // What this proposal writes: the catch-up and up to k - 1 drafts.
+            self.blocks
+                .forget(r.block_table, start, r.context.len() + r.k - 1);
             slots[i] = self.slot(r.seq_id)?;
             if recurrent {
                 start = self.resume_at(r.seq_id, slots[i], start)?;
@@ -373,7 +412,7 @@ impl Proposer for ModelDraft {
                 }
             }
         }
-        for &i in &active {
+        for (&i, &start) in active.iter().zip(&starts) {
             let r = &batch[i];
             // The cache now holds the context and every draft but the last.
             let fed = &out[i].tokens[..out[i].tokens.len().saturating_sub(1)];
@@ -381,6 +420,7 @@ impl Proposer for ModelDraft {
             c.clear();
             c.extend_from_slice(r.context);
             c.extend_from_slice(fed);
+            self.blocks.record(r.block_table, c, start);
             if !qs[i].is_empty() {
                 out[i].q = Some(std::mem::take(&mut qs[i]));
             }

@@ -54,7 +54,8 @@ pub enum DraftPolicy {
     },
     /// Per step, for all decoding sequences together, the draft lengths
     /// (each in `0..=max_k`) that maximise expected emitted tokens per
-    /// second of the step, `sum E_i(k_i) / T(k)`: `E_i` from the
+    /// second of the step, `(P + sum E_i(k_i)) / T(k)` (`P` the step's
+    /// prompt rows, work that drafting slows as well): `E_i` from the
     /// sequence's acceptance per draft position (EMA, weight `alpha`;
     /// positions it has not seen yet come from the engine-wide prior, then
     /// `initial_acceptance`), `T` from the [`CostModel`]: the target
@@ -184,6 +185,10 @@ pub struct StepLimits {
     /// it. The engine measures it, since such a step carries costs no
     /// curve prices whole (the draft's bookkeeping, catch-ups).
     pub model_factor: f64,
+    /// Whether the draft model is off this step (the engine measured it
+    /// losing at this batch size, [`crate::guard::ModelGuard`]): only
+    /// lookups draft, and asked-for lengths are kept.
+    pub no_model: bool,
 }
 
 /// What [`DraftPolicy::plan_step`] chose.
@@ -193,8 +198,8 @@ pub struct StepPlan {
     pub ks: Vec<usize>,
     /// The sequence given k = 1 as a probe, if any.
     pub probed: Option<usize>,
-    /// Expected emitted tokens and predicted seconds of the plan (goodput
-    /// only; 0 otherwise).
+    /// Expected emitted tokens (plus the step's prompt rows) and predicted
+    /// seconds of the plan (goodput only; 0 otherwise).
     pub expected_tokens: f64,
     pub predicted_secs: f64,
 }
@@ -334,7 +339,7 @@ impl DraftPolicy {
     /// (`sum (1 + k_i) <= budget` where the decode rows alone fit). The
     /// fixed, table and adaptive policies answer per sequence, as
     /// [`DraftPolicy::k`] with the batch size `seqs.len()`. Goodput
-    /// maximises `sum E_i(k_i) / T(k)` over the plans that draft every
+    /// maximises `(P + sum E_i(k_i)) / T(k)` over the plans that draft every
     /// sequence whose next draft is at least as likely to be accepted as
     /// some threshold (one plan per threshold: adding drafts in order of
     /// their chance of acceptance), which is exact when the costs are
@@ -403,7 +408,7 @@ impl DraftPolicy {
         // (its gains do not increase; ties go to the smaller j).
         let mut order: Vec<(f64, usize, usize)> = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
-            if s.fixed_k.is_none() {
+            if s.fixed_k.is_none() && !(limits.no_model && s.model_rows.is_some()) {
                 order.extend(gains[i].iter().enumerate().map(|(j, &g)| (g, i, j + 1)));
             }
         }
@@ -442,6 +447,7 @@ impl DraftPolicy {
                 .filter(|(i, s)| {
                     ks[*i] == 0
                         && s.fixed_k.is_none()
+                        && !(limits.no_model && s.model_rows.is_some())
                         && !gains[*i].is_empty()
                         && s.state.rounds_at_zero + 1 >= *probe_every
                 })
@@ -508,7 +514,9 @@ impl<'a> GoodputSearch<'a> {
             cost,
             limits,
             ks: vec![0; seqs.len()],
-            expected: seqs.len() as f64,
+            // Prompt rows are work done too: a draft that slows a step
+            // slows its prompt chunks, so it must pay for them as well.
+            expected: (seqs.len() + limits.prefill_rows) as f64,
             room,
             drafted: 0,
             draft_rows: vec![0.0; deepest.max(1) + 1],
@@ -899,6 +907,47 @@ mod tests {
         // Lookups are not draft-model plans.
         let free = vec![seq(&st, false); 4];
         assert!(p.plan_step(&free, &model, l).ks.iter().all(|&k| k >= 1));
+    }
+
+    #[test]
+    fn goodput_counts_prompt_rows_as_work_drafting_slows() {
+        let p = goodput(4);
+        let st = accepting(0.7);
+        let seqs = vec![seq(&st, false); 8];
+        // Rows cost 0.02 each over a floor of 1: 8 rows with one draft
+        // each gain 8 x 0.7 tokens for 0.16 s more.
+        let model = costs(1.0, 0.02, None);
+        let mut l = limits(1024);
+        assert!(p.plan_step(&seqs, &model, l).ks.iter().all(|&k| k >= 1));
+        // Beside 400 prompt rows the step's time is mostly the prompt's:
+        // slowing 408 rows of work by 0.16 s for 5.6 tokens does not pay
+        // (priced as tokens over time alone, it would look the same as
+        // above, the prompt's time only diluting the drafts' cost).
+        l.prefill_rows = 400;
+        assert_eq!(p.plan_step(&seqs, &model, l).ks, vec![0; 8]);
+    }
+
+    #[test]
+    fn goodput_drafts_without_the_model_when_it_is_vetoed() {
+        let p = goodput(4);
+        let st = accepting(0.9);
+        let mut zero = accepting(0.0);
+        zero.rounds_at_zero = 99;
+        let model = costs(1.0, 0.01, Some(0.05));
+        let mut seqs = vec![seq(&st, true), seq(&st, false), seq(&zero, true)];
+        let mut l = limits(512);
+        l.probe = true;
+        let free = p.plan_step(&seqs, &model, l);
+        assert!(free.ks[0] > 0 && free.ks[1] > 0, "{:?}", free.ks);
+        assert_eq!(free.probed, Some(2));
+        l.no_model = true;
+        let plan = p.plan_step(&seqs, &model, l);
+        // The lookup still drafts; model sequences neither draft nor probe.
+        assert_eq!((plan.ks[0], plan.ks[2], plan.probed), (0, 0, None));
+        assert!(plan.ks[1] > 0);
+        // A length the request asked for is kept.
+        seqs[0].fixed_k = Some(2);
+        assert_eq!(p.plan_step(&seqs, &model, l).ks[0], 2);
     }
 
     /// On small random cases, the threshold search finds the exhaustive

@@ -221,6 +221,10 @@ pub struct EngineStats {
     pub context_draft_tokens: u64,
     pub pool_draft_tokens: u64,
     pub pool_accepted_tokens: u64,
+    /// Steps that ran the draft model, and how often the draft model was
+    /// switched off at a batch size for losing there (goodput policy).
+    pub model_steps: u64,
+    pub model_vetoes: u64,
     pub finished: u64,
     pub cancelled: u64,
     /// Requests ended by an internal error (contained to them).
@@ -251,6 +255,9 @@ pub enum Fault {
     EnginePanic,
     /// Every step first sleeps this many milliseconds (a slow machine).
     SlowSteps(u64),
+    /// Every proposal that runs the draft model also sleeps this many
+    /// milliseconds (a draft dearer than the cost model measured).
+    SlowDraft(u64),
 }
 
 /// The HTTP layer's way into the engine. Cheap to clone.

@@ -25,6 +25,10 @@ pub struct Sequence {
     pub accepted: u64,
     /// The proposer it drafts with (the request's or the server's).
     pub method: SpecMethod,
+    /// A draft-model sequence's acceptance of the lookups that served it
+    /// instead of the model (`spec.policy_state` holds the model's): a
+    /// pool hit accepted whole says little about the model's next draft.
+    pub lookup_state: PolicyState,
     pub arrived: Instant,
     /// Whether it has been admitted once (for the queue-time metric).
     pub admitted: bool,
@@ -71,6 +75,7 @@ impl Sequence {
             drafted: 0,
             accepted: 0,
             method: SpecMethod::Off,
+            lookup_state: PolicyState::default(),
             arrived: Instant::now(),
             admitted: false,
             queued: std::time::Duration::ZERO,

@@ -29,8 +29,8 @@ use crate::spec::{propose, verify_round, RoundInput, RoundOutput, SpecError, Spe
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
 use specgate_draft::{
-    CostModel, DraftChunk, DraftError, DraftPolicy, ModelDraft, NgramProposer, PolicyState,
-    Proposal, ProposeRequest, Proposer, StepLimits, StepSeq, SuffixPool,
+    guard, CostModel, DraftChunk, DraftError, DraftPolicy, ModelDraft, ModelGuard, NgramProposer,
+    PolicyState, Proposal, ProposeRequest, Proposer, StepLimits, StepSeq, SuffixPool,
 };
 use specgate_verify::accept::Verdict;
 use specgate_verify::process::token_logprob;
@@ -80,6 +80,9 @@ pub(crate) struct Engine {
     /// is where it matters.
     predicted_secs: f64,
     prediction_ratio: [Option<f64>; 2],
+    /// What drafting with the model really gained, per batch size, and
+    /// where it is vetoed (goodput policy only).
+    guard: ModelGuard,
     /// Lookups chained before the method's proposer: the cross-request
     /// pool (with whether it is one pool for all tenants) and the lookup
     /// in a draft-model sequence's own context.
@@ -125,24 +128,37 @@ impl Proposer for Lookups<'_> {
 /// bought with a real loss.
 const MODEL_MARGIN: f64 = 0.05;
 
-/// Acceptance priors by proposer.
+/// The draft model's realized-gain check ([`ModelGuard`]): the EMA's
+/// weight on the newest scored step, and while the model is vetoed at a
+/// batch size, one step in this many may still use it (about 3% of such
+/// steps pay for noticing that it pays again).
+const GUARD_ALPHA: f64 = 0.1;
+const GUARD_EXPLORE_EVERY: u64 = 32;
+
+/// Acceptance priors by proposer: the draft model, lookups in a
+/// sequence's own context (the n-gram method's), and the pool.
 #[derive(Debug, Default)]
 struct Priors {
     ngram: PolicyState,
     draft: PolicyState,
+    pool: PolicyState,
 }
 
 impl Priors {
-    fn of(&self, method: SpecMethod) -> &PolicyState {
-        match method {
-            SpecMethod::Draft => &self.draft,
+    /// The prior of what drafts for a sequence of `method` this step,
+    /// given the lookup that serves it, if any.
+    fn of(&self, method: SpecMethod, lookup: Option<&Lookup>) -> &PolicyState {
+        match (lookup, method) {
+            (Some(l), _) if l.from_pool => &self.pool,
+            (None, SpecMethod::Draft) => &self.draft,
             _ => &self.ngram,
         }
     }
 
-    fn of_mut(&mut self, method: SpecMethod) -> &mut PolicyState {
-        match method {
-            SpecMethod::Draft => &mut self.draft,
+    fn of_mut(&mut self, method: SpecMethod, lookup: Option<&Lookup>) -> &mut PolicyState {
+        match (lookup, method) {
+            (Some(l), _) if l.from_pool => &mut self.pool,
+            (None, SpecMethod::Draft) => &mut self.draft,
             _ => &mut self.ngram,
         }
     }
@@ -276,6 +292,7 @@ impl Engine {
             model_drafting: false,
             predicted_secs: 0.0,
             prediction_ratio: [None; 2],
+            guard: ModelGuard::new(GUARD_ALPHA, GUARD_EXPLORE_EVERY),
             suffix: cfg.suffix.as_ref().map(|o| SuffixPool::new(o.pool.clone())),
             suffix_global: cfg.suffix.as_ref().is_some_and(|o| o.global),
             context_lookup,
@@ -418,6 +435,15 @@ impl Engine {
                 m::gauge!(names::COST_PREDICTION_RATIO, "plan" => plan).set(r);
             }
         }
+        for (lo, hi, gain, vetoed) in self.guard.scored() {
+            let batch = if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}-{hi}")
+            };
+            m::gauge!(names::SPEC_MODEL_GAIN, "batch" => batch.clone()).set(gain);
+            m::gauge!(names::SPEC_MODEL_VETOED, "batch" => batch).set(f64::from(u8::from(vetoed)));
+        }
         for &(rows, secs) in self.cost.verify.points() {
             m::gauge!(names::COST_VERIFY_SECONDS, "rows" => rows.to_string()).set(secs);
         }
@@ -510,12 +536,12 @@ impl Engine {
     /// the draft has not run yet (at least the last token), spread over
     /// the steps it may still decode, since a catch-up is paid once and
     /// serves every later proposal.
-    fn draft_rows(draft: Option<&ModelDraft>, s: &Sequence) -> Option<f64> {
+    /// `held`: where its next proposal starts, if known (else nothing is).
+    fn draft_rows(held: Option<usize>, s: &Sequence) -> Option<f64> {
         if s.method != SpecMethod::Draft {
             return None;
         }
-        let held = draft.map_or(0, |d| d.held_tokens(s.spec.id));
-        let behind = s.spec.tokens.len().saturating_sub(held).max(1);
+        let behind = s.spec.tokens.len().saturating_sub(held.unwrap_or(0)).max(1);
         // Later steps emit about two tokens each when drafting pays.
         let steps = (s.remaining() as f64 / 2.0).clamp(1.0, 32.0);
         Some(1.0 + (behind - 1) as f64 / steps)
@@ -534,13 +560,30 @@ impl Engine {
         let proposals = self.propose_stage(&work.decodes);
         let propose_secs = started.elapsed().as_secs_f64();
         let started = std::time::Instant::now();
+        // The verify round records acceptance in `spec.policy_state`: a
+        // draft-model sequence a lookup served records it in its lookup
+        // state instead (swapped in for the round, out after).
+        self.swap_lookup_states(&work.decodes);
         let (decoded, prefilled) = self.verify_stage(&work, &proposals);
+        self.swap_lookup_states(&work.decodes);
         let verify_secs = started.elapsed().as_secs_f64();
-        self.observe_costs(&work, &proposals, verify_secs, propose_secs);
+        let (forwards_secs, first_forward) =
+            self.observe_costs(&work, &proposals, verify_secs, propose_secs);
         let started = std::time::Instant::now();
         self.draft_prefill(&work.prefills, &prefilled);
-        let step_secs = propose_secs + verify_secs + started.elapsed().as_secs_f64();
-        self.check_prediction(step_secs);
+        let draft_prefill_secs = started.elapsed().as_secs_f64();
+        let step_secs = propose_secs + verify_secs + draft_prefill_secs;
+        self.check_prediction(
+            step_secs,
+            [propose_secs, forwards_secs, verify_secs, draft_prefill_secs],
+        );
+        self.score_model(
+            &work,
+            &proposals,
+            &decoded,
+            [verify_secs, step_secs],
+            first_forward,
+        );
         let mut ended = HashSet::new();
         for (p, r) in work.prefills.iter().zip(prefilled) {
             match r {
@@ -567,6 +610,17 @@ impl Engine {
             self.running.retain(|s| !ended.contains(&s.spec.id));
             for id in ended {
                 self.release(id);
+            }
+        }
+    }
+
+    /// Swaps the acceptance state of the draft-model sequences a lookup
+    /// serves this step with their lookup state (an involution).
+    fn swap_lookup_states(&mut self, decodes: &[Decode]) {
+        for d in decodes {
+            let s = &mut self.running[d.idx];
+            if s.method == SpecMethod::Draft && self.lookups.contains_key(&s.spec.id) {
+                std::mem::swap(&mut s.spec.policy_state, &mut s.lookup_state);
             }
         }
     }
@@ -623,7 +677,9 @@ impl Engine {
     /// Compares this step's measured time with what the goodput plan
     /// predicted (the cost model as it stood), per kind of plan: exported
     /// as `specgate_cost_model_prediction_ratio{plan}` and logged at debug.
-    fn check_prediction(&mut self, step_secs: f64) {
+    /// `stages`: seconds of the propose stage, of the draft forwards in it,
+    /// of the verify stage and of the draft's prompt chunks (for the log).
+    fn check_prediction(&mut self, step_secs: f64, stages: [f64; 4]) {
         let predicted = std::mem::take(&mut self.predicted_secs);
         if predicted <= 0.0 || step_secs <= 0.0 {
             return;
@@ -635,23 +691,116 @@ impl Engine {
         tracing::debug!(
             predicted_ms = predicted * 1e3,
             measured_ms = step_secs * 1e3,
+            propose_ms = stages[0] * 1e3,
+            draft_forwards_ms = stages[1] * 1e3,
+            verify_ms = stages[2] * 1e3,
+            draft_prefill_ms = stages[3] * 1e3,
             draft_model = self.model_drafting,
             "step time against the cost model"
         );
+    }
+
+    /// Scores a step that drafted with the model by its realized gain
+    /// ([`guard::realized_gain`]): the tokens it emitted and its prompt
+    /// rows per second, against the same step without the model's drafts,
+    /// whose time is the measured verify pass less what the model's draft
+    /// rows added to it (by the cost curve), without any draft forward.
+    /// `secs`: the verify stage's and the whole step's; `first_forward`:
+    /// rows and seconds of the proposal's first draft forward.
+    ///
+    /// While the model is vetoed at this batch size, the draft has not
+    /// followed the sequences, so an exploring step's first forward
+    /// catches up on all they decoded meanwhile: a one-off, not what
+    /// drafting costs once the veto is lifted, so its share beyond one row
+    /// per sequence is not counted against the model.
+    fn score_model(
+        &mut self,
+        work: &Work,
+        proposals: &[Proposal],
+        decoded: &Decoded,
+        [verify_secs, step_secs]: [f64; 2],
+        first_forward: Option<(usize, f64)>,
+    ) {
+        let mut tokens = 0usize;
+        let mut model_accepted = 0usize;
+        let mut model_rows = 0usize;
+        let mut model_seqs = 0usize;
+        let mut rows: usize = work.prefills.iter().map(|p| p.n).sum();
+        let prefill_rows = rows;
+        for ((d, p), v) in work.decodes.iter().zip(proposals).zip(decoded) {
+            rows += p.tokens.len() + 1;
+            let accepted = v.as_ref().map_or(0, |v| v.accepted);
+            tokens += 1 + accepted;
+            let s = &self.running[d.idx];
+            if !p.tokens.is_empty()
+                && s.method == SpecMethod::Draft
+                && !self.lookups.contains_key(&s.spec.id)
+            {
+                model_rows += p.tokens.len();
+                model_accepted += accepted;
+                model_seqs += 1;
+            }
+        }
+        if model_rows == 0 {
+            return;
+        }
+        let n = work.decodes.len();
+        let step_secs = match first_forward {
+            Some((rows, secs)) if self.guard.vetoed(n) && rows > model_seqs => {
+                step_secs - secs * (rows - model_seqs) as f64 / rows as f64
+            }
+            _ => step_secs,
+        };
+        let added =
+            self.cost.verify.at(rows as f64) - self.cost.verify.at((rows - model_rows) as f64);
+        // The curve may be off for this one step; never credit the plain
+        // step with less than half its own verify time.
+        let without = (verify_secs - added.max(0.0)).max(verify_secs * 0.5);
+        let Some(gain) = guard::realized_gain(
+            tokens as f64,
+            model_accepted as f64,
+            prefill_rows as f64,
+            step_secs,
+            without,
+        ) else {
+            return;
+        };
+        if self.guard.record(n, gain) {
+            let ema = self.guard.gain(n).unwrap_or(gain);
+            if self.guard.vetoed(n) {
+                self.stats.model_vetoes += 1;
+            }
+            if !self.guard.vetoed(n) {
+                tracing::info!(
+                    decoding = n,
+                    gain = ema,
+                    "draft model gains again at this batch size: back on"
+                );
+            } else {
+                tracing::info!(
+                    decoding = n,
+                    gain = ema,
+                    "draft model measured losing at this batch size: off (lookups still draft; \
+                     one step in {GUARD_EXPLORE_EVERY} re-checks)"
+                );
+            }
+        }
     }
 
     /// Keeps the cost model current from this step: the target forward
     /// (with acceptance: a verified row's sampling is part of its cost)
     /// and every draft-model forward of the propose stage, each scaled up
     /// by the stage's time around the forwards (processing and sampling
-    /// each drafted row) so the curve prices a draft step whole.
+    /// each drafted row) so the curve prices a draft step whole. Returns
+    /// the seconds spent in draft forwards, and the first forward's rows
+    /// and seconds.
     fn observe_costs(
         &mut self,
         work: &Work,
         proposals: &[Proposal],
         verify_secs: f64,
         propose_secs: f64,
-    ) {
+    ) -> (f64, Option<(usize, f64)>) {
         let rows: usize = work.prefills.iter().map(|p| p.n).sum::<usize>()
             + proposals.iter().map(|p| p.tokens.len() + 1).sum::<usize>();
         self.cost.observe_verify(rows, verify_secs);
@@ -663,10 +812,13 @@ impl Engine {
             } else {
                 1.0
             };
+            let first = forwards.first().copied();
             for (rows, secs) in forwards {
                 self.cost.observe_draft(rows, secs * whole);
             }
+            return (in_forwards, first);
         }
+        (0.0, None)
     }
 
     /// Plan: admission, preemption and this step's rows, by index into
@@ -675,6 +827,19 @@ impl Engine {
     fn plan(&mut self) -> Option<Work> {
         let slots = self.bm.num_blocks() * self.bm.block_size();
         self.find_lookups();
+        // Where each draft-model sequence's next proposal would start.
+        let held: HashMap<SeqId, usize> = match &self.draft {
+            Some(d) => self
+                .running
+                .iter()
+                .filter(|s| s.method == SpecMethod::Draft)
+                .map(|s| {
+                    let table = self.bm.table(s.spec.id).unwrap_or(&[]);
+                    (s.spec.id, d.catch_up_from(s.spec.id, &s.spec.tokens, table))
+                })
+                .collect(),
+            None => HashMap::new(),
+        };
         let (policy, cost, priors, draft) = (&self.policy, &self.cost, &self.priors, &self.draft);
         let lookups = &self.lookups;
         // The measured error of draft-model plans against other plans.
@@ -687,6 +852,8 @@ impl Engine {
             _ => u32::MAX,
         };
         let probe = self.steps_since_probe + 1 >= probe_every;
+        let (guard, step_no) = (&self.guard, self.stats.steps);
+        let goodput = matches!(policy, DraftPolicy::Goodput { .. });
         let chosen = std::cell::Cell::new((false, 0.0, false, 0.0));
         let k_of = |ready: &[&Sequence], budget: usize, prefill_rows: usize| {
             let seqs: Vec<StepSeq> = ready
@@ -701,13 +868,16 @@ impl Engine {
                         max_k = max_k.min(found.map_or(0, |l| l.tokens.len()));
                     }
                     StepSeq {
-                        state: &s.spec.policy_state,
-                        prior: priors.of(s.method),
+                        state: match (found, s.method) {
+                            (Some(_), SpecMethod::Draft) => &s.lookup_state,
+                            _ => &s.spec.policy_state,
+                        },
+                        prior: priors.of(s.method, found),
                         max_k,
                         fixed_k: s.req.num_speculative_tokens,
                         model_rows: match found {
                             Some(_) => None,
-                            None => Self::draft_rows(draft.as_ref(), s),
+                            None => Self::draft_rows(held.get(&s.spec.id).copied(), s),
                         },
                     }
                 })
@@ -719,6 +889,7 @@ impl Engine {
                 draft_prefill_rows: if draft.is_some() { prefill_rows } else { 0 },
                 model_margin: MODEL_MARGIN,
                 model_factor,
+                no_model: goodput && !guard.allows(ready.len(), step_no),
             };
             let plan = policy.plan_step(&seqs, cost, limits);
             let model = ready.iter().zip(&plan.ks).any(|(s, &k)| {
@@ -824,10 +995,14 @@ impl Engine {
         let sel: Vec<bool> = decodes
             .iter()
             .zip(&looked)
-            .map(|(d, &l)| !l && self.running[d.idx].method == SpecMethod::Draft)
+            .map(|(d, &l)| !l && d.k > 0 && self.running[d.idx].method == SpecMethod::Draft)
             .collect();
         if !sel.contains(&true) {
             return out;
+        }
+        self.stats.model_steps += 1;
+        if let Some(Fault::SlowDraft(ms)) = self.fault {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         let Err(e) = self.try_propose(decodes, &sel, &mut out) else {
             return out;
@@ -1061,8 +1236,9 @@ impl Engine {
             Some(_) => self.stats.context_draft_tokens += drafted as u64,
             None => {}
         }
+        let lookup = self.lookups.get(&s.spec.id);
         self.policy
-            .observe(self.priors.of_mut(s.method), drafted, v.accepted);
+            .observe(self.priors.of_mut(s.method, lookup), drafted, v.accepted);
         s.computed = s.spec.tokens.len() - 1;
         let reason = s.check_finished(d.old_len, &self.eos);
         emit(s, self.tokenizer.as_deref(), d.old_len, reason, v.logprobs);
