@@ -370,3 +370,46 @@ fn a_draft_model_measured_losing_is_switched_off() {
         "{model} of {steps} steps ran the draft model"
     );
 }
+
+/// A sequence whose prompt sits in blocks an earlier sequence's draft
+/// filled (the target's prefix cache hands it the same blocks) catches up
+/// only on the rest, and drafts exactly what a draft starting over would.
+#[test]
+fn the_draft_reuses_its_cache_in_shared_blocks() {
+    use specgate_draft::{ModelDraft, ProposeRequest, Proposer};
+    use specgate_verify::Sampler;
+    use std::sync::Arc;
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 41 % 300) as u32 + 3).collect();
+    let other: Vec<u32> = prompt.iter().map(|t| t + 1).collect();
+    let model = Arc::new(draft());
+    // Proposes 4 tokens for `seq` and returns them with the rows of the
+    // proposal's first forward (its catch-up).
+    let propose = |d: &mut ModelDraft, seq: u64, ctx: &[u32], table: &[u32]| {
+        let mut sampler = Sampler::new(SamplingParams::default());
+        let tokens = d
+            .propose(&mut [ProposeRequest {
+                seq_id: seq,
+                context: ctx,
+                block_table: table,
+                k: 4,
+                sampler: &mut sampler,
+            }])
+            .unwrap()
+            .remove(0)
+            .tokens;
+        (tokens, d.take_timings()[0].0)
+    };
+    let mut d = ModelDraft::new(model.clone(), 64, 16).unwrap();
+    let (first, rows) = propose(&mut d, 1, &prompt, &[3, 5, 9, 11]);
+    assert_eq!(rows, 40);
+    d.release(1);
+    // Blocks 3 and 5 hold the first 32 tokens' draft K/V: 8 rows left.
+    let (again, rows) = propose(&mut d, 2, &prompt, &[3, 5, 12, 13]);
+    assert_eq!((&again, rows), (&first, 8));
+    // Other blocks, or other tokens in the same blocks: from the start.
+    assert_eq!(propose(&mut d, 3, &prompt, &[20, 21, 22, 23]).1, 40);
+    assert_eq!(propose(&mut d, 4, &other, &[3, 5, 24, 25]).1, 40);
+    // Sequence 4 overwrote blocks 3 and 5 with its own tokens.
+    assert_eq!(propose(&mut d, 5, &prompt, &[3, 5, 26, 27]).1, 40);
+    assert_eq!(propose(&mut d, 6, &prompt, &[20, 21, 28, 29]), (first, 8));
+}
