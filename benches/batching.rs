@@ -6,8 +6,11 @@
 //!
 //! Run: `cargo bench --bench batching` (models from scripts/fetch-models.sh).
 //! `SPECGATE_BENCH_CONC=1,16` picks concurrencies,
-//! `SPECGATE_BENCH_MODES=off,ngram,draft,draft-table` the settings (draft-table:
-//! the draft model with k = 3, 2, 1 at batch 1, 2, <= 4 and no drafting above).
+//! `SPECGATE_BENCH_MODES=off,ngram,draft,draft-table,goodput` the settings
+//! (draft-table: the draft model with k = 3, 2, 1 at batch 1, 2, <= 4 and no
+//! drafting above; goodput: the draft model under the default policy,
+//! `[speculative]`'s defaults, without the cross-request pool, which these
+//! repeated prompts would feed).
 
 // The workspace's one models-directory lookup (SPECGATE_MODELS_DIR, else
 // models/ in the workspace root), shared with the tests.
@@ -78,7 +81,10 @@ fn main() {
         .iter()
         .filter_map(|s| s.parse().ok())
         .collect();
-    let modes = list("SPECGATE_BENCH_MODES", "off,ngram,draft,draft-table");
+    let modes = list(
+        "SPECGATE_BENCH_MODES",
+        "off,ngram,draft,draft-table,goodput",
+    );
     let tok = load_tokenizer(&tp).unwrap();
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()
@@ -110,6 +116,12 @@ fn main() {
             ),
             "draft" => (draft(), DraftPolicy::Fixed { k: 3 }),
             "draft-table" => (draft(), table),
+            "goodput" => (
+                draft(),
+                specgate::config::SpeculativeConfig::default()
+                    .policy()
+                    .unwrap(),
+            ),
             other => panic!("unknown mode {other}"),
         };
         let cfg = EngineConfig {

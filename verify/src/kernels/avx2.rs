@@ -123,6 +123,22 @@ unsafe fn dot16(w: __m256i, x: *const i8) -> __m256i {
     _mm256_maddubs_epi16(w, x4(x))
 }
 
+/// The 8 unsigned bytes at `p`, byte i in both i16 halves of i32 lane i
+/// (one broadcast load and one shuffle).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pairs16(p: *const u8) -> __m256i {
+    let v = _mm256_set1_epi64x(p.cast::<i64>().read_unaligned());
+    // Lane i takes byte i (bytes 0..8 repeat in both 128-bit halves);
+    // -128 (0x80) zeroes a byte.
+    let z = -128i8;
+    let m = _mm256_setr_epi8(
+        0, z, 0, z, 1, z, 1, z, 2, z, 2, z, 3, z, 3, z, //
+        4, z, 4, z, 5, z, 5, z, 6, z, 6, z, 7, z, 7, z,
+    );
+    _mm256_shuffle_epi8(v, m)
+}
+
 /// Sums a column's two i16 lanes into its i32 lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -149,23 +165,46 @@ fn prefetch_block(p: *const u8, tb: usize) {
     }
 }
 
+/// How far ahead [`prefetch_step`] fetches: two Q4_K tile blocks or a
+/// little under three Q6_K ones. The AVX2 kernels spend longer per tile
+/// block than the AVX-512 ones, and their per-step prefetches only keep
+/// the memory system busy if the lines are asked for early enough.
+const FAR: usize = 8192;
+
+/// Prefetches step `step` of `STEPS` of the tile block of `TB` bytes that
+/// starts [`FAR`] bytes past `p`: lines `step`, `step + STEPS`, ... of it.
+/// Spread over the block's work this way, the prefetches keep a steady
+/// number of lines in flight. Issued all at once (as [`prefetch_block`]
+/// does), they measured slower once several rows make a block take
+/// longer: the arithmetic seemed to wait for memory instead of overlapping
+/// it (likely the core's line fill buffers running out).
+#[inline(always)]
+fn prefetch_step<const TB: usize, const STEPS: usize>(p: *const u8, step: usize) {
+    let mut l = step;
+    while l < TB.div_ceil(64) {
+        // SAFETY: a prefetch has no architectural effect and cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(FAR + 64 * l).cast()) }
+        l += STEPS;
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32; TILE]; GROUP]) {
     let nb = a.nb;
     let tb = tile_block_bytes(Format::Q4K);
+    debug_assert_eq!(tb, 2368);
     let mut acc = [[_mm256_setzero_ps(); R]; 2];
     for b in 0..nb {
         let p = tile.as_ptr().add(b * tb);
-        prefetch_block(p, tb);
         let ab: [usize; R] = std::array::from_fn(|r| (r0 + r) * nb + b);
         for (h, acc) in acc.iter_mut().enumerate() {
             let (vd, vm) = (f16x8(p.add(16 * h)), f16x8(p.add(32 + 16 * h)));
             let mut isum = [_mm256_setzero_si256(); R];
             let mut mins = [_mm256_setzero_ps(); R];
             for j in 0..8 {
+                prefetch_step::<2368, 16>(p, 8 * h + j);
                 // The scale in both i16 halves of each column's lane.
-                let sc = u8x8(p.add(64 + TILE * j + HALF * h));
-                let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
+                let sc = pairs16(p.add(64 + TILE * j + HALF * h));
                 let mn = _mm256_cvtepi32_ps(u8x8(p.add(192 + TILE * j + HALF * h)));
                 let mn = _mm256_mul_ps(mn, vm);
                 let mut s16 = [_mm256_setzero_si256(); R];
@@ -197,16 +236,17 @@ unsafe fn q4k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
 unsafe fn q6k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32; TILE]; GROUP]) {
     let nb = a.nb;
     let tb = tile_block_bytes(Format::Q6K);
+    debug_assert_eq!(tb, 3360);
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc = [[_mm256_setzero_ps(); R]; 2];
     for b in 0..nb {
         let p = tile.as_ptr().add(b * tb);
-        prefetch_block(p, tb);
         let ab: [usize; R] = std::array::from_fn(|r| (r0 + r) * nb + b);
         for (h, acc) in acc.iter_mut().enumerate() {
             let vd = f16x8(p.add(16 * h));
             let mut blk = [_mm256_setzero_ps(); R];
             for s in 0..16 {
+                prefetch_step::<3360, 32>(p, 16 * h + s);
                 let sc = _mm256_mul_ps(i8x8f(p.add(32 + TILE * s + HALF * h)), vd);
                 let (l0, h0) = nibbles(p.add(288 + 128 * s + 32 * h));
                 let (l1, h1) = nibbles(p.add(288 + 128 * s + 64 + 32 * h));
@@ -223,7 +263,9 @@ unsafe fn q6k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
                     let t0 = _mm256_add_epi16(dot16(w[0], x), dot16(w[1], x.add(4)));
                     let t1 = _mm256_add_epi16(dot16(w[2], x.add(8)), dot16(w[3], x.add(12)));
                     let off = _mm256_set1_epi32(*a.off.get_unchecked(ab[r] * 16 + s));
-                    let isum = _mm256_add_epi32(off, _mm256_add_epi32(hsum16(t0), hsum16(t1)));
+                    // Exact in any order; this one lets a compiler fuse
+                    // each `vpmaddwd` with its add where it may.
+                    let isum = _mm256_add_epi32(_mm256_add_epi32(off, hsum16(t0)), hsum16(t1));
                     blk[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, blk[r]);
                 }
             }
