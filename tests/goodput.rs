@@ -10,7 +10,8 @@ use candle_core::quantized::GgmlDType;
 use common::{chi_square, collect_tokens, tiny_model, wait_idle};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, Fault, GenRequest, KvSize, ProposerKind, SuffixOptions,
+    spawn, EngineConfig, EngineHandle, Event, Fault, GenRequest, KvSize, ProposerKind,
+    SuffixOptions,
 };
 use specgate_draft::{DraftPolicy, SuffixConfig};
 use specgate_verify::tiny::TinySpec;
@@ -412,4 +413,47 @@ fn the_draft_reuses_its_cache_in_shared_blocks() {
     // Sequence 4 overwrote blocks 3 and 5 with its own tokens.
     assert_eq!(propose(&mut d, 5, &prompt, &[3, 5, 26, 27]).1, 40);
     assert_eq!(propose(&mut d, 6, &prompt, &[20, 21, 28, 29]), (first, 8));
+}
+
+/// While sequences decode and the policy drafts with the model for no one,
+/// a new prompt does not run through the draft (it would catch up if it
+/// ever drafted); a prompt that arrives while nothing decodes does.
+#[test]
+fn prompts_skip_the_draft_while_it_drafts_for_no_one() {
+    let never = DraftPolicy::Goodput {
+        max_k: 0,
+        alpha: 0.3,
+        initial_acceptance: 0.9,
+        probe_every: 4,
+    };
+    let h = engine(target(), ProposerKind::Draft(draft()), never, None);
+    let a = GenRequest {
+        prompt: (0..20).map(|j| j + 5).collect(),
+        max_new_tokens: 200,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut rx = h.submit(a).unwrap();
+    // A decodes once its first tokens are out.
+    loop {
+        match rx.blocking_recv() {
+            Some(Event::Tokens { .. }) => break,
+            Some(Event::PromptLogprobs(_)) => {}
+            _ => panic!("request A ended before its first tokens"),
+        }
+    }
+    let b = GenRequest {
+        prompt: (0..30).map(|j| j + 100).collect(),
+        max_new_tokens: 4,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    collect_tokens(h.submit(b).unwrap());
+    collect_tokens(rx);
+    let s = wait_idle(&h);
+    assert!(
+        (1..=20).contains(&s.draft_prefill_tokens),
+        "A's prompt ran through the draft, B's did not: {} rows",
+        s.draft_prefill_tokens
+    );
 }

@@ -182,9 +182,11 @@ impl ModelDraft {
     /// A chunk that does not continue what the draft holds for its sequence
     /// is skipped (its next proposal catches up as before).
     ///
+    /// Returns the prompt rows it ran.
+    ///
     /// Errors: the draft's forward failed; the sequences of the batch are
     /// then forgotten, so their proposals start over.
-    pub fn prefill(&mut self, chunks: &[DraftChunk]) -> Result<(), DraftError> {
+    pub fn prefill(&mut self, chunks: &[DraftChunk]) -> Result<usize, DraftError> {
         let recurrent = self.pool.state_slots() > 0;
         let mut run: Vec<(&DraftChunk, u32)> = Vec::new();
         for c in chunks {
@@ -221,7 +223,7 @@ impl ModelDraft {
             }
         }
         if run.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let inputs: Vec<SeqInput> = run
             .iter()
@@ -253,7 +255,7 @@ impl ModelDraft {
                 self.states.insert(c.seq_id, (c.start + c.n, Vec::new()));
             }
         }
-        Ok(())
+        Ok(run.iter().map(|(c, _)| c.n).sum())
     }
 
     /// Tokens the draft has run through its model for `seq_id` and still

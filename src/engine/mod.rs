@@ -225,6 +225,8 @@ pub struct EngineStats {
     /// switched off at a batch size for losing there (goodput policy).
     pub model_steps: u64,
     pub model_vetoes: u64,
+    /// Prompt rows the draft model ran alongside the target's chunks.
+    pub draft_prefill_tokens: u64,
     pub finished: u64,
     pub cancelled: u64,
     /// Requests ended by an internal error (contained to them).

@@ -570,7 +570,7 @@ impl Engine {
         let (forwards_secs, first_forward) =
             self.observe_costs(&work, &proposals, verify_secs, propose_secs);
         let started = std::time::Instant::now();
-        self.draft_prefill(&work.prefills, &prefilled);
+        self.draft_prefill(&work, &prefilled);
         let draft_prefill_secs = started.elapsed().as_secs_f64();
         let step_secs = propose_secs + verify_secs + draft_prefill_secs;
         self.check_prediction(
@@ -1159,17 +1159,17 @@ impl Engine {
     /// sequences drafting with it), so their first proposal does not run
     /// the whole prompt through the draft in one go. A failure only costs
     /// that: those sequences' drafts catch up later, as before.
-    fn draft_prefill(&mut self, prefills: &[Prefill], done: &Prefilled) {
+    fn draft_prefill(&mut self, work: &Work, done: &Prefilled) {
         // While the policy drafts with the model for no one (load makes it
         // too dear), prompts skip the draft too: a sequence that drafts
-        // later catches up then, and the policy weighs that catch-up.
-        let decoding = self
-            .running
-            .iter()
-            .any(|s| s.computed + 1 == s.spec.tokens.len());
+        // later catches up then, and the policy weighs that catch-up. (The
+        // step's decode rows, not the sequences' tokens: verification has
+        // already appended this step's tokens.)
+        let decoding = !work.decodes.is_empty();
         if matches!(self.policy, DraftPolicy::Goodput { .. }) && decoding && !self.model_drafting {
             return;
         }
+        let prefills = &work.prefills;
         let (Some(draft), running, bm) = (self.draft.as_mut(), &self.running, &self.bm) else {
             return;
         };
@@ -1192,10 +1192,13 @@ impl Engine {
             return;
         }
         let ids: Vec<SeqId> = chunks.iter().map(|c| c.seq_id).collect();
-        if let Err(e) = contained(|| draft.prefill(&chunks).map_err(SpecError::from)) {
-            tracing::warn!(error = %e, "draft prefill failed; those drafts catch up later");
-            for id in ids {
-                draft.release(id);
+        match contained(|| draft.prefill(&chunks).map_err(SpecError::from)) {
+            Ok(rows) => self.stats.draft_prefill_tokens += rows as u64,
+            Err(e) => {
+                tracing::warn!(error = %e, "draft prefill failed; those drafts catch up later");
+                for id in ids {
+                    draft.release(id);
+                }
             }
         }
     }
