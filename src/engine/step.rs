@@ -552,9 +552,11 @@ impl Engine {
     /// that fail alone are ended (with an error event); the others go on.
     fn step(&mut self) {
         self.drop_cancelled();
+        let planning = std::time::Instant::now();
         let Some(work) = self.plan() else {
             return;
         };
+        let plan_secs = planning.elapsed().as_secs_f64();
         self.stats.steps += 1;
         let started = std::time::Instant::now();
         let proposals = self.propose_stage(&work.decodes);
@@ -575,7 +577,13 @@ impl Engine {
         let step_secs = propose_secs + verify_secs + draft_prefill_secs;
         self.check_prediction(
             step_secs,
-            [propose_secs, forwards_secs, verify_secs, draft_prefill_secs],
+            [
+                plan_secs,
+                propose_secs,
+                forwards_secs,
+                verify_secs,
+                draft_prefill_secs,
+            ],
         );
         self.score_model(
             &work,
@@ -677,9 +685,10 @@ impl Engine {
     /// Compares this step's measured time with what the goodput plan
     /// predicted (the cost model as it stood), per kind of plan: exported
     /// as `specgate_cost_model_prediction_ratio{plan}` and logged at debug.
-    /// `stages`: seconds of the propose stage, of the draft forwards in it,
-    /// of the verify stage and of the draft's prompt chunks (for the log).
-    fn check_prediction(&mut self, step_secs: f64, stages: [f64; 4]) {
+    /// `stages`: seconds of planning, of the propose stage, of the draft
+    /// forwards in it, of the verify stage and of the draft's prompt chunks
+    /// (for the log).
+    fn check_prediction(&mut self, step_secs: f64, stages: [f64; 5]) {
         let predicted = std::mem::take(&mut self.predicted_secs);
         if predicted <= 0.0 || step_secs <= 0.0 {
             return;
@@ -691,10 +700,11 @@ impl Engine {
         tracing::debug!(
             predicted_ms = predicted * 1e3,
             measured_ms = step_secs * 1e3,
-            propose_ms = stages[0] * 1e3,
-            draft_forwards_ms = stages[1] * 1e3,
-            verify_ms = stages[2] * 1e3,
-            draft_prefill_ms = stages[3] * 1e3,
+            plan_ms = stages[0] * 1e3,
+            propose_ms = stages[1] * 1e3,
+            draft_forwards_ms = stages[2] * 1e3,
+            verify_ms = stages[3] * 1e3,
+            draft_prefill_ms = stages[4] * 1e3,
             draft_model = self.model_drafting,
             "step time against the cost model"
         );
