@@ -94,6 +94,12 @@ pub(crate) struct Engine {
     lookups: HashMap<SeqId, Lookup>,
 }
 
+/// Whether sequence `s`, given `k` drafts this step, drafts them with the
+/// draft model (a draft-model sequence no lookup serves).
+fn drafts_with_model(s: &Sequence, k: usize, lookups: &HashMap<SeqId, Lookup>) -> bool {
+    k > 0 && s.method == SpecMethod::Draft && !lookups.contains_key(&s.spec.id)
+}
+
 /// A guess found by a lookup, and where.
 #[derive(Debug, Clone)]
 struct Lookup {
@@ -741,11 +747,7 @@ impl Engine {
             rows += p.tokens.len() + 1;
             let accepted = v.as_ref().map_or(0, |v| v.accepted);
             tokens += 1 + accepted;
-            let s = &self.running[d.idx];
-            if !p.tokens.is_empty()
-                && s.method == SpecMethod::Draft
-                && !self.lookups.contains_key(&s.spec.id)
-            {
+            if drafts_with_model(&self.running[d.idx], p.tokens.len(), &self.lookups) {
                 model_rows += p.tokens.len();
                 model_accepted += accepted;
                 model_seqs += 1;
@@ -902,9 +904,10 @@ impl Engine {
                 no_model: goodput && !guard.allows(ready.len(), step_no),
             };
             let plan = policy.plan_step(&seqs, cost, limits);
-            let model = ready.iter().zip(&plan.ks).any(|(s, &k)| {
-                k > 0 && s.method == SpecMethod::Draft && !lookups.contains_key(&s.spec.id)
-            });
+            let model = ready
+                .iter()
+                .zip(&plan.ks)
+                .any(|(s, &k)| drafts_with_model(s, k, lookups));
             // The gauge: what goodput chose this step; what the other
             // policies set (before any cap), as before.
             let mean = match policy {
@@ -1004,8 +1007,7 @@ impl Engine {
         // The draft model, for the draft-model sequences no lookup served.
         let sel: Vec<bool> = decodes
             .iter()
-            .zip(&looked)
-            .map(|(d, &l)| !l && d.k > 0 && self.running[d.idx].method == SpecMethod::Draft)
+            .map(|d| drafts_with_model(&self.running[d.idx], d.k, &self.lookups))
             .collect();
         if !sel.contains(&true) {
             return out;
