@@ -23,13 +23,21 @@
 # MAX_TOKENS (64), WARMUP (2), WORKLOAD (benches/workloads/editing.jsonl),
 # CONFIGS ("off ngram draft adaptive"; also "nopool": the default without
 # the cross-request pool), OUT (target/bench-sweep).
+# ROUNDS (1): run the specgate settings that many times, each round in the
+# opposite order of the one before (off draft, draft off, off draft, ...),
+# a fresh server each time, so slow drift of the machine falls on every
+# setting alike; each point reports the round with the median output tok/s
+# (the lower middle one for an even count) and the section lists every
+# round's ratios. The peer runs once.
 # REPORT_ONLY=1 skips the runs and rewrites the section from the results
 # already in OUT (for a sweep that was cut short: the configs with results).
 # SKIP_BUILD=1 skips the `cargo test --release --workspace --no-run` build
 # (use the binaries already in target/release).
 # NO_WRITE=1 leaves BENCHMARKS.md and docs/bench/ alone: the charts go to
 # OUT/docs and the section only to OUT/section.md. Otherwise DOCS (docs/bench)
-# and BENCH_MD (BENCHMARKS.md) say where they go.
+# and BENCH_MD (BENCHMARKS.md) say where they go; SECTION (serving-benchmark)
+# names the section's markers and TITLE (Serving benchmark) its heading, so
+# a second sweep (another ISA) keeps its own section.
 # SPECGATE_KERNEL_ISA (avx2 or scalar) is passed on to `specgate serve`
 # (forces its matmul kernels below the CPU's best); the section says so.
 # Peer settings: PEERS ("plain draft ngram"), PEER_LLAMACPP=1 and
@@ -64,10 +72,14 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 WARMUP=${WARMUP:-2}
 WORKLOAD=${WORKLOAD:-benches/workloads/editing.jsonl}
 CONFIGS=${CONFIGS:-off ngram draft adaptive}
+ROUNDS=${ROUNDS:-1}
+case "$ROUNDS" in '' | *[!0-9]* | 0) echo "ROUNDS must be a positive number" >&2; exit 2 ;; esac
 PEERS=${PEERS:-plain draft ngram}
 OUT=${OUT:-target/bench-sweep}
 DOCS=${DOCS:-docs/bench}
 BENCH_MD=${BENCH_MD:-BENCHMARKS.md}
+SECTION=${SECTION:-serving-benchmark}
+case "$SECTION" in '' | *[!a-z0-9-]*) echo "SECTION: lowercase letters, digits and dashes" >&2; exit 2 ;; esac
 if [ -n "${NO_WRITE:-}" ]; then
   DOCS=$OUT/docs
   BENCH_MD=""
@@ -141,14 +153,14 @@ bench() { # URL LABEL
   "$BIN/specgate-bench" run --base-url "$1" --wait-ready 600 \
     --workload "$WORKLOAD" --concurrency "$CONCURRENCY" --num-requests "$NUM_REQUESTS" \
     --warmup "$WARMUP" --max-tokens "$MAX_TOKENS" --ignore-eos --temperature 0 \
-    --label "$2" --json "$OUT/$2.json"
+    --label "$2" --json "${3:-$OUT/$2.json}"
 }
 
 pid=""
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null || true' EXIT
 if [ -z "${REPORT_ONLY:-}" ]; then
-  printf 'load_before="%s"\nstarted="%s"\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \
-    "$(date -u '+%Y-%m-%d %H:%M UTC')" >"$OUT/meta.env"
+  printf 'load_before="%s"\nstarted="%s"\nrounds=%s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \
+    "$(date -u '+%Y-%m-%d %H:%M UTC')" "$ROUNDS" >"$OUT/meta.env"
   rm -f "$OUT"/*.json "$OUT"/*.metrics "$OUT"/peer.env
 fi
 # The peer's build first, so that a failing build stops the script before
@@ -157,8 +169,10 @@ if [ -n "$PEER_LLAMACPP" ] && [ -z "${REPORT_ONLY:-}" ]; then
   PEER_BIN=$(scripts/llamacpp-peer.sh build --isa "$PEER_ISA")
   scripts/llamacpp-peer.sh describe "$PEER_BIN" >"$OUT/peer.env"
 fi
-for cfg in $CONFIGS; do
-  [ -z "${REPORT_ONLY:-}" ] || continue
+# run_config CFG ROUND: one server of setting CFG, the whole sweep against
+# it into OUT/CFG.rROUND.json.
+run_config() {
+  local cfg=$1 round=$2 log url
   printf '%s\n\n%s\n' "$base" "$(speculative "$cfg")" >"$OUT/$cfg.toml"
   log="$OUT/$cfg.log"
   "$BIN/specgate" serve --config "$OUT/$cfg.toml" --port 0 2>"$log" &
@@ -171,12 +185,39 @@ for cfg in $CONFIGS; do
     sleep 1
   done
   [ -n "$url" ] || { cat "$log"; echo "specgate serve ($cfg) printed no address" >&2; exit 1; }
-  echo "== $cfg at $url"
-  bench "$url" "$cfg"
+  echo "== $cfg (round $round of $ROUNDS) at $url"
+  bench "$url" "$cfg" "$OUT/$cfg.r$round.json"
   kill $pid
   wait $pid || true
   pid=""
-done
+}
+if [ -z "${REPORT_ONLY:-}" ]; then
+  order=$CONFIGS
+  for round in $(seq 1 "$ROUNDS"); do
+    for cfg in $order; do run_config "$cfg" "$round"; done
+    order=$(tr ' ' '\n' <<<"$order" | sed '/^$/d' | tac | paste -sd' ')
+  done
+  # Each setting's rounds into OUT/CFG.json: per point the median round;
+  # every round's output tok/s into OUT/rounds.json.
+  python3 - "$OUT" "$ROUNDS" $CONFIGS <<'EOF'
+import json, sys
+out, rounds, cfgs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+every = {}
+for cfg in cfgs:
+    runs = [json.load(open(f"{out}/{cfg}.r{r}.json")) for r in range(1, rounds + 1)]
+    merged = runs[0]
+    per_level = {}
+    for i, run in enumerate(merged["runs"]):
+        shape = run["shape"]
+        same = [next(x for x in d["runs"] if x["shape"] == shape) for d in runs]
+        ranked = sorted(same, key=lambda x: x["output_throughput"])
+        merged["runs"][i] = ranked[(len(ranked) - 1) // 2]
+        per_level[str(shape["value"])] = [x["output_throughput"] for x in same]
+    every[cfg] = per_level
+    json.dump(merged, open(f"{out}/{cfg}.json", "w"), indent=1)
+json.dump({"rounds": rounds, "output_throughput": every}, open(f"{out}/rounds.json", "w"), indent=1)
+EOF
+fi
 
 # The peer: llama.cpp's llama-server, one server per setting, the same
 # target file, threads, client and workload.
@@ -255,7 +296,7 @@ if [ -z "${REPORT_ONLY:-}" ]; then
     printf 'kernels_isa="%s"\nkernel_isa_env="%s"\n' "${kisa:-unknown}" "${SPECGATE_KERNEL_ISA:-}"
   } >>"$OUT/meta.env"
 fi
-started="" load_before="" load_after="" kernels_isa=unknown kernel_isa_env=""
+started="" load_before="" load_after="" kernels_isa=unknown kernel_isa_env="" rounds=1
 # shellcheck disable=SC1091
 . "$OUT/meta.env"
 peer_version="" peer_build_isa="" peer_build_flags="" peer_system_info="" peer_server_version=""
@@ -301,6 +342,31 @@ for c in levels:
         row += [name, tps(best), ratio(d, best)]
     print("| " + " | ".join(row) + " |")
 EOF
+
+# Every round's output tok/s and draft / off within the round (ROUNDS > 1).
+: >"$OUT/rounds.md"
+if [ -f "$OUT/rounds.json" ]; then
+  python3 - "$OUT/rounds.json" >"$OUT/rounds.md" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+if d["rounds"] > 1:
+    every = d["output_throughput"]
+    levels = sorted({int(c) for runs in every.values() for c in runs})
+    cfgs = list(every)
+    head = ["concurrency"] + [f"{c} tok/s by round" for c in cfgs]
+    both = "draft" in every and "off" in every
+    if both:
+        head.append("draft / off by round")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---:|" * len(head))
+    for c in levels:
+        row = [str(c)] + [", ".join(f"{x:.1f}" for x in every[k].get(str(c), [])) for k in cfgs]
+        if both:
+            pairs = zip(every["draft"].get(str(c), []), every["off"].get(str(c), []))
+            row.append(", ".join(f"{a / b:.2f}" for a, b in pairs if b))
+        print("| " + " | ".join(row) + " |")
+EOF
+fi
 
 # llama.cpp's acceptance from its own /metrics (warm-up included).
 peer_accept=""
@@ -390,8 +456,8 @@ for cfg in $CONFIGS; do descs+=("$(cfg_desc "$cfg")"); done
 peer_descs=()
 for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
 {
-  echo "<!-- serving-benchmark:begin (written by scripts/bench-sweep.sh; edits here are overwritten) -->"
-  echo "## Serving benchmark (\`scripts/bench-sweep.sh${PEER_LLAMACPP:+ --peer-llamacpp}\`)"
+  echo "<!-- $SECTION:begin (written by scripts/bench-sweep.sh; edits here are overwritten) -->"
+  echo "## ${TITLE:-Serving benchmark} (\`scripts/bench-sweep.sh${PEER_LLAMACPP:+ --peer-llamacpp}\`)"
   echo
   echo "\`specgate-bench\` against \`specgate serve\` on the real pair (target"
   echo "\`$(basename "$TARGET_MODEL")\`, draft \`$(basename "$DRAFT_MODEL")\`), configs/default.toml's"
@@ -434,7 +500,13 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
     echo "The machine was busy with other work when this started, so absolute"
     echo "figures are disturbed."
   fi
-  echo "The settings ran one after another in one script run."
+  if [ "$rounds" -gt 1 ]; then
+    echo "The specgate settings ran $rounds rounds, each in the opposite order of the one"
+    echo "before, a fresh server each time${PEER_LLAMACPP:+, then the peer once}, in one script run; each"
+    echo "point below is the round with the median output tok/s (all rounds after the ratios)."
+  else
+    echo "The settings ran one after another in one script run."
+  fi
   echo
   echo "TTFT: time to the first streamed token. ITL: gap between streamed text"
   echo "events (with speculation one event may carry several tokens). TPOT: per"
@@ -453,22 +525,32 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
   echo
   cat "$OUT/ratios.md"
   echo
+  if [ -s "$OUT/rounds.md" ]; then
+    echo "Every round (output tok/s; draft / off paired within each round, the two"
+    echo "servers run back to back):"
+    echo
+    cat "$OUT/rounds.md"
+    echo
+  fi
   for c in throughput ttft itl e2e; do
     echo "![$c]($DOCS/$c.svg)"
   done
   echo
-  echo "Reproduce: \`scripts/bench-sweep.sh${PEER_LLAMACPP:+ --peer-llamacpp --peer-isa ${peer_build_isa:-native}}\`"
-  echo "(settings via CONCURRENCY, NUM_REQUESTS, MAX_TOKENS, WARMUP, WORKLOAD, CONFIGS${PEER_LLAMACPP:+, PEERS})."
+  rounds_env=""
+  [ "$rounds" -le 1 ] || rounds_env="ROUNDS=$rounds "
+  echo "Reproduce: \`${rounds_env}scripts/bench-sweep.sh${PEER_LLAMACPP:+ --peer-llamacpp --peer-isa ${peer_build_isa:-native}}\`"
+  echo "(settings via CONCURRENCY, NUM_REQUESTS, MAX_TOKENS, WARMUP, WORKLOAD, CONFIGS, ROUNDS${PEER_LLAMACPP:+, PEERS})."
   echo "Every figure: \`$DOCS/*.json\`."
-  echo "<!-- serving-benchmark:end -->"
+  echo "<!-- $SECTION:end -->"
 } >"$section"
 
 if [ -n "$BENCH_MD" ]; then
-  python3 - "$section" "$BENCH_MD" <<'EOF'
+  python3 - "$section" "$BENCH_MD" "$SECTION" <<'EOF'
 import re, sys
 section = open(sys.argv[1]).read().rstrip("\n")
 text = open(sys.argv[2]).read()
-pat = re.compile(r"<!-- serving-benchmark:begin.*?<!-- serving-benchmark:end -->", re.S)
+tag = re.escape(sys.argv[3])
+pat = re.compile(rf"<!-- {tag}:begin.*?<!-- {tag}:end -->", re.S)
 if pat.search(text):
     text = pat.sub(lambda _: section, text)
 else:
