@@ -2,8 +2,10 @@
 # Serving benchmark of specgate on the real pair (models/): for each
 # speculation setting (off, n-gram, draft model, adaptive draft) it starts
 # `specgate serve` with configs/default.toml's model, KV and scheduler
-# settings and that [speculative] section, waits for /health, runs
-# specgate-bench over a concurrency sweep, stops the server; then it writes
+# settings and that [speculative] section, one after another, each ready
+# (/health) before the next starts; then at each concurrency level it runs
+# specgate-bench against every server in turn (the others idle), so all
+# settings see the machine of the same minutes; then it stops them, writes
 # the comparison charts into docs/bench/ and the "Serving benchmark" section
 # of BENCHMARKS.md (between its markers; the rest of the file is kept).
 #
@@ -19,16 +21,18 @@
 #   --peer-isa ISA   the llama.cpp build to use: native (-march=native, the
 #                    default) or avx2 (no AVX-512).
 #
-# Settings (environment): CONCURRENCY (1,4,8), NUM_REQUESTS per point (8),
+# Settings (environment): CONCURRENCY (1,4,8), NUM_REQUESTS per point (8;
+# at least WAVES (4) x the concurrency, so that no point is one wave of
+# requests whose slowest one sets its time),
 # MAX_TOKENS (64), WARMUP (2), WORKLOAD (benches/workloads/editing.jsonl),
 # CONFIGS ("off ngram draft adaptive"; also "nopool": the default without
 # the cross-request pool), OUT (target/bench-sweep).
-# ROUNDS (1): run the specgate settings that many times, each round in the
-# opposite order of the one before (off draft, draft off, off draft, ...),
-# a fresh server each time, so slow drift of the machine falls on every
-# setting alike; each point reports the round with the median output tok/s
-# (the lower middle one for an even count) and the section lists every
-# round's ratios. The peer runs once.
+# ROUNDS (1): at each level, run every specgate setting that many times,
+# each round in the opposite order of the one before (off draft, draft off,
+# off draft, ...), so drift of the machine falls on every setting alike;
+# each point reports the round with the median output tok/s (the lower
+# middle one for an even count) and the section lists every round. The
+# peer runs once, after specgate's whole sweep.
 # REPORT_ONLY=1 skips the runs and rewrites the section from the results
 # already in OUT (for a sweep that was cut short: the configs with results).
 # SKIP_BUILD=1 skips the `cargo test --release --workspace --no-run` build
@@ -68,6 +72,8 @@ case "$PEER_ISA" in native | avx2) ;; *) echo "--peer-isa must be native or avx2
 
 CONCURRENCY=${CONCURRENCY:-1,4,8}
 NUM_REQUESTS=${NUM_REQUESTS:-8}
+WAVES=${WAVES:-4}
+case "$WAVES" in '' | *[!0-9]*) echo "WAVES must be a number" >&2; exit 2 ;; esac
 MAX_TOKENS=${MAX_TOKENS:-64}
 WARMUP=${WARMUP:-2}
 WORKLOAD=${WORKLOAD:-benches/workloads/editing.jsonl}
@@ -149,18 +155,46 @@ EOF
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-bench() { # URL LABEL
+# requests C: how many requests a point at concurrency C runs.
+requests() {
+  local n=$((${waves:-$WAVES} * $1))
+  echo $((n > NUM_REQUESTS ? n : NUM_REQUESTS))
+}
+bench() { # URL LABEL JSON CONCURRENCY
   "$BIN/specgate-bench" run --base-url "$1" --wait-ready 600 \
-    --workload "$WORKLOAD" --concurrency "$CONCURRENCY" --num-requests "$NUM_REQUESTS" \
+    --workload "$WORKLOAD" --concurrency "$4" --num-requests "$(requests "$4")" \
     --warmup "$WARMUP" --max-tokens "$MAX_TOKENS" --ignore-eos --temperature 0 \
-    --label "$2" --json "${3:-$OUT/$2.json}"
+    --label "$2" --json "$3"
+}
+# merge ROUNDS LABEL...: each label's points (OUT/LABEL.cC.rR.json) into
+# OUT/LABEL.json, per level the round with the median output tok/s (the
+# lower middle one for an even count); every round's output tok/s of the
+# labels into OUT/rounds-of-LABEL.json.
+merge() {
+  python3 - "$OUT" "$1" "$CONCURRENCY" "${@:2}" <<'EOF'
+import json, sys
+out, rounds, levels, labels = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4:]
+for label in labels:
+    merged, per_level = None, {}
+    for c in levels:
+        same = [json.load(open(f"{out}/{label}.c{c}.r{r}.json")) for r in range(1, rounds + 1)]
+        merged = merged or dict(same[0], runs=[])
+        runs = [d["runs"][0] for d in same]
+        ranked = sorted(runs, key=lambda x: x["output_throughput"])
+        merged["runs"].append(ranked[(len(ranked) - 1) // 2])
+        per_level[c] = [x["output_throughput"] for x in runs]
+    json.dump(merged, open(f"{out}/{label}.json", "w"), indent=1)
+    json.dump({"rounds": rounds, "output_throughput": per_level},
+              open(f"{out}/rounds-of-{label}.json", "w"), indent=1)
+EOF
 }
 
 pid=""
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null || true' EXIT
+declare -A pids=() urls=()
+trap 'kill ${pid:-} ${pids[*]:-} 2>/dev/null; wait 2>/dev/null || true' EXIT
 if [ -z "${REPORT_ONLY:-}" ]; then
-  printf 'load_before="%s"\nstarted="%s"\nrounds=%s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \
-    "$(date -u '+%Y-%m-%d %H:%M UTC')" "$ROUNDS" >"$OUT/meta.env"
+  printf 'load_before="%s"\nstarted="%s"\nrounds=%s\nwaves=%s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \
+    "$(date -u '+%Y-%m-%d %H:%M UTC')" "$ROUNDS" "$WAVES" >"$OUT/meta.env"
   rm -f "$OUT"/*.json "$OUT"/*.metrics "$OUT"/peer.env
 fi
 # The peer's build first, so that a failing build stops the script before
@@ -169,54 +203,47 @@ if [ -n "$PEER_LLAMACPP" ] && [ -z "${REPORT_ONLY:-}" ]; then
   PEER_BIN=$(scripts/llamacpp-peer.sh build --isa "$PEER_ISA")
   scripts/llamacpp-peer.sh describe "$PEER_BIN" >"$OUT/peer.env"
 fi
-# run_config CFG ROUND: one server of setting CFG, the whole sweep against
-# it into OUT/CFG.rROUND.json.
-run_config() {
-  local cfg=$1 round=$2 log url
+# start_server CFG: `specgate serve` with setting CFG in the background,
+# returning once its /health says ready (so that no two servers load, and
+# measure their costs at start, at the same time); pids[CFG] and urls[CFG]
+# say where it is.
+start_server() {
+  local cfg=$1 log url="" p
   printf '%s\n\n%s\n' "$base" "$(speculative "$cfg")" >"$OUT/$cfg.toml"
   log="$OUT/$cfg.log"
   "$BIN/specgate" serve --config "$OUT/$cfg.toml" --port 0 2>"$log" &
-  pid=$!
-  url=""
-  for _ in $(seq 1 120); do
-    kill -0 $pid 2>/dev/null || { cat "$log"; echo "specgate serve ($cfg) exited" >&2; exit 1; }
-    url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" | head -n 1 || true)
-    [ -n "$url" ] && break
+  p=$!
+  pids[$cfg]=$p
+  for _ in $(seq 1 600); do
+    kill -0 "$p" 2>/dev/null || { cat "$log"; echo "specgate serve ($cfg) exited" >&2; exit 1; }
+    [ -n "$url" ] || url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" | head -n 1 || true)
+    [ -z "$url" ] || [ "$(http_get "$url/health")" != 200 ] || { urls[$cfg]=$url; return; }
     sleep 1
   done
-  [ -n "$url" ] || { cat "$log"; echo "specgate serve ($cfg) printed no address" >&2; exit 1; }
-  echo "== $cfg (round $round of $ROUNDS) at $url"
-  bench "$url" "$cfg" "$OUT/$cfg.r$round.json"
-  kill $pid
-  wait $pid || true
-  pid=""
+  cat "$log"
+  echo "specgate serve ($cfg) not ready" >&2
+  exit 1
 }
 if [ -z "${REPORT_ONLY:-}" ]; then
-  order=$CONFIGS
-  for round in $(seq 1 "$ROUNDS"); do
-    for cfg in $order; do run_config "$cfg" "$round"; done
-    order=$(tr ' ' '\n' <<<"$order" | sed '/^$/d' | tac | paste -sd' ')
+  for cfg in $CONFIGS; do
+    start_server "$cfg"
+    echo "== $cfg at ${urls[$cfg]}"
   done
-  # Each setting's rounds into OUT/CFG.json: per point the median round;
-  # every round's output tok/s into OUT/rounds.json.
-  python3 - "$OUT" "$ROUNDS" $CONFIGS <<'EOF'
-import json, sys
-out, rounds, cfgs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-every = {}
-for cfg in cfgs:
-    runs = [json.load(open(f"{out}/{cfg}.r{r}.json")) for r in range(1, rounds + 1)]
-    merged = runs[0]
-    per_level = {}
-    for i, run in enumerate(merged["runs"]):
-        shape = run["shape"]
-        same = [next(x for x in d["runs"] if x["shape"] == shape) for d in runs]
-        ranked = sorted(same, key=lambda x: x["output_throughput"])
-        merged["runs"][i] = ranked[(len(ranked) - 1) // 2]
-        per_level[str(shape["value"])] = [x["output_throughput"] for x in same]
-    every[cfg] = per_level
-    json.dump(merged, open(f"{out}/{cfg}.json", "w"), indent=1)
-json.dump({"rounds": rounds, "output_throughput": every}, open(f"{out}/rounds.json", "w"), indent=1)
-EOF
+  # Level by level, every setting ROUNDS times, each round in the opposite
+  # order of the one before: the servers not running wait idle.
+  for c in ${CONCURRENCY//,/ }; do
+    order=$CONFIGS
+    for round in $(seq 1 "$ROUNDS"); do
+      for cfg in $order; do
+        echo "== $cfg, concurrency $c, round $round of $ROUNDS"
+        bench "${urls[$cfg]}" "$cfg" "$OUT/$cfg.c$c.r$round.json" "$c"
+      done
+      order=$(tr ' ' '\n' <<<"$order" | sed '/^$/d' | tac | paste -sd' ')
+    done
+  done
+  for cfg in $CONFIGS; do kill "${pids[$cfg]}"; wait "${pids[$cfg]}" || true; done
+  pids=()
+  merge "$ROUNDS" $CONFIGS
 fi
 
 # The peer: llama.cpp's llama-server, one server per setting, the same
@@ -273,7 +300,10 @@ EOF
     done
     [ -n "$ready" ] || { tail -n 40 "$log"; echo "llama-server ($label) not ready" >&2; exit 1; }
     echo "== $label at $url: $(cat "$OUT/$label.cmd")"
-    bench "$url" "$label"
+    for c in ${CONCURRENCY//,/ }; do
+      bench "$url" "$label" "$OUT/$label.c$c.r1.json" "$c"
+    done
+    merge 1 "$label"
     # llama.cpp's own speculative counters over the whole run (warm-up
     # included), for the section's summary line.
     http_get "$url/metrics" "$OUT/$label.metrics" >/dev/null || true
@@ -296,7 +326,7 @@ if [ -z "${REPORT_ONLY:-}" ]; then
     printf 'kernels_isa="%s"\nkernel_isa_env="%s"\n' "${kisa:-unknown}" "${SPECGATE_KERNEL_ISA:-}"
   } >>"$OUT/meta.env"
 fi
-started="" load_before="" load_after="" kernels_isa=unknown kernel_isa_env="" rounds=1
+started="" load_before="" load_after="" kernels_isa=unknown kernel_isa_env="" rounds=1 waves=$WAVES
 # shellcheck disable=SC1091
 . "$OUT/meta.env"
 peer_version="" peer_build_isa="" peer_build_flags="" peer_system_info="" peer_server_version=""
@@ -345,12 +375,15 @@ EOF
 
 # Every round's output tok/s and draft / off within the round (ROUNDS > 1).
 : >"$OUT/rounds.md"
-if [ -f "$OUT/rounds.json" ]; then
-  python3 - "$OUT/rounds.json" >"$OUT/rounds.md" <<'EOF'
-import json, sys
-d = json.load(open(sys.argv[1]))
-if d["rounds"] > 1:
-    every = d["output_throughput"]
+if [ "$rounds" -gt 1 ]; then
+  python3 - "$OUT" $CONFIGS >"$OUT/rounds.md" <<'EOF'
+import json, os, sys
+every = {}
+for cfg in sys.argv[2:]:
+    f = f"{sys.argv[1]}/rounds-of-{cfg}.json"
+    if os.path.exists(f):
+        every[cfg] = json.load(open(f))["output_throughput"]
+if every:
     levels = sorted({int(c) for runs in every.values() for c in runs})
     cfgs = list(every)
     head = ["concurrency"] + [f"{c} tok/s by round" for c in cfgs]
@@ -480,6 +513,7 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
   echo
   echo "Workload \`$WORKLOAD\`, greedy, $MAX_TOKENS output tokens per request"
   echo "(\`ignore_eos\`), closed loop at concurrency $CONCURRENCY, $NUM_REQUESTS requests"
+  echo "or $waves per client if more ($(for c in ${CONCURRENCY//,/ }; do printf '%s ' "$(requests "$c")"; done | sed 's/ $//; s/ /, /g') requests)"
   echo "per point after $WARMUP uncounted warm-up request(s)."
   echo
   echo "Run of $started on $cpu, $(nproc) cores visible, $(free -g | awk '/^Mem:/ {print $2}') GiB RAM, no GPU."
@@ -500,12 +534,15 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
     echo "The machine was busy with other work when this started, so absolute"
     echo "figures are disturbed."
   fi
+  echo "All specgate servers were up at once (each ready before the next started);"
   if [ "$rounds" -gt 1 ]; then
-    echo "The specgate settings ran $rounds rounds, each in the opposite order of the one"
-    echo "before, a fresh server each time${PEER_LLAMACPP:+, then the peer once}, in one script run; each"
-    echo "point below is the round with the median output tok/s (all rounds after the ratios)."
+    echo "at each level each setting ran $rounds rounds, in turn, each round in the opposite"
+    echo "order of the one before (the other servers idle)${PEER_LLAMACPP:+, then the peer's servers one by one}, in one"
+    echo "script run; each point below is the round with the median output tok/s (all"
+    echo "rounds after the ratios)."
   else
-    echo "The settings ran one after another in one script run."
+    echo "at each level each setting ran in turn (the other servers idle)${PEER_LLAMACPP:+, then the"
+    echo "peer's servers one by one}, in one script run."
   fi
   echo
   echo "TTFT: time to the first streamed token. ITL: gap between streamed text"
@@ -539,7 +576,7 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
   rounds_env=""
   [ "$rounds" -le 1 ] || rounds_env="ROUNDS=$rounds "
   echo "Reproduce: \`${rounds_env}scripts/bench-sweep.sh${PEER_LLAMACPP:+ --peer-llamacpp --peer-isa ${peer_build_isa:-native}}\`"
-  echo "(settings via CONCURRENCY, NUM_REQUESTS, MAX_TOKENS, WARMUP, WORKLOAD, CONFIGS, ROUNDS${PEER_LLAMACPP:+, PEERS})."
+  echo "(settings via CONCURRENCY, NUM_REQUESTS, MAX_TOKENS, WARMUP, WORKLOAD, CONFIGS, ROUNDS, WAVES${PEER_LLAMACPP:+, PEERS})."
   echo "Every figure: \`$DOCS/*.json\`."
   echo "<!-- $SECTION:end -->"
 } >"$section"
