@@ -534,15 +534,17 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
     echo "The machine was busy with other work when this started, so absolute"
     echo "figures are disturbed."
   fi
+  peer_turn=""
+  [ -z "$PEER_LLAMACPP" ] || peer_turn=", then the peer servers one by one"
   echo "All specgate servers were up at once (each ready before the next started);"
   if [ "$rounds" -gt 1 ]; then
     echo "at each level each setting ran $rounds rounds, in turn, each round in the opposite"
-    echo "order of the one before (the other servers idle)${PEER_LLAMACPP:+, then the peer's servers one by one}, in one"
+    echo "order of the one before (the other servers idle)$peer_turn, in one"
     echo "script run; each point below is the round with the median output tok/s (all"
     echo "rounds after the ratios)."
   else
-    echo "at each level each setting ran in turn (the other servers idle)${PEER_LLAMACPP:+, then the"
-    echo "peer's servers one by one}, in one script run."
+    echo "at each level each setting ran in turn (the other servers idle)$peer_turn,"
+    echo "in one script run."
   fi
   echo
   echo "TTFT: time to the first streamed token. ITL: gap between streamed text"
@@ -563,8 +565,8 @@ for label in $PEER_LABELS; do peer_descs+=("$(peer_desc "$label")"); done
   cat "$OUT/ratios.md"
   echo
   if [ -s "$OUT/rounds.md" ]; then
-    echo "Every round (output tok/s; draft / off paired within each round, the two"
-    echo "servers run back to back):"
+    echo "Every round (output tok/s; draft / off paired within each round, measured"
+    echo "minutes apart):"
     echo
     cat "$OUT/rounds.md"
     echo
