@@ -179,6 +179,14 @@ pub struct StepLimits {
     /// model's error, so that a draft predicted to gain a little does not
     /// lose a little.
     pub model_margin: f64,
+    /// The same for a plan that drafts only by lookups (no draft forward):
+    /// smaller, since such a plan's only cost is rows the cost curve
+    /// prices, but not zero. Where a draft row costs about what it is
+    /// expected to yield (many sequences on a CPU whose forward is
+    /// compute-bound), the predicted gain is within the curve's error, and
+    /// without a margin such drafts lose as often as they win while they
+    /// lengthen every sequence's step.
+    pub lookup_margin: f64,
     /// What plans that run the draft model really take against what the
     /// cost model predicts for them, relative to other plans (1 = as
     /// predicted; 0 is read as 1): their predicted time is multiplied by
@@ -430,7 +438,7 @@ impl DraftPolicy {
                 let margin = if plan.uses_model() {
                     limits.model_margin
                 } else {
-                    0.0
+                    limits.lookup_margin
                 };
                 // Strictly better only: an equal plan with fewer drafts wins.
                 if now > best.0 * (1.0 + 1e-9) && now >= plain * (1.0 + margin) {
@@ -891,6 +899,32 @@ mod tests {
         // Lookups pay neither.
         let free = vec![seq(&st, false); 4];
         assert!(p.plan_step(&free, &model, l).ks.iter().all(|&k| k >= 1));
+    }
+
+    #[test]
+    fn goodput_keeps_lookups_off_where_their_gain_is_within_the_margin() {
+        let p = goodput(4);
+        let sure = accepting(0.95);
+        let unsure = accepting(0.0);
+        // 32 sequences, one with a one-token lookup likely accepted; past
+        // 32 rows each costs 0.16 s (a compute-bound forward): 32.95 tokens
+        // in 9.16 s against 32 in 9 s, about 1.2% better than plain.
+        let mut seqs = vec![seq(&unsure, false); 31];
+        let mut one = seq(&sure, false);
+        one.max_k = 1;
+        seqs.push(one);
+        let model = CostModel::new(curve(&[(1, 1.0), (32, 9.0), (64, 14.12)]), None);
+        let mut l = limits(512);
+        let plan = p.plan_step(&seqs, &model, l);
+        assert_eq!(plan.ks[31], 1, "{:?}", plan.ks);
+        assert_eq!(plan.ks[..31], [0; 31]);
+        // A 2% margin refuses that gain.
+        l.lookup_margin = 0.02;
+        assert_eq!(p.plan_step(&seqs, &model, l).ks, vec![0; 32]);
+        // It takes a clear one: four sequences on a cheap curve.
+        let four = vec![seq(&sure, false); 4];
+        let cheap = CostModel::new(curve(&[(1, 1.0), (8, 1.2), (64, 5.0)]), None);
+        assert!(p.plan_step(&four, &cheap, l).ks.iter().all(|&k| k >= 1));
     }
 
     #[test]

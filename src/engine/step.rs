@@ -134,6 +134,14 @@ impl Proposer for Lookups<'_> {
 /// bought with a real loss.
 const MODEL_MARGIN: f64 = 0.05;
 
+/// The same for a plan that drafts by lookups only (`StepLimits::
+/// lookup_margin`): the verify curve's own error on a step, measured at
+/// about 2% here (`specgate_cost_model_prediction_ratio{plan="other"}`
+/// settles within 1.00-1.03). Only plans whose whole gain is that small
+/// are refused: at a few sequences a confident lookup gains tens of
+/// percent.
+const LOOKUP_MARGIN: f64 = 0.02;
+
 /// The draft model's realized-gain check ([`ModelGuard`]): the EMA's
 /// weight on the newest scored step, and while the model is vetoed at a
 /// batch size, one step in this many may still use it (about 3% of such
@@ -581,8 +589,11 @@ impl Engine {
         self.draft_prefill(&work, &prefilled);
         let draft_prefill_secs = started.elapsed().as_secs_f64();
         let step_secs = propose_secs + verify_secs + draft_prefill_secs;
+        let prefill_rows: usize = work.prefills.iter().map(|p| p.n).sum();
+        let drafts: usize = proposals.iter().map(|p| p.tokens.len()).sum();
         self.check_prediction(
             step_secs,
+            [work.decodes.len(), prefill_rows, drafts],
             [
                 plan_secs,
                 propose_secs,
@@ -693,8 +704,9 @@ impl Engine {
     /// as `specgate_cost_model_prediction_ratio{plan}` and logged at debug.
     /// `stages`: seconds of planning, of the propose stage, of the draft
     /// forwards in it, of the verify stage and of the draft's prompt chunks
-    /// (for the log).
-    fn check_prediction(&mut self, step_secs: f64, stages: [f64; 5]) {
+    /// (for the log); `rows`: decoding sequences, prompt rows and drafted
+    /// tokens (for the log).
+    fn check_prediction(&mut self, step_secs: f64, rows: [usize; 3], stages: [f64; 5]) {
         let predicted = std::mem::take(&mut self.predicted_secs);
         if predicted <= 0.0 || step_secs <= 0.0 {
             return;
@@ -712,6 +724,9 @@ impl Engine {
             verify_ms = stages[3] * 1e3,
             draft_prefill_ms = stages[4] * 1e3,
             draft_model = self.model_drafting,
+            decoding = rows[0],
+            prompt_rows = rows[1],
+            drafted = rows[2],
             "step time against the cost model"
         );
     }
@@ -900,6 +915,7 @@ impl Engine {
                 probe,
                 draft_prefill_rows: if draft.is_some() { prefill_rows } else { 0 },
                 model_margin: MODEL_MARGIN,
+                lookup_margin: LOOKUP_MARGIN,
                 model_factor,
                 no_model: goodput && !guard.allows(ready.len(), step_no),
             };
