@@ -243,12 +243,10 @@ fn sampling_with_pool_proposals_follows_the_target_distribution() {
     // is accepted at this temperature, so they do not pay) and its drafts
     // are mostly probes: probing every step keeps them coming (each
     // request lives two steps, too short to reach `probe_every` = 4).
-    let probing = DraftPolicy::Goodput {
-        max_k: 6,
-        alpha: 0.3,
-        initial_acceptance: 0.9,
-        probe_every: 1,
-    };
+    let mut probing = goodput();
+    if let DraftPolicy::Goodput { probe_every, .. } = &mut probing {
+        *probe_every = 1;
+    }
     for (name, policy, least) in [
         ("goodput", probing, 100),
         ("fixed k = 1", DraftPolicy::Fixed { k: 1 }, n / 2),
