@@ -361,9 +361,16 @@ fn a_draft_model_measured_losing_is_switched_off() {
     assert!(start.model_steps > 0, "the draft model never ran");
     h.inject_fault(Fault::SlowDraft(40)).unwrap();
     assert_eq!(fast, run_all(&plain, vec![req(0)]));
-    // One request at a time: every step has one decoding sequence.
+    // One request at a time: every step has one decoding sequence. These
+    // ask for 2 drafts a step, so the model runs (asked-for lengths are
+    // kept) and every step of it is scored: the planner alone would stop
+    // drafting by price and never let the guard see the loss.
     for i in 1..4 {
-        assert_eq!(run_all(&h, vec![req(i)]), run_all(&plain, vec![req(i)]));
+        let asking = GenRequest {
+            num_speculative_tokens: Some(2),
+            ..req(i)
+        };
+        assert_eq!(run_all(&h, vec![asking]), run_all(&plain, vec![req(i)]));
     }
     let mid = wait_idle(&h);
     assert!(mid.model_vetoes >= 1, "never switched off: {mid:?}");

@@ -446,7 +446,48 @@ impl DraftPolicy {
                 }
             }
         }
-        let mut ks = best.1;
+        let ks = best.1;
+        let mut done = GoodputSearch::new(seqs, cost, limits, room);
+        for (i, &k) in ks.iter().enumerate() {
+            for &g in &gains[i][..k] {
+                done.add(i, g);
+            }
+        }
+        // A probe is only for a sequence whose drafts would add to this
+        // step's goodput (by the margin a plan needs) if they were accepted
+        // as often as the better of the prior and `initial_acceptance` says:
+        // where even then they would not pay (a full batch on a
+        // compute-bound CPU, a draft catch-up dearer than the step), what a
+        // probe learns could not change a plan, and it would only cost its
+        // rows. Priced as if the draft had caught up on the sequence (a
+        // catch-up is paid once), by the cost model as measured (no
+        // `model_factor`), and not by the prior alone: the catch-up grows,
+        // and the factor and the prior are learned from drafts, so any of
+        // them could otherwise stop probes for good.
+        let worth_probing = |i: usize, s: &StepSeq| {
+            let fresh = PolicyState::default();
+            let mut plan = done.clone();
+            plan.limits.model_factor = 0.0;
+            let here = plan.goodput();
+            let mut g = 1.0;
+            for p in 0..gains[i].len() {
+                g *= fresh
+                    .estimate(s.prior, p, *initial_acceptance)
+                    .max(*initial_acceptance);
+                if !plan.add_rows(i, g, s.model_rows.map(|_| 1.0)) {
+                    break;
+                }
+                let margin = if plan.uses_model() {
+                    limits.model_margin
+                } else {
+                    limits.lookup_margin
+                };
+                if plan.goodput() > here * (1.0 + margin.max(1e-9)) {
+                    return true;
+                }
+            }
+            false
+        };
         let mut probed = None;
         if limits.probe && ks.iter().sum::<usize>() < room {
             probed = seqs
@@ -458,18 +499,15 @@ impl DraftPolicy {
                         && !(limits.no_model && s.model_rows.is_some())
                         && !gains[*i].is_empty()
                         && s.state.rounds_at_zero + 1 >= *probe_every
+                        && worth_probing(*i, s)
                 })
                 .max_by_key(|(i, s)| (s.state.rounds_at_zero, std::cmp::Reverse(*i)))
                 .map(|(i, _)| i);
-            if let Some(i) = probed {
-                ks[i] = 1;
-            }
         }
-        let mut done = GoodputSearch::new(seqs, cost, limits, room);
-        for (i, &k) in ks.iter().enumerate() {
-            for &g in &gains[i][..k] {
-                done.add(i, g);
-            }
+        let mut ks = ks;
+        if let Some(i) = probed {
+            ks[i] = 1;
+            done.add(i, gains[i][0]);
         }
         StepPlan {
             ks,
@@ -500,6 +538,7 @@ fn check_smoothing(alpha: f64, initial_acceptance: f64, probe_every: u32) -> Res
 
 /// The goodput search's running plan: draft lengths, expected tokens, and
 /// what the step's forwards carry, updated one draft at a time.
+#[derive(Clone)]
 struct GoodputSearch<'a> {
     seqs: &'a [StepSeq<'a>],
     cost: &'a CostModel,
@@ -534,11 +573,17 @@ impl<'a> GoodputSearch<'a> {
     /// Drafts one more token for sequence `i`, whose draft adds `gain`
     /// expected tokens; false when the budget is spent.
     fn add(&mut self, i: usize, gain: f64) -> bool {
+        self.add_rows(i, gain, self.seqs[i].model_rows)
+    }
+
+    /// [`Self::add`] with the sequence's first draft-model step feeding
+    /// `model_rows` rows (`None`: a lookup).
+    fn add_rows(&mut self, i: usize, gain: f64, model_rows: Option<f64>) -> bool {
         if self.drafted >= self.room {
             return false;
         }
         let k = self.ks[i];
-        if let Some(rows) = self.seqs[i].model_rows {
+        if let Some(rows) = model_rows {
             self.draft_rows[k] += if k == 0 { rows.max(1.0) } else { 1.0 };
         }
         self.ks[i] = k + 1;
@@ -852,6 +897,49 @@ mod tests {
         l.probe = true;
         let plan = p.plan_step(&seqs, &model, l);
         assert_eq!((plan.ks, plan.probed), (vec![1, 0, 0], Some(0)));
+    }
+
+    #[test]
+    fn goodput_probes_only_where_a_fresh_acceptance_would_pay() {
+        let p = goodput(4);
+        let mut zero = accepting(0.0);
+        zero.rounds_at_zero = 10;
+        let mut l = limits(512);
+        l.probe = true;
+        // Compute-bound: 32 rows cost 36, each more row 1, so a draft
+        // accepted 60% of the time (the fresh estimate) does not pay its
+        // row, where 32 tokens take 36.
+        let bound = costs(4.0, 1.0, None);
+        let seqs = vec![seq(&zero, false); 32];
+        let plan = p.plan_step(&seqs, &bound, l);
+        assert_eq!((plan.probed, plan.ks.iter().sum::<usize>()), (None, 0));
+        // A draft-model step ten times dearer than the verify pass: even
+        // accepted as a fresh sequence's, its drafts would not pay.
+        let dear = costs(1.0, 0.01, Some(10.0));
+        let seqs = vec![seq(&zero, true); 3];
+        assert_eq!(p.plan_step(&seqs, &dear, l).probed, None);
+        // With a cheap draft model the same sequences are probed, even
+        // where the prior says drafts are rarely accepted (else a proposer
+        // everyone gave up on would never be tried again).
+        let cheap = costs(1.0, 0.01, Some(0.05));
+        assert_eq!(p.plan_step(&seqs, &cheap, l).probed, Some(0));
+        let rare = accepting(0.01);
+        let seqs: Vec<StepSeq> = seqs
+            .into_iter()
+            .map(|s| StepSeq { prior: &rare, ..s })
+            .collect();
+        assert_eq!(p.plan_step(&seqs, &cheap, l).probed, Some(0));
+        // A prior better than `initial_acceptance` counts: drafts accepted
+        // 99% of the time pay a compute-bound row where 60% do not.
+        let sure = accepting(0.99);
+        let seqs: Vec<StepSeq> = vec![
+            StepSeq {
+                prior: &sure,
+                ..seq(&zero, false)
+            };
+            32
+        ];
+        assert!(p.plan_step(&seqs, &bound, l).probed.is_some());
     }
 
     #[test]

@@ -708,13 +708,15 @@ impl Engine {
     /// tokens (for the log).
     fn check_prediction(&mut self, step_secs: f64, rows: [usize; 3], stages: [f64; 5]) {
         let predicted = std::mem::take(&mut self.predicted_secs);
-        if predicted <= 0.0 || step_secs <= 0.0 {
-            return;
+        if predicted > 0.0 && step_secs > 0.0 {
+            let ratio = step_secs / predicted;
+            let which = usize::from(!self.model_drafting);
+            let r = &mut self.prediction_ratio[which];
+            *r = Some(r.map_or(ratio, |prev| prev + 0.05 * (ratio - prev)));
         }
-        let ratio = step_secs / predicted;
-        let which = usize::from(!self.model_drafting);
-        let r = &mut self.prediction_ratio[which];
-        *r = Some(r.map_or(ratio, |prev| prev + 0.05 * (ratio - prev)));
+        // Every step is logged, planned or not (predicted 0 where no
+        // goodput plan priced it), so a run without speculation can be
+        // compared with one with it step by step.
         tracing::debug!(
             predicted_ms = predicted * 1e3,
             measured_ms = step_secs * 1e3,
