@@ -46,6 +46,20 @@ fn goodput() -> DraftPolicy {
     }
 }
 
+/// [`goodput`] probing a sequence left at k = 0 every step. A probe is
+/// only made where a draft accepted as often as `initial_acceptance` says
+/// would pay: at 1 every lookup with room passes, so whether the tiny
+/// models' step timings make drafting pay does not decide whether the
+/// proposers are exercised.
+fn probing() -> DraftPolicy {
+    DraftPolicy::Goodput {
+        max_k: 6,
+        alpha: 0.3,
+        initial_acceptance: 1.0,
+        probe_every: 1,
+    }
+}
+
 fn pool(global: bool) -> Option<SuffixOptions> {
     Some(SuffixOptions {
         pool: SuffixConfig::default(),
@@ -112,7 +126,7 @@ fn goodput_with_lookups_and_the_pool_emits_what_plain_decoding_emits() {
         ("ngram", ProposerKind::Ngram { min_n: 1, max_n: 3 }),
         ("draft", ProposerKind::Draft(draft())),
     ] {
-        let h = engine(target(), proposer, goodput(), pool(false));
+        let h = engine(target(), proposer, probing(), pool(false));
         // The second wave repeats the first: the pool now holds its text.
         for wave in 0..2 {
             let got = run_all(&h, reqs());
@@ -243,12 +257,8 @@ fn sampling_with_pool_proposals_follows_the_target_distribution() {
     // is accepted at this temperature, so they do not pay) and its drafts
     // are mostly probes: probing every step keeps them coming (each
     // request lives two steps, too short to reach `probe_every` = 4).
-    let mut probing = goodput();
-    if let DraftPolicy::Goodput { probe_every, .. } = &mut probing {
-        *probe_every = 1;
-    }
     for (name, policy, least) in [
-        ("goodput", probing, 100),
+        ("goodput", probing(), 50),
         ("fixed k = 1", DraftPolicy::Fixed { k: 1 }, n / 2),
     ] {
         let h = engine(
@@ -351,8 +361,16 @@ fn a_draft_model_measured_losing_is_switched_off() {
         DraftPolicy::Fixed { k: 0 },
         None,
     );
+    // Requests that ask for 2 drafts a step, so the model runs (asked-for
+    // lengths are kept) and every step of it is scored: with a draft as
+    // large as the target, the planner alone may not draft at all, or stop
+    // by price, and never let the guard see the loss.
+    let asking = |i: usize| GenRequest {
+        num_speculative_tokens: Some(2),
+        ..req(i)
+    };
     let h = engine(target(), ProposerKind::Draft(draft()), goodput(), None);
-    let fast = run_all(&h, vec![req(0)]);
+    let fast = run_all(&h, vec![asking(0)]);
     let start = wait_idle(&h);
     eprintln!(
         "without the fault: {} of {} steps ran the draft model",
@@ -361,16 +379,9 @@ fn a_draft_model_measured_losing_is_switched_off() {
     assert!(start.model_steps > 0, "the draft model never ran");
     h.inject_fault(Fault::SlowDraft(40)).unwrap();
     assert_eq!(fast, run_all(&plain, vec![req(0)]));
-    // One request at a time: every step has one decoding sequence. These
-    // ask for 2 drafts a step, so the model runs (asked-for lengths are
-    // kept) and every step of it is scored: the planner alone would stop
-    // drafting by price and never let the guard see the loss.
+    // One request at a time: every step has one decoding sequence.
     for i in 1..4 {
-        let asking = GenRequest {
-            num_speculative_tokens: Some(2),
-            ..req(i)
-        };
-        assert_eq!(run_all(&h, vec![asking]), run_all(&plain, vec![req(i)]));
+        assert_eq!(run_all(&h, vec![asking(i)]), run_all(&plain, vec![req(i)]));
     }
     let mid = wait_idle(&h);
     assert!(mid.model_vetoes >= 1, "never switched off: {mid:?}");

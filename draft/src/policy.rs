@@ -344,7 +344,9 @@ impl DraftPolicy {
 
     /// The draft lengths of one step's decoding sequences, each within its
     /// `max_k` (a `fixed_k` is kept as asked) and all within the budget
-    /// (`sum (1 + k_i) <= budget` where the decode rows alone fit). The
+    /// (`sum (1 + k_i) <= budget` where the decode rows alone fit; for
+    /// goodput `sum (1 + k_i) + P <= budget`, P the step's prompt rows,
+    /// so drafts never delay a prompt chunk). The
     /// fixed, table and adaptive policies answer per sequence, as
     /// [`DraftPolicy::k`] with the batch size `seqs.len()`. Goodput
     /// maximises `(P + sum E_i(k_i)) / T(k)` over the plans that draft every
@@ -356,7 +358,6 @@ impl DraftPolicy {
     /// about the same for one sequence as for all.
     pub fn plan_step(&self, seqs: &[StepSeq], cost: &CostModel, limits: StepLimits) -> StepPlan {
         let n = seqs.len();
-        let room = limits.budget.saturating_sub(n);
         let DraftPolicy::Goodput {
             max_k,
             initial_acceptance,
@@ -364,7 +365,7 @@ impl DraftPolicy {
             ..
         } = self
         else {
-            let mut left = room;
+            let mut left = limits.budget.saturating_sub(n);
             let ks = seqs
                 .iter()
                 .map(|s| {
@@ -382,6 +383,13 @@ impl DraftPolicy {
                 ..StepPlan::default()
             };
         };
+        // Prompt chunks first: the scheduler gives prompts what the drafts
+        // leave of the budget, so drafts that took their rows would delay
+        // the prompts (time to first token, and the sequences that join the
+        // batch) while the plan counted them as done. A draft displacing a
+        // prompt row could not pay anyway: the row costs the same and a
+        // prompt row is certain work where a draft is a chance of a token.
+        let room = limits.budget.saturating_sub(n + limits.prefill_rows);
         // gains[i][j - 1]: what sequence i's draft j adds to the expected
         // tokens, the chance that its drafts 1..=j are all accepted.
         let gains: Vec<Vec<f64>> = seqs
@@ -841,6 +849,19 @@ mod tests {
             if budget == 100 {
                 assert_eq!(plan.ks, vec![8, 2, 8, 8]);
             }
+        }
+        // Prompt rows of the step come first: drafts get what they leave.
+        let mut l = limits(100);
+        for prefill in [0, 80, 90, 96, 200] {
+            l.prefill_rows = prefill;
+            let plan = p.plan_step(&seqs, &cheap, l);
+            let drafts: usize = plan.ks.iter().sum();
+            assert_eq!(
+                drafts,
+                26.min(96usize.saturating_sub(prefill)),
+                "{prefill}: {:?}",
+                plan.ks
+            );
         }
         // A length the request asked for is kept, whatever it costs.
         seqs[0].fixed_k = Some(3);
