@@ -64,7 +64,9 @@ pub enum DraftPolicy {
     /// [`DraftPolicy::plan_step`]. A sequence left at k = 0 for
     /// `probe_every` rounds may be probed with k = 1 (at most one probe
     /// per `probe_every` engine steps), so acceptance that recovers is
-    /// noticed without paying a probe every step under load.
+    /// noticed without paying a probe every step under load; only where
+    /// its drafts would pay at a fresh sequence's acceptance, so a probe
+    /// that could not change a plan is not bought.
     Goodput {
         max_k: usize,
         alpha: f64,
