@@ -52,12 +52,17 @@ fn goodput() -> DraftPolicy {
 /// models' step timings make drafting pay does not decide whether the
 /// proposers are exercised.
 fn probing() -> DraftPolicy {
-    DraftPolicy::Goodput {
-        max_k: 6,
-        alpha: 0.3,
-        initial_acceptance: 1.0,
-        probe_every: 1,
+    let mut p = goodput();
+    if let DraftPolicy::Goodput {
+        probe_every,
+        initial_acceptance,
+        ..
+    } = &mut p
+    {
+        *probe_every = 1;
+        *initial_acceptance = 1.0;
     }
+    p
 }
 
 fn pool(global: bool) -> Option<SuffixOptions> {

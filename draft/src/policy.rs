@@ -456,7 +456,7 @@ impl DraftPolicy {
                 }
             }
         }
-        let ks = best.1;
+        let mut ks = best.1;
         let mut done = GoodputSearch::new(seqs, cost, limits, room);
         for (i, &k) in ks.iter().enumerate() {
             for &g in &gains[i][..k] {
@@ -514,7 +514,6 @@ impl DraftPolicy {
                 .max_by_key(|(i, s)| (s.state.rounds_at_zero, std::cmp::Reverse(*i)))
                 .map(|(i, _)| i);
         }
-        let mut ks = ks;
         if let Some(i) = probed {
             ks[i] = 1;
             done.add(i, gains[i][0]);
