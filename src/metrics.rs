@@ -15,6 +15,8 @@ pub const SPEC_DRAFT_LENGTH: &str = "specgate_spec_decode_draft_length";
 /// pass, acceptance included) and of a draft-model step by row count.
 pub const COST_VERIFY_SECONDS: &str = "specgate_cost_model_verify_seconds";
 pub const COST_DRAFT_STEP_SECONDS: &str = "specgate_cost_model_draft_step_seconds";
+/// What one prompt row costs in the verify curve's rows (decode rows).
+pub const COST_PROMPT_ROW_WEIGHT: &str = "specgate_cost_model_prompt_row_weight";
 /// Measured / predicted step time of goodput plans (EMA; label `plan`:
 /// `draft_model` for plans that ran the draft model, `other`).
 pub const COST_PREDICTION_RATIO: &str = "specgate_cost_model_prediction_ratio";
@@ -126,6 +128,10 @@ fn describe() {
         COST_VERIFY_SECONDS,
         Unit::Seconds,
         "Cost model: seconds of a target forward carrying `rows` rows (measured at start, kept current)"
+    );
+    describe_gauge!(
+        COST_PROMPT_ROW_WEIGHT,
+        "Cost model: what one prompt row costs in decode rows (a prompt row skips the vocabulary projection and sampling)"
     );
     describe_gauge!(
         SPEC_MODEL_GAIN,

@@ -13,6 +13,11 @@
 //! bound). Observations move the one or two points around the observed row
 //! count by an exponential moving average, weighted by how close each is,
 //! and the curve is kept non-decreasing: more rows never cost less.
+//!
+//! The verify curve's rows are decode rows (every row's logits wanted and
+//! sampled). A prompt row skips the vocabulary projection and sampling,
+//! so it counts as [`CostModel::prompt_weight`] of one (measured too);
+//! the curve's unit is these weighted rows.
 
 /// Seconds of a forward by row count. Invariant: at least one point, row
 /// counts strictly increasing and at least 1, seconds finite, positive and
@@ -47,6 +52,12 @@ impl CostCurve {
     /// `(rows, seconds)` as the curve holds them now.
     pub fn points(&self) -> &[(usize, f64)] {
         &self.points
+    }
+
+    /// The longest forward the curve has a point for: past it, a
+    /// prediction is an extrapolation.
+    pub fn last_rows(&self) -> usize {
+        self.points[self.points.len() - 1].0
     }
 
     /// Predicted seconds for `rows` rows (0 for none; fractional rows are
@@ -84,12 +95,12 @@ impl CostCurve {
     /// the two points around `rows` moves toward the value that would have
     /// predicted it, by `alpha` times its interpolation weight (past the
     /// last point, the last point moves by `alpha`, scaled). Non-finite or
-    /// non-positive times and `rows == 0` are ignored.
-    pub fn observe(&mut self, rows: usize, secs: f64, alpha: f64) {
-        if rows == 0 || !(secs.is_finite() && secs > 0.0) {
+    /// non-positive times and rows below 1 are ignored.
+    pub fn observe(&mut self, rows: f64, secs: f64, alpha: f64) {
+        if !(rows >= 1.0 && secs.is_finite() && secs > 0.0) {
             return;
         }
-        let predicted = self.at(rows as f64);
+        let predicted = self.at(rows);
         if predicted <= 0.0 {
             return;
         }
@@ -97,12 +108,12 @@ impl CostCurve {
         // between them is kept and the prediction moves toward `secs`.
         let ratio = secs / predicted;
         let n = self.points.len();
-        let weights: Vec<(usize, f64)> = match self.points.iter().position(|q| q.0 >= rows) {
+        let weights: Vec<(usize, f64)> = match self.points.iter().position(|q| q.0 as f64 >= rows) {
             Some(0) => vec![(0, 1.0)],
-            Some(j) if self.points[j].0 == rows => vec![(j, 1.0)],
+            Some(j) if self.points[j].0 as f64 == rows => vec![(j, 1.0)],
             Some(j) => {
                 let (a, b) = (self.points[j - 1].0, self.points[j].0);
-                let t = (rows - a) as f64 / (b - a) as f64;
+                let t = (rows - a as f64) / (b - a) as f64;
                 vec![(j - 1, 1.0 - t), (j, t)]
             }
             None if n > 1 => vec![(n - 1, 1.0), (n - 2, 0.5)],
@@ -132,29 +143,58 @@ pub struct CostModel {
     pub draft: Option<CostCurve>,
     /// Weight of the newest observation in [`CostCurve::observe`].
     pub alpha: f64,
+    /// What one prompt row costs in `verify` rows, in (0, 1]: a prompt
+    /// chunk wants at most its last row's logits, so its rows skip the
+    /// vocabulary projection and sampling a decode row pays (measured
+    /// about 0.6-0.75 for a 1.5B model with a 152k vocabulary). Priced as
+    /// decode rows, prompt steps would read dearer than they are, and
+    /// folding them into the curve would pull its long end down, making
+    /// drafts in long steps look cheap.
+    pub prompt_weight: f64,
 }
 
 impl CostModel {
     /// Weight of a new step timing (about the last 20 steps count).
     pub const DEFAULT_ALPHA: f64 = 0.05;
 
+    /// A model whose prompt rows cost what decode rows do
+    /// ([`Self::with_prompt_weight`] sets what was measured).
     pub fn new(verify: CostCurve, draft: Option<CostCurve>) -> Self {
         Self {
             verify,
             draft,
             alpha: Self::DEFAULT_ALPHA,
+            prompt_weight: 1.0,
         }
     }
 
+    /// The model with prompt rows weighted `w` (clamped to [0.1, 1]; a
+    /// non-finite `w` keeps 1).
+    pub fn with_prompt_weight(mut self, w: f64) -> Self {
+        self.prompt_weight = if w.is_finite() {
+            w.clamp(0.1, 1.0)
+        } else {
+            1.0
+        };
+        self
+    }
+
+    /// The verify curve's rows of a forward carrying `decode_rows` decode
+    /// rows (last tokens and drafts) and `prompt_rows` prompt rows.
+    pub fn verify_rows(&self, decode_rows: usize, prompt_rows: usize) -> f64 {
+        decode_rows as f64 + self.prompt_weight * prompt_rows as f64
+    }
+
     /// Predicted seconds of a step: the target forward over `verify_rows`
-    /// rows plus the draft-model steps, `draft_rows[j]` being the rows of
-    /// draft step j (fractional where a catch-up is spread over steps).
-    pub fn step_secs(&self, verify_rows: usize, draft_rows: &[f64]) -> f64 {
+    /// curve rows ([`Self::verify_rows`]) plus the draft-model steps,
+    /// `draft_rows[j]` being the rows of draft step j (fractional where a
+    /// catch-up is spread over steps).
+    pub fn step_secs(&self, verify_rows: f64, draft_rows: &[f64]) -> f64 {
         let d = self
             .draft
             .as_ref()
             .map_or(0.0, |c| draft_rows.iter().map(|&n| c.at(n)).sum());
-        self.verify.at(verify_rows as f64) + d
+        self.verify.at(verify_rows) + d
     }
 
     /// Predicted seconds of one draft-model forward over `rows` rows (0
@@ -163,15 +203,17 @@ impl CostModel {
         self.draft.as_ref().map_or(0.0, |c| c.at(rows))
     }
 
-    /// Folds a timed target forward of `rows` rows into the model.
-    pub fn observe_verify(&mut self, rows: usize, secs: f64) {
+    /// Folds a timed target forward of `decode_rows` decode rows and
+    /// `prompt_rows` prompt rows into the model.
+    pub fn observe_verify(&mut self, decode_rows: usize, prompt_rows: usize, secs: f64) {
+        let rows = self.verify_rows(decode_rows, prompt_rows);
         self.verify.observe(rows, secs, self.alpha);
     }
 
     /// Folds a timed draft-model step of `rows` rows into the model.
     pub fn observe_draft(&mut self, rows: usize, secs: f64) {
         if let Some(c) = self.draft.as_mut() {
-            c.observe(rows, secs, self.alpha);
+            c.observe(rows as f64, secs, self.alpha);
         }
     }
 }
@@ -206,24 +248,26 @@ mod tests {
     fn observations_converge_to_the_new_cost() {
         let mut c = CostCurve::new(vec![(1, 1.0), (4, 2.0), (8, 4.0)]).unwrap();
         for _ in 0..200 {
-            c.observe(4, 3.0, 0.1);
+            c.observe(4.0, 3.0, 0.1);
         }
         assert!((c.at(4.0) - 3.0).abs() < 1e-3, "{:?}", c.points());
         // Between two points both move; the prediction there converges.
         for _ in 0..400 {
-            c.observe(6, 5.0, 0.1);
+            c.observe(6.0, 5.0, 0.1);
         }
         assert!((c.at(6.0) - 5.0).abs() < 0.05, "{:?}", c.points());
         // Past the end the last point moves.
         for _ in 0..400 {
-            c.observe(16, 20.0, 0.1);
+            c.observe(16.0, 20.0, 0.1);
         }
         assert!((c.at(16.0) - 20.0).abs() < 0.5, "{:?}", c.points());
         // Garbage is ignored.
         let before = c.clone();
-        c.observe(0, 1.0, 0.1);
-        c.observe(3, f64::INFINITY, 0.1);
-        c.observe(3, -1.0, 0.1);
+        c.observe(0.0, 1.0, 0.1);
+        c.observe(0.5, 1.0, 0.1);
+        c.observe(3.0, f64::INFINITY, 0.1);
+        c.observe(3.0, -1.0, 0.1);
+        c.observe(f64::NAN, 1.0, 0.1);
         assert_eq!(c, before);
     }
 
@@ -232,9 +276,26 @@ mod tests {
         let v = CostCurve::new(vec![(1, 10.0), (8, 24.0)]).unwrap();
         let d = CostCurve::new(vec![(1, 4.0), (8, 8.0)]).unwrap();
         let m = CostModel::new(v.clone(), Some(d));
-        assert_eq!(m.step_secs(1, &[]), 10.0);
-        assert_eq!(m.step_secs(8, &[1.0, 1.0]), 24.0 + 8.0);
+        assert_eq!(m.step_secs(1.0, &[]), 10.0);
+        assert_eq!(m.step_secs(8.0, &[1.0, 1.0]), 24.0 + 8.0);
         let none = CostModel::new(v, None);
-        assert_eq!(none.step_secs(8, &[1.0, 1.0]), 24.0);
+        assert_eq!(none.step_secs(8.0, &[1.0, 1.0]), 24.0);
+    }
+
+    #[test]
+    fn prompt_rows_count_by_their_weight() {
+        let v = CostCurve::new(vec![(1, 1.0), (64, 64.0)]).unwrap();
+        assert_eq!(v.last_rows(), 64);
+        let m = CostModel::new(v, None).with_prompt_weight(0.5);
+        assert_eq!(m.verify_rows(4, 40), 24.0);
+        assert_eq!(m.step_secs(m.verify_rows(4, 40), &[]), 24.0);
+        // A prompt step measured as its weighted rows predict leaves the
+        // curve where it is.
+        let mut same = m.clone();
+        same.observe_verify(0, 40, 20.0);
+        assert_eq!(same, m);
+        assert_eq!(m.clone().with_prompt_weight(7.0).prompt_weight, 1.0);
+        assert_eq!(m.clone().with_prompt_weight(0.0).prompt_weight, 0.1);
+        assert_eq!(m.with_prompt_weight(f64::NAN).prompt_weight, 1.0);
     }
 }

@@ -348,7 +348,8 @@ impl DraftPolicy {
     /// `max_k` (a `fixed_k` is kept as asked) and all within the budget
     /// (`sum (1 + k_i) <= budget` where the decode rows alone fit; for
     /// goodput `sum (1 + k_i) + P <= budget`, P the step's prompt rows,
-    /// so drafts never delay a prompt chunk). The
+    /// so drafts never delay a prompt chunk, and never take the step past
+    /// the cost curve's last measured row count). The
     /// fixed, table and adaptive policies answer per sequence, as
     /// [`DraftPolicy::k`] with the batch size `seqs.len()`. Goodput
     /// maximises `(P + sum E_i(k_i)) / T(k)` over the plans that draft every
@@ -391,7 +392,18 @@ impl DraftPolicy {
         // batch) while the plan counted them as done. A draft displacing a
         // prompt row could not pay anyway: the row costs the same and a
         // prompt row is certain work where a draft is a chance of a token.
-        let room = limits.budget.saturating_sub(n + limits.prefill_rows);
+        //
+        // Nor do drafts take the step past the longest forward the cost
+        // model has a point for: beyond it a step is priced by
+        // extrapolation, and a few percent off there decide whether dozens
+        // of draft rows win, while such a step (seconds long on a CPU)
+        // holds up every token of the batch and every arriving prompt.
+        let measured = cost.verify.last_rows() as f64;
+        let carried = cost.verify_rows(n, limits.prefill_rows);
+        let room = limits
+            .budget
+            .saturating_sub(n + limits.prefill_rows)
+            .min((measured - carried).max(0.0).floor() as usize);
         // gains[i][j - 1]: what sequence i's draft j adds to the expected
         // tokens, the chance that its drafts 1..=j are all accepted.
         let gains: Vec<Vec<f64>> = seqs
@@ -607,7 +619,9 @@ impl<'a> GoodputSearch<'a> {
     }
 
     fn secs(&self) -> f64 {
-        let rows = self.seqs.len() + self.drafted + self.limits.prefill_rows;
+        let rows = self
+            .cost
+            .verify_rows(self.seqs.len() + self.drafted, self.limits.prefill_rows);
         let prefill = if self.uses_model() {
             self.limits.draft_prefill_rows
         } else {
@@ -839,7 +853,8 @@ mod tests {
     fn goodput_respects_the_token_budget_and_each_cap() {
         let p = goodput(8);
         let high = accepting(0.95);
-        let cheap = costs(1.0, 0.0001, None);
+        // Measured up to the largest budget, so only the budget binds.
+        let cheap = CostModel::new(curve(&[(1, 1.0001), (512, 1.0512)]), None);
         let mut seqs = vec![seq(&high, false); 4];
         seqs[1].max_k = 2;
         for budget in [4, 5, 9, 13, 100] {
@@ -860,6 +875,20 @@ mod tests {
             assert_eq!(
                 drafts,
                 26.min(96usize.saturating_sub(prefill)),
+                "{prefill}: {:?}",
+                plan.ks
+            );
+        }
+        // Nor past the longest forward the cost model measured (20 rows
+        // here): the 4 decode rows and the prompt rows, at their measured
+        // weight (0.5), leave the drafts what remains.
+        let short = CostModel::new(curve(&[(1, 1.0), (20, 1.002)]), None).with_prompt_weight(0.5);
+        for (prefill, drafts) in [(0, 16), (8, 12), (31, 0), (40, 0)] {
+            l.prefill_rows = prefill;
+            let plan = p.plan_step(&seqs, &short, l);
+            assert_eq!(
+                plan.ks.iter().sum::<usize>(),
+                drafts,
                 "{prefill}: {:?}",
                 plan.ks
             );
@@ -885,7 +914,7 @@ mod tests {
         // (another tenant, an AVX2 CPU): step timings move the curves.
         for _ in 0..300 {
             for rows in [8, 16, 32, 56] {
-                model.observe_verify(rows, 1.0 + rows as f64);
+                model.observe_verify(rows, 0, 1.0 + rows as f64);
             }
             model.observe_draft(8, 0.8);
             model.observe_draft(1, 0.7);

@@ -1,7 +1,8 @@
 //! The cost model, measured on this machine: at startup (and on demand,
 //! [`super::EngineHandle::recalibrate`]) the engine times target forwards
 //! over the row counts a step can carry and draft-model steps over the
-//! sequence counts one can advance, on blocks it takes from the block
+//! sequence counts one can advance, and a prompt chunk to weigh a prompt
+//! row against a decode row, on blocks it takes from the block
 //! manager for the purpose, so no running sequence's cache is touched.
 //! Afterwards the step timings keep the model current (the engine's
 //! `observe_costs`). The model is logged and exported in /metrics.
@@ -14,13 +15,14 @@ use std::time::{Duration, Instant};
 
 /// Row counts of a target forward measured: the shapes of decode steps
 /// (a few sequences, each its last token plus drafts, up to a full batch
-/// of 32 with a draft or so each). Longer forwards are extrapolated from
-/// the last two points, then learned from the steps that run them. Where
-/// a forward is compute-bound, a draft row at 32 sequences costs about
-/// what it yields, so that region is measured rather than extrapolated:
-/// an extrapolation off by a few percent there decides whether drafting
-/// wins or loses.
-pub(crate) const VERIFY_ROWS: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+/// of 32 with up to three drafts each). Where a forward is compute-bound,
+/// a draft row at 32 sequences costs about what it yields, so that region
+/// is measured rather than extrapolated: an extrapolation off by a few
+/// percent there decides whether drafting wins or loses. Longer forwards
+/// (prompt chunks) are extrapolated from the last two points, and the
+/// goodput policy drafts no further than the last point
+/// ([`specgate_draft::CostCurve::last_rows`]).
+pub(crate) const VERIFY_ROWS: [usize; 14] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128];
 
 /// Forwards of up to this many rows are timed twice (the faster counts);
 /// longer ones once, since they take longest and noise is a smaller part
@@ -35,9 +37,14 @@ pub(crate) const DRAFT_ROWS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 const CONTEXT: usize = 128;
 
 /// Measuring stops taking longer forwards after this long; the curve is
-/// extrapolated from what was measured (a few seconds on a 2-core CPU for
-/// a 1.5B target and a 0.5B draft).
-const TIME_LIMIT: Duration = Duration::from_secs(8);
+/// extrapolated from what was measured (about 8 s on a 2-core CPU for a
+/// 1.5B target and a 0.5B draft).
+const TIME_LIMIT: Duration = Duration::from_secs(12);
+
+/// Below this many rows a forward is bound by reading the weights, not by
+/// its rows, so what a prompt row saves cannot be told from noise there:
+/// prompt rows then count as decode rows.
+const PROMPT_WEIGHT_MIN_ROWS: usize = 16;
 
 /// The id the calibration's blocks are held under while it runs.
 const CALIBRATION_SEQ: SeqId = SeqId::MAX;
@@ -110,12 +117,12 @@ fn run(
     let tokens: Vec<u32> = (0..rows_fit as u32)
         .map(|i| (i * 7919 + 13) % vocab)
         .collect();
-    let time_target = |pool: &mut KvPool, rows: usize| -> Result<f64, EngineError> {
+    let time_forward = |pool: &mut KvPool, rows: usize, logits| -> Result<f64, EngineError> {
         let input = SeqInput {
             tokens: &tokens[..rows],
             start_pos: context,
             block_table: table,
-            logits: LogitsWanted::All,
+            logits,
             state_slot: slot,
         };
         let t = Instant::now();
@@ -124,6 +131,7 @@ fn run(
             .map_err(|e| failed(e.to_string()))?;
         Ok(t.elapsed().as_secs_f64())
     };
+    let time_target = |pool: &mut KvPool, rows| time_forward(pool, rows, LogitsWanted::All);
     let deadline = Instant::now() + TIME_LIMIT;
     // Warm-up: the first forward pays for page faults and thread start.
     time_target(pool, 1)?;
@@ -138,6 +146,8 @@ fn run(
         }
         verify.push((rows, secs));
     }
+    let prompt_weight =
+        prompt_weight(&verify, |rows| time_forward(pool, rows, LogitsWanted::Last))?;
     let verify = CostCurve::new(verify).map_err(failed)?;
     let draft = match draft {
         None => None,
@@ -160,7 +170,27 @@ fn run(
             Some(CostCurve::new(points).map_err(failed)?)
         }
     };
-    Ok(CostModel::new(verify, draft))
+    Ok(CostModel::new(verify, draft).with_prompt_weight(prompt_weight))
+}
+
+/// What a prompt row costs in decode rows: a prompt chunk as long as the
+/// longest decode forward measured (`verify`, by rows), timed by
+/// `time_chunk`, less the one-row forward's floor, over the same for the
+/// decode forward. 1 where the longest forward is too short to tell.
+///
+/// Errors: the chunk's forward failed.
+fn prompt_weight(
+    verify: &[(usize, f64)],
+    time_chunk: impl FnOnce(usize) -> Result<f64, EngineError>,
+) -> Result<f64, EngineError> {
+    let (Some(&(_, floor)), Some(&(rows, decode))) = (verify.first(), verify.last()) else {
+        return Ok(1.0);
+    };
+    if rows < PROMPT_WEIGHT_MIN_ROWS || decode <= floor {
+        return Ok(1.0);
+    }
+    let chunk = time_chunk(rows)?;
+    Ok((chunk - floor) / (decode - floor))
 }
 
 /// `rows: milliseconds` pairs of a curve, for the log.
@@ -177,6 +207,7 @@ fn log(model: &CostModel, took: Duration) {
     tracing::info!(
         verify_ms_by_rows = %describe(&model.verify),
         draft_step_ms_by_rows = %model.draft.as_ref().map(describe).unwrap_or_default(),
+        prompt_row_weight = model.prompt_weight,
         took_ms = took.as_millis() as u64,
         "cost model measured"
     );

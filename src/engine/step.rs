@@ -461,6 +461,7 @@ impl Engine {
         for &(rows, secs) in self.cost.verify.points() {
             m::gauge!(names::COST_VERIFY_SECONDS, "rows" => rows.to_string()).set(secs);
         }
+        m::gauge!(names::COST_PROMPT_ROW_WEIGHT).set(self.cost.prompt_weight);
         if let Some(d) = &self.cost.draft {
             for &(rows, secs) in d.points() {
                 m::gauge!(names::COST_DRAFT_STEP_SECONDS, "rows" => rows.to_string()).set(secs);
@@ -758,10 +759,10 @@ impl Engine {
         let mut model_accepted = 0usize;
         let mut model_rows = 0usize;
         let mut model_seqs = 0usize;
-        let mut rows: usize = work.prefills.iter().map(|p| p.n).sum();
-        let prefill_rows = rows;
+        let prefill_rows: usize = work.prefills.iter().map(|p| p.n).sum();
+        let mut decode_rows = 0usize;
         for ((d, p), v) in work.decodes.iter().zip(proposals).zip(decoded) {
-            rows += p.tokens.len() + 1;
+            decode_rows += p.tokens.len() + 1;
             let accepted = v.as_ref().map_or(0, |v| v.accepted);
             tokens += 1 + accepted;
             if drafts_with_model(&self.running[d.idx], p.tokens.len(), &self.lookups) {
@@ -780,8 +781,9 @@ impl Engine {
             }
             _ => step_secs,
         };
-        let added =
-            self.cost.verify.at(rows as f64) - self.cost.verify.at((rows - model_rows) as f64);
+        let curve_rows = |decode| self.cost.verify_rows(decode, prefill_rows);
+        let added = self.cost.verify.at(curve_rows(decode_rows))
+            - self.cost.verify.at(curve_rows(decode_rows - model_rows));
         // The curve may be off for this one step; never credit the plain
         // step with less than half its own verify time.
         let without = (verify_secs - added.max(0.0)).max(verify_secs * 0.5);
@@ -830,9 +832,10 @@ impl Engine {
         verify_secs: f64,
         propose_secs: f64,
     ) -> (f64, Option<(usize, f64)>) {
-        let rows: usize = work.prefills.iter().map(|p| p.n).sum::<usize>()
-            + proposals.iter().map(|p| p.tokens.len() + 1).sum::<usize>();
-        self.cost.observe_verify(rows, verify_secs);
+        let prompt_rows: usize = work.prefills.iter().map(|p| p.n).sum();
+        let decode_rows: usize = proposals.iter().map(|p| p.tokens.len() + 1).sum();
+        self.cost
+            .observe_verify(decode_rows, prompt_rows, verify_secs);
         if let Some(d) = self.draft.as_mut() {
             let forwards = d.take_timings();
             let in_forwards: f64 = forwards.iter().map(|f| f.1).sum();
