@@ -461,14 +461,21 @@ fn tile_rows(
 #[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 4096;
 
-/// Starts loading the cache line `AHEAD + off` bytes past `p` (any
+/// Starts loading the cache line `AHEAD + off` bytes past `p` into L2 (any
 /// address: a prefetch never faults, and the pointer is never read).
+///
+/// Into L2, not L1 (`T1`, not `T0`): a prefetch into L1 holds one of the
+/// core's few L1 miss buffers until its line arrives from memory, which
+/// caps the lines in flight; L2 tracks many more, and the kernel's own
+/// load then finds the line a few cycles away. Measured on a Zen 4
+/// (`cargo bench --bench kernel_stream`): weights stream at 27 GB/s
+/// instead of 21 (Q4_K, one row), 24 instead of 20 (Q6_K).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch(p: *const u8, off: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
     // SAFETY: a prefetch has no architectural effect and cannot fault.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + off).cast()) }
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + off).cast()) }
 }
 
 /// Q4_K's 6-bit (scale, min) pairs of its 8 sub-blocks, from 12 bytes.

@@ -1,0 +1,81 @@
+//! Our quantized matmul kernels streaming their weights from memory, as
+//! decoding does: for each format, random weights of a Qwen2.5-Coder shape
+//! in enough copies (180-225 MB) that no cache holds them, multiplied one
+//! copy after another by the same 1 (or `ROWS`) activation rows, 25 passes.
+//! Prints the median and best weight bytes per second, to set against the
+//! machine's read bandwidth (`cargo bench --bench runtime` prints it).
+//! `cargo bench --bench kernels` measures the same kernels on one matrix
+//! that fits in L3, which shows what they compute, not what they stream.
+//!
+//! Run: `cargo bench --bench kernel_stream` (`ROWS=4` for 4 rows;
+//! `SPECGATE_KERNEL_ISA=avx2` for the AVX2 path).
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use specgate_verify::kernels::{matmul_many, Isa, Product, QWeight};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// (label, format, output rows n, inputs k, copies).
+const SHAPES: &[(&str, GgmlDType, usize, usize, usize)] = &[
+    ("q4k_8960x1536", GgmlDType::Q4K, 8960, 1536, 24),
+    ("q6k_1536x8960", GgmlDType::Q6K, 1536, 8960, 20),
+    ("q8_0_4864x896", GgmlDType::Q8_0, 4864, 896, 40),
+    ("q5_0_4864x896", GgmlDType::Q5_0, 4864, 896, 60),
+];
+
+const PASSES: usize = 25;
+
+fn random(n: usize, seed: u32) -> Vec<f32> {
+    // A cheap deterministic generator: benchmarks need data, not statistics.
+    let mut s = seed.wrapping_mul(2654435761).max(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn main() {
+    let rows: usize = std::env::var("ROWS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    println!(
+        "kernel_stream: isa {}, {} cores, {rows} rows, median / best of {PASSES} passes",
+        Isa::current().name(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for &(label, dtype, n, k, copies) in SHAPES {
+        let w = Tensor::from_vec(random(n * k, 1), (n, k), &Device::Cpu).unwrap();
+        let q = Arc::new(QTensor::quantize(&w, dtype).unwrap());
+        // Separate copies: the same bytes at different addresses, so each
+        // pass reads `copies` matrices from memory.
+        let ws: Vec<QWeight> = (0..copies)
+            .map(|_| QWeight::new(q.clone()).expect("supported format"))
+            .collect();
+        let bytes: usize = ws.iter().map(|w| w.bytes()).sum();
+        let x = random(rows * k, 7);
+        let mut out = vec![0f32; rows * n];
+        let mut times: Vec<f64> = (0..PASSES)
+            .map(|_| {
+                let t = Instant::now();
+                for w in &ws {
+                    matmul_many(&x, rows, &mut [Product { w, out: &mut out }]);
+                }
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        times.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "{label} x{copies} ({} MB): median {:.1} GB/s, best {:.1} GB/s",
+            bytes / 1_000_000,
+            bytes as f64 / times[PASSES / 2] / 1e9,
+            bytes as f64 / times[0] / 1e9
+        );
+    }
+}
