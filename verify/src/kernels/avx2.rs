@@ -35,7 +35,7 @@
 
 use super::act::Acts;
 use super::layout::{tile_block_bytes, TILE};
-use super::{prefetch, Format, GROUP};
+use super::{prefetch, prefetch_step, Format, GROUP};
 use std::arch::x86_64::*;
 
 /// Columns per half of a tile (one ymm of i32 or f32 lanes).
@@ -162,31 +162,6 @@ unsafe fn store<const R: usize>(acc: &[[__m256; R]; 2], out: &mut [[f32; TILE]; 
 fn prefetch_block(p: *const u8, tb: usize) {
     for l in 0..tb.div_ceil(64) {
         prefetch(p, 64 * l);
-    }
-}
-
-/// How far ahead [`prefetch_step`] fetches: two Q4_K tile blocks or a
-/// little under three Q6_K ones. The AVX2 kernels spend longer per tile
-/// block than the AVX-512 ones, and their per-step prefetches only keep
-/// the memory system busy if the lines are asked for early enough.
-const FAR: usize = 8192;
-
-/// Prefetches step `step` of `STEPS` of the tile block of `TB` bytes that
-/// starts [`FAR`] bytes past `p`: lines `step`, `step + STEPS`, ... of it.
-/// Spread over the block's work this way, the prefetches keep a steady
-/// number of lines in flight. Issued all at once (as [`prefetch_block`]
-/// does), they measured slower once several rows make a block take
-/// longer: the arithmetic seemed to wait for memory instead of overlapping
-/// it (likely the core's line fill buffers running out). Into L2, as
-/// [`super::prefetch`] does and for the same reason: on a Zen 4 the AVX2
-/// path streamed Q4_K at 27-31 GB/s this way against 20-22 into L1.
-#[inline(always)]
-fn prefetch_step<const TB: usize, const STEPS: usize>(p: *const u8, step: usize) {
-    let mut l = step;
-    while l < TB.div_ceil(64) {
-        // SAFETY: a prefetch has no architectural effect and cannot fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(FAR + 64 * l).cast()) }
-        l += STEPS;
     }
 }
 

@@ -20,7 +20,7 @@
 
 use super::act::Acts;
 use super::layout::{tile_block_bytes, TILE};
-use super::{prefetch, Format, GROUP};
+use super::{prefetch, prefetch_step, Format, GROUP};
 use std::arch::x86_64::*;
 
 /// Dots one tile (its `a.nb` tile blocks) with activation rows
@@ -111,11 +111,8 @@ unsafe fn q4k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
             let sc = _mm512_mul_ps(u8x16(p.add(64 + TILE * j)), vd);
             let mn = _mm512_mul_ps(u8x16(p.add(192 + TILE * j)), vm);
             let mut isum = [_mm512_setzero_si512(); R];
-            if j < 5 {
-                prefetch(p, 64 * (32 + j));
-            }
+            prefetch_step::<2368, 8>(p, j);
             for g in 4 * j..4 * j + 4 {
-                prefetch(p, 64 * g);
                 let (lo, hi) = nibbles(p.add(320 + 64 * g));
                 for r in 0..R {
                     let x = a.q.as_ptr().add(ab[r] * 256 + 8 * g);
@@ -149,13 +146,7 @@ unsafe fn q6k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
         let ab: [usize; R] = std::array::from_fn(|r| (r0 + r) * nb + b);
         let mut blk = [_mm512_setzero_ps(); R];
         for s in 0..16 {
-            // 53 lines per block: 3 per sub-block, the last 5 early on.
-            for l in 3 * s..3 * s + 3 {
-                prefetch(p, 64 * l);
-            }
-            if s < 5 {
-                prefetch(p, 64 * (48 + s));
-            }
+            prefetch_step::<3360, 16>(p, s);
             let sc = _mm512_mul_ps(i8x16(p.add(32 + TILE * s)), vd);
             let (l0, h0) = nibbles(p.add(288 + 128 * s));
             let (l1, h1) = nibbles(p.add(288 + 128 * s + 64));
