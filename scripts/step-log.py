@@ -8,7 +8,9 @@ steps by whether the batch was full (at least --full decoding sequences),
 carried prompt rows (+P), drafted (+D) and ran the draft model (+M), and
 prints per group the count, the summed and median step time, the median
 prediction and the rows, so two servers' runs of the same load (say the
-default and speculation off) can be compared step by step.
+default and speculation off) can be compared step by step. Then, for the
+steps a plan priced, measured / predicted time by decode or prompt step and
+by rows (how well the cost model prices each part of its curve).
 
 Usage: scripts/step-log.py [--full N] LOG...
 """
@@ -76,7 +78,25 @@ def main():
                   f"{statistics.mean(x['decoding'] for x in g):8.1f} "
                   f"{statistics.mean(x['prompt_rows'] for x in g):6.1f} "
                   f"{sum(x['drafted'] for x in g):7.0f}")
+        pricing(s)
     return 0
+
+
+def pricing(s):
+    bins = {}
+    for x in s:
+        if x["predicted_ms"] <= 0:
+            continue
+        rows = x["decoding"] + x["drafted"] + x["prompt_rows"]
+        span = "<=64" if rows <= 64 else "65-128" if rows <= 128 else ">128"
+        step = "prompt" if x["prompt_rows"] > 0 else "decode"
+        bins.setdefault((step, span), []).append(x["measured_ms"] / x["predicted_ms"])
+    if not bins:
+        return
+    print("  measured / predicted:")
+    for (step, span), r in sorted(bins.items()):
+        print(f"    {step} steps of {span:>6} rows: {len(r):4d}, median {statistics.median(r):.2f}, "
+              f"range {min(r):.2f}-{max(r):.2f}")
 
 
 if __name__ == "__main__":

@@ -393,17 +393,16 @@ impl DraftPolicy {
         // prompt row could not pay anyway: the row costs the same and a
         // prompt row is certain work where a draft is a chance of a token.
         //
-        // Nor do drafts take the step past the longest forward the cost
-        // model has a point for: beyond it a step is priced by
-        // extrapolation, and a few percent off there decide whether dozens
-        // of draft rows win, while such a step (seconds long on a CPU)
-        // holds up every token of the batch and every arriving prompt.
+        let budget_room = limits.budget.saturating_sub(n + limits.prefill_rows);
+        // Nor do the drafts the plan chooses take the step past the longest
+        // forward the cost model has a point for: beyond it a step is
+        // priced by extrapolation, and a few percent off there decide
+        // whether dozens of draft rows win, while such a step (seconds long
+        // on a CPU) holds up every token of the batch and every arriving
+        // prompt. Lengths requests asked for are kept within the budget.
         let measured = cost.verify.last_rows() as f64;
         let carried = cost.verify_rows(n, limits.prefill_rows);
-        let room = limits
-            .budget
-            .saturating_sub(n + limits.prefill_rows)
-            .min((measured - carried).max(0.0).floor() as usize);
+        let measured_room = (measured - carried).max(0.0).floor() as usize;
         // gains[i][j - 1]: what sequence i's draft j adds to the expected
         // tokens, the chance that its drafts 1..=j are all accepted.
         let gains: Vec<Vec<f64>> = seqs
@@ -420,7 +419,7 @@ impl DraftPolicy {
             })
             .collect();
         let base = || {
-            let mut plan = GoodputSearch::new(seqs, cost, limits, room);
+            let mut plan = GoodputSearch::new(seqs, cost, limits, budget_room);
             for (i, s) in seqs.iter().enumerate() {
                 if s.fixed_k.is_some() {
                     for &g in &gains[i] {
@@ -430,6 +429,7 @@ impl DraftPolicy {
                     }
                 }
             }
+            plan.room = plan.room.min(measured_room.max(plan.drafted));
             plan
         };
         // Drafts in order of their chance of acceptance: each prefix of
@@ -444,6 +444,7 @@ impl DraftPolicy {
         }
         order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         let start = base();
+        let room = start.room;
         let plain = start.goodput();
         let mut best = (plain, start.ks.clone());
         // A draft-model step costs the same whether one sequence or all of
@@ -893,6 +894,18 @@ mod tests {
                 plan.ks
             );
         }
+        // Lengths requests asked for are kept past it (within the budget);
+        // the plan adds none of its own there.
+        let mut asked = seqs.clone();
+        for s in asked.iter_mut() {
+            s.fixed_k = Some(8);
+        }
+        l.prefill_rows = 0;
+        let plan = p.plan_step(&asked, &short, l);
+        assert_eq!(plan.ks, vec![8, 2, 8, 8]);
+        asked[3].fixed_k = None;
+        let plan = p.plan_step(&asked, &short, l);
+        assert_eq!(plan.ks, vec![8, 2, 8, 0]);
         // A length the request asked for is kept, whatever it costs.
         seqs[0].fixed_k = Some(3);
         let none = accepting(0.0);
