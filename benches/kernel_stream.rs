@@ -16,6 +16,10 @@ use specgate_verify::kernels::{matmul_many, Isa, Product, QWeight};
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "common/random.rs"]
+mod random;
+use random::random;
+
 /// (label, format, output rows n, inputs k, copies).
 const SHAPES: &[(&str, GgmlDType, usize, usize, usize)] = &[
     ("q4k_8960x1536", GgmlDType::Q4K, 8960, 1536, 24),
@@ -25,19 +29,6 @@ const SHAPES: &[(&str, GgmlDType, usize, usize, usize)] = &[
 ];
 
 const PASSES: usize = 25;
-
-fn random(n: usize, seed: u32) -> Vec<f32> {
-    // A cheap deterministic generator: benchmarks need data, not statistics.
-    let mut s = seed.wrapping_mul(2654435761).max(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn main() {
     let rows: usize = std::env::var("ROWS")

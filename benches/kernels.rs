@@ -16,6 +16,10 @@ use specgate_verify::kernels::{Isa, QWeight};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "common/random.rs"]
+mod random;
+use random::random;
+
 /// (label, format, output rows n, inputs k).
 const SHAPES: &[(&str, GgmlDType, usize, usize)] = &[
     ("q4k_8960x1536", GgmlDType::Q4K, 8960, 1536),
@@ -24,19 +28,6 @@ const SHAPES: &[(&str, GgmlDType, usize, usize)] = &[
     ("q5_0_4864x896", GgmlDType::Q5_0, 4864, 896),
     ("q4_1_1536x576", GgmlDType::Q4_1, 1536, 576),
 ];
-
-fn random(n: usize, seed: u32) -> Vec<f32> {
-    // A cheap deterministic generator: benchmarks need data, not statistics.
-    let mut s = seed.wrapping_mul(2654435761).max(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn kernels(c: &mut Criterion) {
     let dev = Device::Cpu;
