@@ -24,6 +24,9 @@ spec() {
     *) echo "unknown config $1 (off, draft, nopool)" >&2; exit 2 ;;
   esac
 }
+# Checked up front: spec() runs in a command substitution, whose exit
+# would not stop the script.
+for cfg in $CONFIGS; do spec "$cfg" >/dev/null; done
 for r in $(seq 1 "$ROUNDS"); do
   for cfg in $CONFIGS; do
     printf '%s\n\n%s\n' "$base" "$(spec "$cfg")" >"$OUT/$cfg.toml"

@@ -392,7 +392,6 @@ impl DraftPolicy {
         // batch) while the plan counted them as done. A draft displacing a
         // prompt row could not pay anyway: the row costs the same and a
         // prompt row is certain work where a draft is a chance of a token.
-        //
         let budget_room = limits.budget.saturating_sub(n + limits.prefill_rows);
         // Nor do the drafts the plan chooses take the step past the longest
         // forward the cost model has a point for: beyond it a step is
