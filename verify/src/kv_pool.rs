@@ -25,6 +25,7 @@
 //! rejecting drafts rolls the slot back by a copy ([`KvPool::keep_rows`]).
 
 use crate::error::{Result, VerifyError};
+use crate::kernels::vector::{exp, F32Ops};
 use crate::model::{Model, ModelConfig};
 
 /// Default token slots per block.
@@ -506,22 +507,24 @@ impl KvShard {
                 t % self.block_size,
             )
         };
+        let ops = F32Ops::current();
         scores.clear();
         scores.resize(heads * ctx_len, 0.0);
         for t in 0..ctx_len {
             let o = at(t);
             let k = &kc[o..o + hd];
             for (h, qh) in q.chunks_exact(hd).enumerate() {
-                scores[h * ctx_len + t] = dot(qh, k) * scale;
+                scores[h * ctx_len + t] = ops.dot(qh, k) * scale;
             }
         }
         for s in scores.chunks_exact_mut(ctx_len.max(1)).take(heads) {
             let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sum = 0.0;
+            // Separate loops: the exponentials vectorize, the ordered sum
+            // cannot.
             for v in s.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
+                *v = exp(*v - max);
             }
+            let sum: f32 = s.iter().sum();
             let inv = 1.0 / sum;
             for v in s.iter_mut() {
                 *v *= inv;
@@ -532,46 +535,23 @@ impl KvShard {
             let o = at(t);
             let v = &vc[o..o + hd];
             for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-                axpy(scores[h * ctx_len + t], v, oh);
+                ops.axpy(scores[h * ctx_len + t], v, oh);
             }
         }
     }
 }
 
+/// `sum_i a[i] * b[i]` with [`F32Ops::current`] (callers in hot loops
+/// hoist an [`F32Ops`] instead).
 #[inline]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // 32 independent accumulators: the compiler keeps them in several
-    // vector registers, so the loop is bound by loads, not by the latency
-    // of one chain of fused multiply-adds.
-    const W: usize = 32;
-    let mut acc = [0f32; W];
-    let (ac, ar) = a.split_at(a.len() / W * W);
-    let (bc, br) = b.split_at(ac.len());
-    for (x, y) in ac.chunks_exact(W).zip(bc.chunks_exact(W)) {
-        for i in 0..W {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    // A tree sum: a sequential one would be a chain of 32 dependent adds.
-    let mut w = W / 2;
-    while w > 0 {
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-        w /= 2;
-    }
-    let mut s = acc[0];
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
+    F32Ops::current().dot(a, b)
 }
 
+/// `y += a * x` with [`F32Ops::current`].
 #[inline]
 pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
-    }
+    F32Ops::current().axpy(a, x, y)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod kv_pool;
 pub mod model;
 pub mod process;
 pub mod sample;
+pub mod team;
 pub mod tiny;
 pub mod tp;
 

@@ -5,8 +5,7 @@
 //! [`layout`]'s tiles of 16 interleaved output columns, same size), the
 //! once-per-call quantization of activations to 8 bits ([`act`]), the
 //! choice of instruction set made once per process at run time ([`Isa`]),
-//! and the split of tiles over rayon's global pool (no per-call thread
-//! spawning).
+//! and the split of tiles over the forward's thread team ([`crate::team`]).
 //!
 //! Why our own: with weights in GGUF order every output column ends in a
 //! horizontal sum and unpacks its block scales again, and every extra
@@ -51,9 +50,9 @@ mod avx512;
 mod layout;
 pub mod mxfp4;
 mod scalar;
+pub mod vector;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -387,10 +386,10 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
         });
         ntiles += p.w.n.div_ceil(TILE);
     }
-    let threads = rayon::current_num_threads().max(1);
+    let threads = crate::team::threads();
     // Several chunks per thread so a slow core does not hold up the call.
     let chunk = ntiles.div_ceil(threads * 4).max(1);
-    (0..ntiles.div_ceil(chunk)).into_par_iter().for_each(|ci| {
+    crate::team::for_each(ntiles.div_ceil(chunk), |ci| {
         let mut res = [[0f32; TILE]; GROUP];
         let tiles = ci * chunk..((ci + 1) * chunk).min(ntiles);
         for job in jobs.iter() {

@@ -26,9 +26,8 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     y
 }
 
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+/// `x / (1 + e^-x)`, with the exponential that vectorizes.
+pub(crate) use crate::kernels::vector::silu;
 
 /// `gate = silu(gate) * up`, element by element, in place.
 pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {

@@ -19,7 +19,8 @@
 //! Threads: a sharded forward runs its ranks through `ranks.rs` (scoped
 //! threads per call, rank 0 on the caller's); an unsharded one runs on a
 //! rayon worker. Within a rank, q/k/v and gate/up are one kernel pass each
-//! (`forward_many`), attention is one task per (row, KV head), and the
+//! (`forward_many`), attention is one task per (row, KV head), both on the
+//! thread team (`crate::team`, whose helpers spin between loops), and the
 //! norms, activation and residual adds (`ops.rs`) work on buffers reused by
 //! every layer.
 
@@ -31,9 +32,9 @@ use super::rows::{flatten, Rows, SeqInput};
 use super::{Body, Model};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{KvPool, KvShard};
+use crate::team;
 use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::{Device, Tensor};
-use rayon::prelude::*;
 use std::ops::Range;
 
 mod load;
@@ -333,23 +334,20 @@ impl Shard {
             // over the cores.
             let kv_ref = &*kv;
             let group = nh / nkv;
-            attn.par_chunks_mut(group * hd).enumerate().for_each_init(
-                Vec::new,
-                |scores, (i, out)| {
-                    let (r, g) = (i / nkv, i % nkv);
-                    let at = r * qd + g * group * hd;
-                    kv_ref.attend_group(
-                        li,
-                        tables[rows.seq[r]],
-                        rows.positions[r] + 1,
-                        &q[at..at + group * hd],
-                        g,
-                        scale,
-                        out,
-                        scores,
-                    )
-                },
-            );
+            team::for_each_chunk(&mut attn, group * hd, |i, out| {
+                let (r, g) = (i / nkv, i % nkv);
+                let at = r * qd + g * group * hd;
+                kv_ref.attend_group(
+                    li,
+                    tables[rows.seq[r]],
+                    rows.positions[r] + 1,
+                    &q[at..at + group * hd],
+                    g,
+                    scale,
+                    out,
+                    &mut Vec::new(),
+                )
+            });
             layer.o.forward_into(&attn, n, &mut part)?;
             self.comm.all_reduce_sum(&mut part)?;
             ops::add_in_place(&mut x, &part);
