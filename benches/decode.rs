@@ -13,10 +13,12 @@
 #[path = "../tests/common/models.rs"]
 mod models;
 
+#[path = "common/greedy.rs"]
+mod greedy;
+
+use greedy::greedy;
 use specgate_verify::model::load_gguf;
-use specgate_verify::sample::argmax;
-use specgate_verify::{KvPool, LogitsWanted};
-use std::time::Instant;
+use specgate_verify::KvPool;
 
 fn main() {
     // `cargo bench` passes `--bench`; the rest are ours.
@@ -48,28 +50,8 @@ fn main() {
     let blocks = (prompt.len() + n + 16).div_ceil(16);
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut pool = KvPool::new(&cfg, blocks, 16).expect("pool");
-    let mut logits = model
-        .forward_one(&mut pool, &prompt, 0, &table, LogitsWanted::Last)
-        .expect("prefill")
-        .remove(0);
-    let start = Instant::now();
-    let mut ms = Vec::with_capacity(n);
-    for i in 0..n {
-        let next = argmax(&logits);
-        let t = Instant::now();
-        logits = model
-            .forward_one(
-                &mut pool,
-                &[next],
-                prompt.len() + i,
-                &table,
-                LogitsWanted::Last,
-            )
-            .expect("decode")
-            .remove(0);
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let secs = start.elapsed().as_secs_f64();
+    let run = greedy(&model, &mut pool, &table, &prompt, n);
+    let (mut ms, secs) = (run.ms, run.decode_secs);
     ms.sort_by(f64::total_cmp);
     println!(
         "{} decode {n} after {plen}: {:.2} tok/s | ms/tok median {:.2} best {:.2} p90 {:.2} | SPECGATE_SPIN_US={}",

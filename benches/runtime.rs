@@ -16,10 +16,13 @@
 #[path = "../tests/common/models.rs"]
 mod models;
 
+#[path = "common/greedy.rs"]
+mod greedy;
+use greedy::greedy;
+
 use models::models_dir;
 use specgate_verify::kernels::{self, Backend};
 use specgate_verify::model::{load_gguf, read_token_list};
-use specgate_verify::sample::argmax;
 use specgate_verify::{KvPool, LogitsWanted};
 use std::path::Path;
 use std::time::Instant;
@@ -94,27 +97,8 @@ fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
     let blocks = (prompt.len() + decode + max_rows).div_ceil(16);
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut pool = KvPool::new(&cfg, blocks, 16).unwrap();
-    let t = Instant::now();
-    let mut logits = model
-        .forward_one(&mut pool, &prompt, 0, &table, LogitsWanted::Last)
-        .unwrap()
-        .remove(0);
-    let prefill = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for i in 0..decode {
-        let next = argmax(&logits);
-        logits = model
-            .forward_one(
-                &mut pool,
-                &[next],
-                prompt.len() + i,
-                &table,
-                LogitsWanted::Last,
-            )
-            .unwrap()
-            .remove(0);
-    }
-    let dsecs = t.elapsed().as_secs_f64();
+    let run = greedy(&model, &mut pool, &table, &prompt, decode);
+    let (prefill, dsecs) = (run.prefill_secs, run.decode_secs);
     let tps = decode as f64 / dsecs;
     let bytes = model.weight_bytes_per_step() as f64;
     let bound = bw / bytes;

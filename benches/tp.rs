@@ -13,11 +13,13 @@
 #[path = "../tests/common/models.rs"]
 mod models;
 
+#[path = "common/greedy.rs"]
+mod greedy;
+use greedy::greedy;
+
 use models::models_dir;
 use specgate_verify::model::load_gguf_tp;
-use specgate_verify::sample::argmax;
-use specgate_verify::{KvPool, LogitsWanted, Model};
-use std::time::Instant;
+use specgate_verify::{KvPool, Model};
 
 const ROUNDS: usize = 5;
 const DECODE: usize = 24;
@@ -33,27 +35,8 @@ fn decode(model: &Model, prompt: &[u32]) -> (f64, Vec<u32>) {
     let blocks = (prompt.len() + DECODE).div_ceil(16);
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut pool = KvPool::for_model(model, blocks, 16).unwrap();
-    let mut logits = model
-        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::Last)
-        .unwrap()
-        .remove(0);
-    let mut out = Vec::new();
-    let t = Instant::now();
-    for i in 0..DECODE {
-        let next = argmax(&logits);
-        out.push(next);
-        logits = model
-            .forward_one(
-                &mut pool,
-                &[next],
-                prompt.len() + i,
-                &table,
-                LogitsWanted::Last,
-            )
-            .unwrap()
-            .remove(0);
-    }
-    (DECODE as f64 / t.elapsed().as_secs_f64(), out)
+    let run = greedy(model, &mut pool, &table, prompt, DECODE);
+    (DECODE as f64 / run.decode_secs, run.tokens)
 }
 
 fn main() {
