@@ -73,7 +73,6 @@ struct Team {
 // SAFETY: `job` is accessed only under the protocol above; everything
 // else is atomics and locks.
 unsafe impl Sync for Team {}
-unsafe impl Send for Team {}
 
 /// The team: `rayon::current_num_threads() - 1` helpers (the caller is
 /// the last member), started on first use; `None` when [`spin`] is zero.
@@ -174,7 +173,7 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
 pub fn for_each_chunk<T: Send>(data: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let len = len.max(1);
     let total = data.len();
-    let base = SharedMut(data.as_mut_ptr());
+    let base = SharedMut::new(data);
     for_each(total.div_ceil(len), |i| {
         let start = i * len;
         let end = (start + len).min(total);
@@ -186,11 +185,21 @@ pub fn for_each_chunk<T: Send>(data: &mut [T], len: usize, f: impl Fn(usize, &mu
     });
 }
 
-/// A pointer into a slice that disjoint tasks write through.
-struct SharedMut<T>(*mut T);
+/// A pointer into a slice that the tasks of one loop share, each writing
+/// only elements no other task touches (the writer's `unsafe` block says
+/// why its elements are its own).
+pub(crate) struct SharedMut<T>(*mut T);
+// SAFETY: sharing the pointer is sound as long as the tasks write disjoint
+// elements, which every user promises at its write.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 impl<T> SharedMut<T> {
-    fn at(&self, i: usize) -> *mut T {
+    pub(crate) fn new(data: &mut [T]) -> Self {
+        SharedMut(data.as_mut_ptr())
+    }
+
+    /// The address of element `i` (no bounds check; computing it is safe,
+    /// writing through it is the caller's promise).
+    pub(crate) fn at(&self, i: usize) -> *mut T {
         self.0.wrapping_add(i)
     }
 }

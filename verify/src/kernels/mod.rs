@@ -52,6 +52,7 @@ pub mod mxfp4;
 mod scalar;
 pub mod vector;
 
+use crate::team::SharedMut;
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -365,7 +366,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
     struct Job<'a> {
         w: &'a QWeight,
         acts: &'a act::Acts,
-        out: SendPtr,
+        out: SharedMut<f32>,
         first_tile: usize,
     }
     let mut jobs = Vec::with_capacity(products.len());
@@ -381,7 +382,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
             acts: acts
                 .as_ref()
                 .expect("quantized above for this block length"),
-            out: SendPtr(p.out.as_mut_ptr()),
+            out: SharedMut::new(p.out),
             first_tile: ntiles,
         });
         ntiles += p.w.n.div_ceil(TILE);
@@ -408,7 +409,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
                         // columns of rows below `rows`; the output holds
                         // `rows * n` (asserted above).
                         unsafe {
-                            let dst = job.out.get().add((r0 + i) * n + t * TILE);
+                            let dst = job.out.at((r0 + i) * n + t * TILE);
                             std::ptr::copy_nonoverlapping(v.as_ptr(), dst, cols);
                         }
                     }
@@ -416,17 +417,6 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
             }
         }
     });
-}
-
-/// A raw pointer that rayon tasks may share; they write disjoint elements.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// One tile's first `cols` columns dotted with activation rows
