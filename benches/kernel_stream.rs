@@ -7,12 +7,14 @@
 //! `cargo bench --bench kernels` measures the same kernels on one matrix
 //! that fits in L3, which shows what they compute, not what they stream.
 //!
-//! Run: `cargo bench --bench kernel_stream` (`ROWS=4` for 4 rows;
-//! `SPECGATE_KERNEL_ISA=avx2` for the AVX2 path).
+//! On a CPU with AVX-512 VNNI each pass also runs the AVX2 path, in
+//! alternation, and prints its speed against the first's.
+//!
+//! Run: `cargo bench --bench kernel_stream` (`ROWS=4` for 4 rows).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use specgate_verify::kernels::{matmul_many, Isa, Product, QWeight};
+use specgate_verify::kernels::{matmul_many_with, Isa, Product, QWeight};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,6 +43,11 @@ fn main() {
         Isa::current().name(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    // The detected instruction set and, where that is not AVX2, AVX2 too.
+    let mut isas = vec![Isa::current()];
+    if isas[0] != Isa::Avx2 && Isa::Avx2.available() {
+        isas.push(Isa::Avx2);
+    }
     for &(label, dtype, n, k, copies) in SHAPES {
         let w = Tensor::from_vec(random(n * k, 1), (n, k), &Device::Cpu).unwrap();
         let q = Arc::new(QTensor::quantize(&w, dtype).unwrap());
@@ -52,21 +59,34 @@ fn main() {
         let bytes: usize = ws.iter().map(|w| w.bytes()).sum();
         let x = random(rows * k, 7);
         let mut out = vec![0f32; rows * n];
-        let mut times: Vec<f64> = (0..PASSES)
-            .map(|_| {
+        // Every pass runs each instruction set once, in a rotating order:
+        // the host's speed drifts by tens of percent over seconds, so only
+        // runs side by side compare (the ratio is the median of the passes').
+        let mut times = vec![Vec::with_capacity(PASSES); isas.len()];
+        for pass in 0..PASSES {
+            for i in 0..isas.len() {
+                let v = (pass + i) % isas.len();
+                let isa = isas[v];
                 let t = Instant::now();
                 for w in &ws {
-                    matmul_many(&x, rows, &mut [Product { w, out: &mut out }]);
+                    matmul_many_with(isa, &x, rows, &mut [Product { w, out: &mut out }]);
                 }
-                t.elapsed().as_secs_f64()
-            })
-            .collect();
-        times.sort_by(|a, b| a.total_cmp(b));
-        println!(
-            "{label} x{copies} ({} MB): median {:.1} GB/s, best {:.1} GB/s",
-            bytes / 1_000_000,
-            bytes as f64 / times[PASSES / 2] / 1e9,
-            bytes as f64 / times[0] / 1e9
-        );
+                times[v].push(t.elapsed().as_secs_f64());
+            }
+        }
+        for (v, isa) in isas.iter().enumerate() {
+            let mut ratios: Vec<f64> = (0..PASSES).map(|p| times[0][p] / times[v][p]).collect();
+            ratios.sort_by(|a, b| a.total_cmp(b));
+            let t = &mut times[v];
+            t.sort_by(|a, b| a.total_cmp(b));
+            println!(
+                "{label} x{copies} ({} MB) {}: median {:.1} GB/s, best {:.1} GB/s, {:.3}x the first",
+                bytes / 1_000_000,
+                isa.name(),
+                bytes as f64 / t[PASSES / 2] / 1e9,
+                bytes as f64 / t[0] / 1e9,
+                ratios[PASSES / 2]
+            );
+        }
     }
 }

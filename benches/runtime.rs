@@ -6,7 +6,8 @@
 //! Each model runs twice in the same process, with candle's quantized
 //! matmul and with ours (`specgate_verify::kernels`), so the two are side by
 //! side; after decoding, one verification pass of r = 1, 2, 4, 8, 16 rows
-//! (one sequence, r new tokens, logits for all) is timed, median of 5.
+//! (one sequence, r new tokens, logits for all) is timed in 9 rounds that
+//! each run every row count, and its cost is the median ratio to one row.
 //!
 //! Run: `cargo bench --bench runtime` (models from scripts/fetch-models.sh);
 //! `SPECGATE_BENCH_BACKENDS=native` runs only ours.
@@ -116,26 +117,32 @@ fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
     );
     // Verification passes: r new tokens after the 192-token context, logits
     // for every row, as a speculative round with k = r - 1 drafts runs it.
+    // Each round times every row count once, in a rotating order, and a
+    // row count's ratio to one row is the median of its rounds' ratios:
+    // the host's speed drifts by tens of percent over seconds, so only
+    // passes run side by side compare.
     let ctx = prompt.len() + decode;
-    let mut one = 0.0;
-    for rows in [1usize, 2, 4, 8, 16] {
-        let toks: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 7) % 30_000).collect();
-        let mut times = Vec::new();
-        for _ in 0..5 {
+    const ROWS: [usize; 5] = [1, 2, 4, 8, 16];
+    const ROUNDS: usize = 9;
+    let mut times = [[0f64; ROWS.len()]; ROUNDS];
+    for (round, this) in times.iter_mut().enumerate() {
+        for i in 0..ROWS.len() {
+            let ri = (round + i) % ROWS.len();
+            let rows = ROWS[ri];
+            let toks: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 7) % 30_000).collect();
             let t = Instant::now();
             let out = model
                 .forward_one(&mut pool, &toks, ctx, &table, LogitsWanted::All)
                 .unwrap();
-            times.push(t.elapsed().as_secs_f64());
+            this[ri] = t.elapsed().as_secs_f64();
             assert_eq!(out.len(), rows);
         }
-        let ms = median(times) * 1e3;
-        if rows == 1 {
-            one = ms;
-        }
+    }
+    for (ri, rows) in ROWS.iter().enumerate() {
+        let ms = median(times.iter().map(|t| t[ri]).collect()) * 1e3;
+        let ratio = median(times.iter().map(|t| t[ri] / t[0]).collect());
         println!(
-            "  verify {rows:>2} rows: {ms:.1} ms = {:.2}x one row | weights at {:.1} GB/s, {:.0}% of bound",
-            ms / one,
+            "  verify {rows:>2} rows: {ms:.1} ms = {ratio:.2}x one row (median of {ROUNDS} side-by-side rounds) | weights at {:.1} GB/s, {:.0}% of bound",
             bytes / (ms / 1e3) / 1e9,
             100.0 * bytes / bw / (ms / 1e3)
         );
