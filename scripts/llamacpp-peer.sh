@@ -179,7 +179,10 @@ build() {
     mkdir -p "$build"
     say "configuring $src into $build (--isa $isa)"
     # shellcheck disable=SC2086 # $flags is a list of -D options
-    cmake -S "$src" -B "$build" -G Ninja "${COMMON_FLAGS[@]}" $flags >&2
+    # The sdist has no .git, so llama.cpp's build-info would ask git from inside
+    # our checkout and stamp specgate's commit count and hash as its own build.
+    GIT_CEILING_DIRECTORIES=$(dirname "$src") \
+      cmake -S "$src" -B "$build" -G Ninja "${COMMON_FLAGS[@]}" $flags >&2
     printf '%s\n' "${COMMON_FLAGS[*]} $flags" >"$build/specgate-peer-flags.txt"
   fi
   check_cache_isa "$build" "$isa"
@@ -224,7 +227,10 @@ describe() {
     OFF:ON) isa=avx512 ;;
   esac
   printf 'peer_version=%q\n' "$LLAMACPP_VERSION"
-  printf 'peer_server_version=%q\n' "$("$bin/llama-server" --version 2>&1 | head -n 1)"
+  # Builds configured before the ceiling above carry specgate's commit as their
+  # "(build N, commit X)": drop that part, it does not identify llama.cpp.
+  printf 'peer_server_version=%q\n' \
+    "$("$bin/llama-server" --version 2>&1 | head -n 1 | sed 's/ *(build [0-9]*, commit [^)]*)//')"
   printf 'peer_build_isa=%q\n' "$isa"
   printf 'peer_build_flags=%q\n' "CMAKE_BUILD_TYPE=$(cache_get "$build" CMAKE_BUILD_TYPE) ${flags[*]}"
   printf 'peer_build_dir=%q\n' "$(cd "$build" && pwd)"
