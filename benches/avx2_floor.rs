@@ -63,9 +63,9 @@ mod x86 {
             asm!("2:",
                 "vpaddw ymm0, ymm0, ymm1", "vpaddw ymm0, ymm0, ymm1",
                 "vpaddw ymm0, ymm0, ymm1", "vpaddw ymm0, ymm0, ymm1",
-                "dec {n}", "jnz 2b",
-                n = inout(reg) n => _, out("ymm0") _, out("ymm1") _,
-                options(nostack));
+                "dec rcx", "jnz 2b",
+                inout("rcx") n => _,
+                clobber_abi("C"), options(nostack));
         }
     }
 
@@ -78,11 +78,9 @@ mod x86 {
                 "vpmaddubsw ymm10, ymm0, ymm1", "vpmaddubsw ymm11, ymm0, ymm1",
                 "vpmaddubsw ymm12, ymm0, ymm1", "vpmaddubsw ymm13, ymm0, ymm1",
                 "vpmaddubsw ymm14, ymm0, ymm1", "vpmaddubsw ymm15, ymm0, ymm1",
-                "dec {n}", "jnz 2b",
-                n = inout(reg) n => _, out("ymm0") _, out("ymm1") _,
-                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-                options(nostack));
+                "dec rcx", "jnz 2b",
+                inout("rcx") n => _,
+                clobber_abi("C"), options(nostack));
         }
     }
 
@@ -100,12 +98,9 @@ mod x86 {
                 "vpmaddubsw ymm13, ymm0, ymm1", "vpaddw ymm3, ymm3, ymm13",
                 "vpmaddubsw ymm14, ymm0, ymm1", "vpaddw ymm4, ymm4, ymm14",
                 "vpmaddubsw ymm15, ymm0, ymm1", "vpaddw ymm5, ymm5, ymm15",
-                "dec {n}", "jnz 2b",
-                n = inout(reg) n => _, out("ymm0") _, out("ymm1") _,
-                out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
-                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-                options(nostack));
+                "dec rcx", "jnz 2b",
+                inout("rcx") n => _,
+                clobber_abi("C"), options(nostack));
         }
     }
 
@@ -124,13 +119,9 @@ mod x86 {
                 "vpbroadcastd ymm1, [{p} + 20]", "vpmaddubsw ymm13, ymm0, ymm1", "vpaddw ymm3, ymm3, ymm13",
                 "vpbroadcastd ymm1, [{p} + 24]", "vpmaddubsw ymm14, ymm0, ymm1", "vpaddw ymm4, ymm4, ymm14",
                 "vpbroadcastd ymm1, [{p} + 28]", "vpmaddubsw ymm15, ymm0, ymm1", "vpaddw ymm5, ymm5, ymm15",
-                "dec {n}", "jnz 2b",
-                n = inout(reg) n => _, p = in(reg) buf.as_ptr(),
-                out("ymm0") _, out("ymm1") _,
-                out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
-                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-                options(nostack, readonly));
+                "dec rcx", "jnz 2b",
+                inout("rcx") n => _, p = in(reg) buf.as_ptr(),
+                clobber_abi("C"), options(nostack, readonly));
         }
     }
 

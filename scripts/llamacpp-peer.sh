@@ -178,9 +178,9 @@ build() {
     src=$(source_tree)
     mkdir -p "$build"
     say "configuring $src into $build (--isa $isa)"
-    # shellcheck disable=SC2086 # $flags is a list of -D options
     # The sdist has no .git, so llama.cpp's build-info would ask git from inside
     # our checkout and stamp specgate's commit count and hash as its own build.
+    # shellcheck disable=SC2086 # $flags is a list of -D options
     GIT_CEILING_DIRECTORIES=$(dirname "$src") \
       cmake -S "$src" -B "$build" -G Ninja "${COMMON_FLAGS[@]}" $flags >&2
     printf '%s\n' "${COMMON_FLAGS[*]} $flags" >"$build/specgate-peer-flags.txt"
