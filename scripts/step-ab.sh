@@ -6,7 +6,8 @@
 # logged (RUST_LOG=info,specgate::engine=debug), runs N requests at
 # concurrency C through specgate-bench, saves the log, JSON and /metrics
 # under OUT, and prints output tok/s and TTFT. Summarise the logs with
-# scripts/step-log.py OUT/*.log. Needs a release build (cargo build --release).
+# scripts/step-log.py OUT/*.log. Needs a release build (cargo build --release;
+# BIN=DIR runs the specgate and specgate-bench binaries in DIR instead).
 #
 #   OUT=/tmp/ab C=32 N=128 ROUNDS=2 CONFIGS="off draft" scripts/step-ab.sh
 set -euo pipefail
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-target/step-ab}; C=${C:-32}; N=${N:-128}; ROUNDS=${ROUNDS:-2}; CONFIGS=${CONFIGS:-"off draft"}
 WORKLOAD=${WORKLOAD:-benches/workloads/chat.jsonl}; MAX_TOKENS=${MAX_TOKENS:-48}
 mkdir -p "$OUT"
-BIN=target/release
+BIN=${BIN:-target/release}
 base=$(sed '/^\[speculative\]/,$d' configs/default.toml)
 spec() {
   case $1 in

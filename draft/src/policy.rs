@@ -58,7 +58,9 @@ pub enum DraftPolicy {
     /// prompt rows, work that drafting slows as well): `E_i` from the
     /// sequence's acceptance per draft position (EMA, weight `alpha`;
     /// positions it has not seen yet come from the engine-wide prior, then
-    /// `initial_acceptance`), `T` from the [`CostModel`]: the target
+    /// `initial_acceptance`; positions its rounds stop short of drift
+    /// toward the deepest one they reach, so a depth judged poor early is
+    /// retried), `T` from the [`CostModel`]: the target
     /// forward over every row of the step plus the draft-model steps (a
     /// step per draft depth, over the sequences drafting that deep). See
     /// [`DraftPolicy::plan_step`]. A sequence left at k = 0 for
@@ -74,6 +76,12 @@ pub enum DraftPolicy {
         probe_every: u32,
     },
 }
+
+/// How fast, relative to `alpha`, an estimate of a draft position that
+/// rounds stop short of drifts toward the deepest position they reach
+/// ([`PolicyState::record`]): slow enough that a depth rejected again is
+/// retried only every ten or so rounds.
+const UNSEEN_DRIFT: f64 = 0.25;
 
 /// Per-sequence memory of the adaptive and goodput policies (also used
 /// engine-wide as the prior of new sequences).
@@ -128,6 +136,19 @@ impl PolicyState {
             let hit = if p < accepted { 1.0 } else { 0.0 };
             let v = &mut self.positions[p];
             *v += alpha * (hit - *v);
+        }
+        // A position is observed only when drafted, and drafted only when
+        // its estimate pays: one early rejection at a depth would price it
+        // low for good (the goodput plan then stops short of it, so nothing
+        // corrects it; seen at concurrency 1 as k = 1 on nearly every
+        // step). So positions this round did not reach drift toward the
+        // deepest one it did, a step of `alpha * UNSEEN_DRIFT` a round: a
+        // depth is retried while the drafts before it keep being accepted,
+        // a retry that is rejected again lowers it again, and where the
+        // drafts before it fail it follows them down.
+        let reach = self.positions[seen - 1];
+        for v in &mut self.positions[seen..] {
+            *v += alpha * UNSEEN_DRIFT * (reach - *v);
         }
     }
 
@@ -1022,6 +1043,45 @@ mod tests {
         s.record(0, 0, 1.0, 0.5);
         s.record(0, 0, 1.0, 0.5);
         assert_eq!(s.rounds_at_zero(), 2);
+    }
+
+    #[test]
+    fn goodput_retries_a_depth_judged_poor_early() {
+        let p = goodput(8);
+        // About the 1.5B/0.5B pair on a CPU: a 40 ms verify pass, 0.5 ms a
+        // row more, an 11 ms draft step.
+        let cost = costs(40e-3, 0.5e-3, Some(11e-3));
+        let k = |s: &PolicyState| p.plan_step(&[seq(s, true)], &cost, limits(512)).ks[0];
+        // The second draft was rejected early on, the first is accepted.
+        let mut s = PolicyState {
+            acceptance: Some(0.8),
+            rounds_at_zero: 0,
+            positions: vec![0.9, 0.2],
+        };
+        assert_eq!(k(&s), 1);
+        let mut rounds = 0;
+        while k(&s) == 1 {
+            s.record(1, 1, 0.3, 0.6);
+            rounds += 1;
+            assert!(rounds < 40, "depth 2 never retried: {:?}", s.positions());
+        }
+        // Never above what the positions before it show.
+        assert!(s.positions()[1] <= s.positions()[0], "{:?}", s.positions());
+        // Retried and rejected again: it drops back.
+        s.record(2, 1, 0.3, 0.6);
+        assert_eq!(k(&s), 1, "{:?}", s.positions());
+        // Where the first draft is rejected too, the depth behind it
+        // follows it down, and drafting stops.
+        let mut bad = PolicyState {
+            acceptance: Some(0.1),
+            rounds_at_zero: 0,
+            positions: vec![0.1, 0.5],
+        };
+        for _ in 0..80 {
+            bad.record(1, 0, 0.3, 0.6);
+        }
+        assert_eq!(k(&bad), 0, "{:?}", bad.positions());
+        assert!(bad.positions()[1] < 0.01, "{:?}", bad.positions());
     }
 
     #[test]
