@@ -79,8 +79,8 @@ pub enum DraftPolicy {
 
 /// How fast, relative to `alpha`, an estimate of a draft position that
 /// rounds stop short of drifts toward the deepest position they reach
-/// ([`PolicyState::record`]): slow enough that a depth rejected again is
-/// retried only every ten or so rounds.
+/// ([`PolicyState::record`]): slow enough that a depth rejected again
+/// waits a few rounds of accepted drafts before its next try.
 const UNSEEN_DRIFT: f64 = 0.25;
 
 /// Per-sequence memory of the adaptive and goodput policies (also used
