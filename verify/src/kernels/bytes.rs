@@ -1,0 +1,91 @@
+//! [`Bytes`]: the storage every weight kernel reads from, either owned
+//! memory or a byte range of a memory-mapped model file. A weight kept in
+//! its file's layout borrows the mapping (no copy, no decode at load); a
+//! weight whose layout the kernels change (tiles, shards gathered from
+//! strided rows) owns its bytes.
+
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+/// Immutable weight bytes, owned or mapped. Cloning shares the storage.
+///
+/// Invariant: a `Mapped` range lies inside its mapping (checked by
+/// [`Bytes::mapped`]).
+#[derive(Clone)]
+pub enum Bytes {
+    /// Bytes in anonymous memory.
+    Owned(Arc<[u8]>),
+    /// `range` of a read-only file mapping.
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        range: Range<usize>,
+    },
+}
+
+impl Bytes {
+    /// Bytes `range` of `map`; `None` when the range is not inside it.
+    pub fn mapped(map: Arc<memmap2::Mmap>, range: Range<usize>) -> Option<Bytes> {
+        (range.start <= range.end && range.end <= map.len()).then_some(Bytes::Mapped { map, range })
+    }
+
+    /// A sub-range of these bytes, sharing the storage; `None` when it is
+    /// not inside them.
+    pub fn slice(&self, r: Range<usize>) -> Option<Bytes> {
+        if r.start > r.end || r.end > self.len() {
+            return None;
+        }
+        Some(match self {
+            Bytes::Owned(_) if r.start == 0 && r.end == self.len() => self.clone(),
+            Bytes::Owned(b) => Bytes::Owned(b[r].into()),
+            Bytes::Mapped { map, range } => Bytes::Mapped {
+                map: map.clone(),
+                range: range.start + r.start..range.start + r.end,
+            },
+        })
+    }
+
+    /// Whether the bytes live in a file mapping (resident only as read).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, Bytes::Mapped { .. })
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Self {
+        Bytes::Owned(v.into())
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(b) => b,
+            Bytes::Mapped { map, range } => &map[range.clone()],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_ranges_are_checked_and_sliced() {
+        let path = std::env::temp_dir().join(format!("specgate-bytes-{}", std::process::id()));
+        std::fs::write(&path, (0u8..100).collect::<Vec<_>>()).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: the file is ours and not modified while mapped.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.unwrap());
+        std::fs::remove_file(&path).unwrap();
+        assert!(Bytes::mapped(map.clone(), 90..101).is_none());
+        let b = Bytes::mapped(map, 10..30).unwrap();
+        assert_eq!(&b[..3], &[10, 11, 12]);
+        let s = b.slice(5..7).unwrap();
+        assert_eq!(&*s, &[15, 16]);
+        assert!(b.slice(19..21).is_none());
+        let o = Bytes::from(vec![1, 2, 3]);
+        assert_eq!(&*o.slice(1..3).unwrap(), &[2, 3]);
+        assert!(!o.is_mapped() && s.is_mapped());
+    }
+}
