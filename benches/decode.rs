@@ -7,7 +7,8 @@
 //!
 //! `for i in 1 2 3 4; do for s in 0 300; do SPECGATE_SPIN_US=$s cargo bench --bench decode; done; done`
 //!
-//! Arguments after `--`: model file (default the 1.5B target in the models
+//! Arguments after `--`: model file or Hugging Face directory (any family,
+//! hybrid Kimi K3 included; default the 1.5B target in the models
 //! directory), N, P.
 
 #[path = "../tests/common/models.rs"]
@@ -17,7 +18,7 @@ mod models;
 mod greedy;
 
 use greedy::greedy;
-use specgate_verify::model::load_gguf;
+use specgate_verify::model::load_model;
 use specgate_verify::KvPool;
 
 fn main() {
@@ -43,13 +44,13 @@ fn main() {
         );
         return;
     }
-    let model = load_gguf(&path).expect("load");
+    let model = load_model(&path).expect("load");
     model.warm_up().expect("warm up");
     let cfg = model.config().clone();
-    let prompt: Vec<u32> = (0..plen).map(|i| (i * 7919 + 13) % 30_000).collect();
+    let prompt: Vec<u32> = (0..plen).map(|i| (i * 7919 + 13) % cfg.vocab_size.min(30_000) as u32).collect();
     let blocks = (prompt.len() + n + 16).div_ceil(16);
     let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut pool = KvPool::new(&cfg, blocks, 16).expect("pool");
+    let mut pool = KvPool::for_model(&model, blocks, 16).expect("pool");
     let run = greedy(&model, &mut pool, &table, &prompt, n);
     let (mut ms, secs) = (run.ms, run.decode_secs);
     ms.sort_by(f64::total_cmp);

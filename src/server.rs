@@ -156,17 +156,37 @@ fn log_config(cfg: &Config) {
     tracing::info!(config = ?shown, "effective configuration");
 }
 
+/// This process's resident and peak resident memory in MiB (`VmRSS`,
+/// `VmHWM` of /proc/self/status; 0 where the system has no such file).
+fn memory_mib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
 /// Loads the target, the draft and the tokenizer, builds the grammar
 /// engine (`None`, with a warning, when the tokenizer does not allow one:
 /// structured output is then refused per request), and starts the engine.
 fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Grammars>)> {
     tracing::info!(model = %cfg.model.path.display(), "loading the target model");
+    let started = std::time::Instant::now();
     let target = load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
         .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
+    let load_secs = started.elapsed().as_secs_f64();
+    let (rss, peak) = memory_mib();
     target.warm_up()?;
     let kernels = specgate_verify::kernels::backend();
     tracing::info!(
         model = %cfg.model.path.display(),
+        load_secs = format!("{load_secs:.2}"),
+        rss_mib = rss,
+        peak_rss_mib = peak,
         served_model_name = %model_name(cfg),
         tensor_parallel_size = cfg.model.tensor_parallel_size,
         kernels = ?kernels,

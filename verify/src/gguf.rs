@@ -1,17 +1,61 @@
 //! A GGUF container reader that knows every tensor type id: header,
 //! metadata (as candle's [`Value`], so metadata consumers share one type)
-//! and tensor directory, with raw tensor bytes read on demand.
+//! and tensor directory, with tensor bytes served as views of one read-only
+//! memory mapping of the file ([`Bytes`]): nothing is copied or decoded
+//! until a loader asks, and a weight kept in its file format stays a view.
 //!
 //! candle's reader rejects a file as soon as one tensor has a type it does
 //! not know (MXFP4, id 39, which llama.cpp writes for Kimi K3's routed
 //! experts), so families whose files carry such tensors read them here.
 
 use crate::error::{Result, VerifyError};
+use crate::kernels::bytes::Bytes;
 use candle_core::quantized::gguf_file::Value;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// ggml type ids this crate names.
+pub mod types {
+    pub const F32: u32 = 0;
+    pub const F16: u32 = 1;
+    pub const Q4_0: u32 = 2;
+    pub const Q4_1: u32 = 3;
+    pub const Q5_0: u32 = 6;
+    pub const Q5_1: u32 = 7;
+    pub const Q8_0: u32 = 8;
+    pub const Q2_K: u32 = 10;
+    pub const Q3_K: u32 = 11;
+    pub const Q4_K: u32 = 12;
+    pub const Q5_K: u32 = 13;
+    pub const Q6_K: u32 = 14;
+    pub const BF16: u32 = 30;
+    pub const MXFP4: u32 = 39;
+}
+
+/// `(values per block, bytes per block)` of a ggml type id, for the types
+/// whose layout this reader knows (ggml's `type_traits` table).
+pub fn block_layout(dtype: u32) -> Option<(usize, usize)> {
+    use types::*;
+    Some(match dtype {
+        F32 => (1, 4),
+        F16 | BF16 => (1, 2),
+        Q4_0 => (32, 18),
+        Q4_1 => (32, 20),
+        Q5_0 => (32, 22),
+        Q5_1 => (32, 24),
+        Q8_0 => (32, 34),
+        Q2_K => (256, 84),
+        Q3_K => (256, 110),
+        Q4_K => (256, 144),
+        Q5_K => (256, 176),
+        Q6_K => (256, 210),
+        MXFP4 => (32, 17),
+        _ => return None,
+    })
+}
 
 /// One tensor's directory entry.
 #[derive(Debug, Clone)]
@@ -24,12 +68,16 @@ pub struct TensorInfo {
     pub offset: u64,
 }
 
-/// A GGUF file's metadata and tensor directory.
+/// A GGUF file's metadata, tensor directory and read-only mapping.
+///
+/// Invariant: the mapping is never written; a file replaced or truncated
+/// by another process while mapped is outside what a served model may see.
 pub struct Gguf {
     path: PathBuf,
     pub metadata: HashMap<String, Value>,
     pub tensors: HashMap<String, TensorInfo>,
     data_start: u64,
+    map: Arc<memmap2::Mmap>,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> VerifyError {
@@ -105,6 +153,12 @@ impl Gguf {
             path: path.to_path_buf(),
             source,
         })?;
+        // SAFETY: read-only mapping, never written (see the type's
+        // invariant).
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.map_err(|source| VerifyError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?);
         let mut c = Cursor {
             r: BufReader::new(f),
         };
@@ -158,7 +212,42 @@ impl Gguf {
             metadata,
             tensors,
             data_start,
+            map,
         })
+    }
+
+    /// The mapping of the whole file (for madvise and accounting).
+    pub fn mapping(&self) -> &Arc<memmap2::Mmap> {
+        &self.map
+    }
+
+    /// Tensor `name`'s directory entry and its bytes as a view of the
+    /// mapping, its length computed from its type and dims.
+    ///
+    /// Errors: no such tensor, a type whose layout is unknown, a row length
+    /// that is not whole blocks, or bytes past the end of the file.
+    pub fn tensor(&self, name: &str) -> Result<(TensorInfo, Bytes)> {
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
+        let (blk, bb) = block_layout(info.dtype).ok_or_else(|| {
+            VerifyError::BadConfig(format!(
+                "{}: tensor {name} has ggml type {}, whose layout this reader does not know",
+                self.path.display(),
+                info.dtype
+            ))
+        })?;
+        let row = info.dims.first().copied().unwrap_or(1);
+        if !row.is_multiple_of(blk) {
+            return Err(bad(
+                &self.path,
+                format!("tensor {name}: rows of {row} are not whole blocks of {blk}"),
+            ));
+        }
+        let n: usize = info.dims.iter().product();
+        let (_, b) = self.raw(name, n / blk * bb)?;
+        Ok((info.clone(), b))
     }
 
     /// The file this was read from.
@@ -166,24 +255,26 @@ impl Gguf {
         &self.path
     }
 
-    /// Raw bytes of tensor `name`, `len` bytes long (the caller knows its
-    /// type's size).
+    /// Bytes of tensor `name`, `len` bytes long (the caller knows its
+    /// type's size), as a view of the mapping.
     ///
-    /// Errors: no such tensor, or a read past the end of the file.
-    pub fn raw(&self, name: &str, len: usize) -> Result<(TensorInfo, Vec<u8>)> {
+    /// Errors: no such tensor, or bytes past the end of the file.
+    pub fn raw(&self, name: &str, len: usize) -> Result<(TensorInfo, Bytes)> {
         let info = self
             .tensors
             .get(name)
             .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?
             .clone();
-        let mut f = File::open(&self.path).map_err(|source| VerifyError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
-        let mut b = vec![0u8; len];
-        f.seek(SeekFrom::Start(self.data_start + info.offset))
-            .and_then(|_| f.read_exact(&mut b))
-            .map_err(|x| bad(&self.path, format!("tensor {name}: {x}")))?;
+        let start = (self.data_start + info.offset) as usize;
+        let b = start
+            .checked_add(len)
+            .and_then(|end| Bytes::mapped(self.map.clone(), start..end))
+            .ok_or_else(|| {
+                bad(
+                    &self.path,
+                    format!("tensor {name}: {len} bytes at {start} pass the end of the file"),
+                )
+            })?;
         Ok((info, b))
     }
 

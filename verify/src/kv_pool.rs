@@ -26,6 +26,20 @@
 
 use crate::error::{Result, VerifyError};
 use crate::kernels::vector::{exp, F32Ops};
+
+/// A slot's states after the rows of its latest verification of `rows`
+/// rows: row `i < rows - 1` in `buf[i * f..(i + 1) * f]` (the state with
+/// rows `0..=i` fed), the last row's being the slot's live state, so it is
+/// never copied. The buffer outlives the verification: the next one
+/// reuses it, and a step neither allocates nor zero-fills it.
+#[derive(Default)]
+struct RowStates {
+    /// Rows of the recorded verification; 0 when none is recorded (none
+    /// ran since the last commit).
+    rows: usize,
+    /// At least `(rows - 1) * state_floats` floats.
+    buf: Vec<f32>,
+}
 use crate::model::{Model, ModelConfig};
 
 /// Default token slots per block.
@@ -62,10 +76,9 @@ pub(crate) struct KvShard {
     state_floats: usize,
     /// `num_state_slots * state_floats` floats.
     states: Vec<f32>,
-    /// Per slot, the state after each row of its last multi-row
-    /// verification: `(rows, rows * state_floats floats)`, row `i` being the
-    /// state with rows `0..=i` fed. [`KvPool::keep_rows`] commits one.
-    row_states: std::collections::HashMap<u32, (usize, Vec<f32>)>,
+    /// Per slot, the states after the rows of its last multi-row
+    /// verification ([`RowStates`]). [`KvPool::keep_rows`] commits one.
+    row_states: std::collections::HashMap<u32, RowStates>,
 }
 
 impl KvPool {
@@ -204,8 +217,8 @@ impl KvPool {
     pub fn keep_rows(&mut self, slot: u32, rows: usize) -> Result<()> {
         // Every shard recorded the same rows: check once, apply to all.
         let n = match self.shards.first().and_then(|s| s.row_states.get(&slot)) {
-            Some((n, _)) => *n,
-            None => {
+            Some(r) if r.rows > 0 => r.rows,
+            _ => {
                 return Err(VerifyError::BadBatch(format!(
                     "no per-row states recorded for state slot {slot}"
                 )))
@@ -219,10 +232,11 @@ impl KvPool {
         }
         for shard in &mut self.shards {
             let f = shard.state_floats;
-            if let Some((_, snaps)) = shard.row_states.remove(&slot) {
+            if let Some(r) = shard.row_states.get_mut(&slot) {
+                r.rows = 0;
                 if rows < n {
                     let at = slot as usize * f;
-                    shard.states[at..at + f].copy_from_slice(&snaps[(rows - 1) * f..rows * f]);
+                    shard.states[at..at + f].copy_from_slice(&r.buf[(rows - 1) * f..rows * f]);
                 }
             }
         }
@@ -265,7 +279,9 @@ impl KvPool {
         for (s, x) in self.shards.iter_mut().zip(state) {
             let f = s.state_floats;
             s.states[slot as usize * f..(slot as usize + 1) * f].copy_from_slice(x);
-            s.row_states.remove(&slot);
+            if let Some(r) = s.row_states.get_mut(&slot) {
+                r.rows = 0;
+            }
         }
         Ok(())
     }
@@ -406,11 +422,33 @@ impl KvShard {
         &self.k[layer][off..off + self.head_dim]
     }
 
-    /// Records the per-row states of `slot`'s latest verification (see
-    /// [`KvPool::keep_rows`]); replaces what an earlier one left.
-    pub(crate) fn set_row_states(&mut self, slot: u32, rows: usize, states: Vec<f32>) {
-        debug_assert_eq!(states.len(), rows * self.state_floats);
-        self.row_states.insert(slot, (rows, states));
+    /// The buffer for the states after the first `rows - 1` rows of a
+    /// verification of `rows` rows in `slot` (see [`RowStates`]): the one
+    /// the slot's last verification used, grown if short (only the growth
+    /// is zero-filled). Forgets what that verification recorded; hand the
+    /// buffer back with [`KvShard::set_row_states`].
+    pub(crate) fn take_row_buffer(&mut self, slot: u32, rows: usize) -> Vec<f32> {
+        let need = rows.saturating_sub(1) * self.state_floats;
+        let mut buf = self
+            .row_states
+            .get_mut(&slot)
+            .map(|r| {
+                r.rows = 0;
+                std::mem::take(&mut r.buf)
+            })
+            .unwrap_or_default();
+        if buf.len() < need {
+            buf.resize(need, 0.0);
+        }
+        buf
+    }
+
+    /// Records `buf` (from [`KvShard::take_row_buffer`], the states after
+    /// rows `0..rows - 1` written) as `slot`'s latest verification of
+    /// `rows` rows (see [`KvPool::keep_rows`]).
+    pub(crate) fn set_row_states(&mut self, slot: u32, rows: usize, buf: Vec<f32>) {
+        debug_assert!(buf.len() >= rows.saturating_sub(1) * self.state_floats);
+        self.row_states.insert(slot, RowStates { rows, buf });
     }
 
     /// The recurrent state in `slot` (its layout is the model family's).

@@ -267,6 +267,27 @@ impl QWeight {
         })
     }
 
+    /// Repacks `n` rows of `k` values of GGUF block data in `format`.
+    ///
+    /// Errors (as a message): `k` not whole blocks, or a length that is not
+    /// `n` rows of them.
+    pub fn from_gguf(format: Format, data: &[u8], n: usize, k: usize) -> Result<QWeight, String> {
+        let nb = k / format.block_len();
+        if !k.is_multiple_of(format.block_len()) || data.len() != n * nb * format.block_bytes() {
+            return Err(format!(
+                "{format:?} [{n}, {k}] needs whole blocks and {} bytes, got {}",
+                n * nb * format.block_bytes(),
+                data.len()
+            ));
+        }
+        Ok(QWeight {
+            tiles: layout::repack(format, data, n, nb),
+            format,
+            n,
+            k,
+        })
+    }
+
     /// Output features.
     pub fn n(&self) -> usize {
         self.n

@@ -19,11 +19,12 @@ pub(crate) struct MlaDims {
     pub(crate) scale: f32,
 }
 
-/// Absorbed attention of one query row (`q`: this rank's heads, each
-/// `nope + rope`, RoPE applied) over positions `0..ctx` of a sequence's
-/// latent cache; writes `heads * v` floats to `out`.
+/// Absorbed attention of head `hh` of one query row (`q`: this rank's
+/// heads, each `nope + rope`, RoPE applied) over positions `0..ctx` of a
+/// sequence's latent cache; writes the head's `v` floats to `out`.
+/// `scratch` holds `(scores, q_lat, o_lat)` between calls.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_absorbed(
+fn attend_head(
     d: MlaDims,
     kv_b: &Dense,
     pool: &KvShard,
@@ -31,49 +32,50 @@ pub(crate) fn attend_absorbed(
     table: &[u32],
     ctx: usize,
     q: &[f32],
+    hh: usize,
     out: &mut [f32],
     scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>),
 ) {
     let (scores, q_lat, o_lat) = scratch;
     let qk = d.nope + d.rope;
     scores.resize(ctx, 0.0);
-    for hh in 0..d.heads {
-        let qn = &q[hh * qk..hh * qk + d.nope];
-        let qr = &q[hh * qk + d.nope..(hh + 1) * qk];
-        let base = hh * (d.nope + d.v);
-        // q_lat = W_UK^T q_nope: the query seen from the latent space.
-        q_lat.clear();
-        q_lat.resize(d.kvr, 0.0);
-        for (j, &a) in qn.iter().enumerate() {
-            axpy(a, kv_b.row(base + j), q_lat);
-        }
-        let mut max = f32::NEG_INFINITY;
-        for (t, s) in scores.iter_mut().enumerate() {
-            let row = pool.latent_row(layer, table, t);
-            *s = (dot(q_lat, &row[..d.kvr]) + dot(qr, &row[d.kvr..])) * d.scale;
-            max = max.max(*s);
-        }
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
-        o_lat.clear();
-        o_lat.resize(d.kvr, 0.0);
-        for (t, &s) in scores.iter().enumerate() {
-            axpy(s * inv, &pool.latent_row(layer, table, t)[..d.kvr], o_lat);
-        }
-        for j in 0..d.v {
-            out[hh * d.v + j] = dot(kv_b.row(base + d.nope + j), o_lat);
-        }
+    let qn = &q[hh * qk..hh * qk + d.nope];
+    let qr = &q[hh * qk + d.nope..(hh + 1) * qk];
+    let base = hh * (d.nope + d.v);
+    // q_lat = W_UK^T q_nope: the query seen from the latent space.
+    q_lat.clear();
+    q_lat.resize(d.kvr, 0.0);
+    for (j, &a) in qn.iter().enumerate() {
+        axpy(a, kv_b.row(base + j), q_lat);
+    }
+    let mut max = f32::NEG_INFINITY;
+    for (t, s) in scores.iter_mut().enumerate() {
+        let row = pool.latent_row(layer, table, t);
+        *s = (dot(q_lat, &row[..d.kvr]) + dot(qr, &row[d.kvr..])) * d.scale;
+        max = max.max(*s);
+    }
+    let mut sum = 0.0;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    o_lat.clear();
+    o_lat.resize(d.kvr, 0.0);
+    for (t, &s) in scores.iter().enumerate() {
+        axpy(s * inv, &pool.latent_row(layer, table, t)[..d.kvr], o_lat);
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot(kv_b.row(base + d.nope + j), o_lat);
     }
 }
 
-/// [`attend_absorbed`] for every row of a batch but those `skip` names, in
-/// parallel: row `r` (sequence `rows.seq[r]`, table `tables[..]`) attends
-/// positions `0..=rows.positions[r]` with its query `q[r]` (`heads * (nope
-/// + rope)` floats) into `out[r]` (`heads * v` floats).
+/// Absorbed attention for every row of a batch but those `skip` names:
+/// row `r` (sequence `rows.seq[r]`, table `tables[..]`) attends positions
+/// `0..=rows.positions[r]` with its query `q[r]` (`heads * (nope + rope)`
+/// floats) into `out[r]` (`heads * v` floats). Parallel over (row, head)
+/// pairs, so a single decode row still spreads its heads over the cores;
+/// each head's numbers are the same whichever thread computes them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_rows(
     d: MlaDims,
@@ -87,13 +89,14 @@ pub(crate) fn attend_rows(
     skip: impl Fn(usize) -> bool + Sync,
 ) {
     let qd = d.heads * (d.nope + d.rope);
-    out.par_chunks_mut(d.heads * d.v)
+    out.par_chunks_mut(d.v)
         .enumerate()
-        .filter(|(r, _)| !skip(*r))
+        .filter(|(i, _)| !skip(i / d.heads))
         .for_each_init(
             || (Vec::new(), Vec::new(), Vec::new()),
-            |scratch, (r, o)| {
-                attend_absorbed(
+            |scratch, (i, o)| {
+                let (r, hh) = (i / d.heads, i % d.heads);
+                attend_head(
                     d,
                     kv_b,
                     pool,
@@ -101,6 +104,7 @@ pub(crate) fn attend_rows(
                     tables[rows.seq[r]],
                     rows.positions[r] + 1,
                     &q[r * qd..(r + 1) * qd],
+                    hh,
                     o,
                     scratch,
                 )

@@ -22,6 +22,7 @@ mod deepseek;
 mod dense;
 mod kimi_k3;
 mod linear;
+mod stored;
 mod llama;
 mod loader;
 mod mla;

@@ -7,7 +7,6 @@
 //! without `'static` bounds, channels or unsafe code; spawning costs tens of
 //! microseconds per rank against milliseconds per forward.
 
-use super::dense::Dense;
 use super::ops::rms_norm;
 use super::rows::Rows;
 use super::shard::balanced;
@@ -113,10 +112,10 @@ pub(crate) fn assemble_vocab(
     logits
 }
 
-/// The output head of the families with row-wise f32 weights ([`Dense`]):
-/// the final RMSNorm of the rows that asked for logits (`x` is `[rows,
-/// hidden]`), this rank's vocabulary rows (the [`balanced`] split, as
-/// loaded), all-gathered into `[logit rows, vocab]`.
+/// The output head of the families whose forward runs on f32 slices: the
+/// final RMSNorm of the rows that asked for logits (`x` is `[rows,
+/// hidden]`), `lm_head` (this rank's vocabulary rows, the [`balanced`]
+/// split, as loaded), all-gathered into `[logit rows, vocab]`.
 ///
 /// Errors: a failed all-gather.
 #[allow(clippy::too_many_arguments)]
@@ -125,7 +124,7 @@ pub(crate) fn dense_head(
     hidden: usize,
     rows: &Rows,
     norm: &[f32],
-    lm_head: &Dense,
+    lm_head: impl Fn(&[f32]) -> Result<Vec<f32>>,
     eps: f32,
     comm: &dyn Communicator,
     vocab: usize,
@@ -137,7 +136,7 @@ pub(crate) fn dense_head(
         .flat_map(|&r| &x[r as usize * hidden..(r as usize + 1) * hidden])
         .copied()
         .collect();
-    let local = lm_head.forward(&rms_norm(&picked, norm, eps));
+    let local = lm_head(&rms_norm(&picked, norm, eps))?;
     let logits = if comm.world_size() == 1 {
         local
     } else {

@@ -7,6 +7,8 @@ use super::{yarn_mscale, Attention, DsLayer, Ffn, MlaPrefill, Mlp, Moe, Query, R
 use crate::error::{Result, VerifyError};
 use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
 use crate::model::dense::Dense;
+use crate::model::linear::Linear;
+use crate::model::stored::{ggml_type_of, Stored};
 use crate::model::loader::{json_usize, SafetensorsWeights};
 use crate::model::shard::{balanced, even_split};
 use crate::model::{Body, Model};
@@ -231,18 +233,53 @@ impl Tensors<'_> {
             .to_vec1::<f32>()?)
     }
 
-    /// Rows `r` of the `[out, inp]` matrix `name`.
-    fn rows(&self, name: &str, out: usize, inp: usize, r: std::ops::Range<usize>) -> Result<Dense> {
+    /// Rows `r` and columns `c` of the `[out, inp]` matrix `name`, kept
+    /// in the file's format (only those rows' bytes are copied out of the
+    /// mapping).
+    fn part(
+        &self,
+        name: &str,
+        (out, inp): (usize, usize),
+        r: std::ops::Range<usize>,
+        c: std::ops::Range<usize>,
+    ) -> Result<Linear> {
         let name = format!("{name}.weight");
-        let w = self.st.rows(&name, (out, inp), r.clone())?;
-        Ok(Dense::new(w.flatten_all()?.to_vec1::<f32>()?, r.len(), inp))
+        let (data, dtype) = self.st.raw(&name, &[out, inp])?;
+        let t = ggml_type_of(dtype)
+            .ok_or_else(|| VerifyError::BadConfig(format!("{name}: {dtype:?} is not a weight type")))?;
+        if r.start > r.end || r.end > out {
+            return Err(VerifyError::BadConfig(format!("{name}: rows {r:?} outside {out}")));
+        }
+        let row = data.len() / out.max(1);
+        let rows = data[r.start * row..r.end * row].to_vec();
+        let n = r.len();
+        Stored::new(&name, t, rows.into(), n, inp)?
+            .select(0..n, c)?
+            .into_linear()
+    }
+
+    /// Rows `r` of the `[out, inp]` matrix `name`.
+    fn rows(&self, name: &str, out: usize, inp: usize, r: std::ops::Range<usize>) -> Result<Linear> {
+        self.part(name, (out, inp), r, 0..inp)
     }
 
     /// Columns `c` of the `[out, inp]` matrix `name`.
-    fn cols(&self, name: &str, out: usize, inp: usize, c: std::ops::Range<usize>) -> Result<Dense> {
+    fn cols(&self, name: &str, out: usize, inp: usize, c: std::ops::Range<usize>) -> Result<Linear> {
+        self.part(name, (out, inp), 0..out, c)
+    }
+
+    /// Rows `r` of the `[out, inp]` matrix `name` in f32 (the latent
+    /// `kv_b`, which the absorbed attention reads row by row).
+    fn dense_rows(
+        &self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        r: std::ops::Range<usize>,
+    ) -> Result<Dense> {
         let name = format!("{name}.weight");
-        let w = self.st.cols(&name, (out, inp), c.clone())?;
-        Ok(Dense::new(w.flatten_all()?.to_vec1::<f32>()?, out, c.len()))
+        let w = self.st.rows(&name, (out, inp), r.clone())?;
+        Ok(Dense::new(w.flatten_all()?.to_vec1::<f32>()?, r.len(), inp))
     }
 
     /// Column-parallel gate/up, row-parallel down, over `f` of `ff`.
@@ -268,7 +305,11 @@ pub(crate) fn load(
         .into_iter()
         .map(|c| load_rank(weights, &cfg, c))
         .collect::<Result<Vec<_>>>()?;
-    let weight_bytes = decode_weight_bytes(&cfg);
+    // Values are stored at the checkpoint's width (the head's stands for
+    // every matrix: the family's checkpoints use one float type).
+    let head = &ranks[0].lm_head;
+    let per_value = head.weight_bytes() / (head.out_features()? * head.in_features()?).max(1);
+    let weight_bytes = decode_weight_values(&cfg) * per_value.max(1);
     Ok(Model {
         cfg,
         body: Body::Deepseek(ranks),
@@ -330,7 +371,7 @@ fn load_rank(
                 0..kvr + rope,
             )?,
             kv_a_norm: t.take(&format!("{a}.kv_a_layernorm.weight"), &[kvr])?,
-            kv_b: t.rows(
+            kv_b: t.dense_rows(
                 &format!("{a}.kv_b_proj"),
                 nh * (nope + vd),
                 kvr,
@@ -424,10 +465,11 @@ fn softmax_scale(cfg: &ModelConfig) -> f32 {
     s as f32
 }
 
-/// Bytes of f32 weights one decode step reads, whole model: every
+/// Weights one decode step reads, whole model: every
 /// attention and dense matrix, the shared and `num_experts_per_tok` routed
-/// experts per MoE layer, the router, the head and one embedding row.
-fn decode_weight_bytes(cfg: &ModelConfig) -> usize {
+/// experts per MoE layer, the router, the head and one embedding row:
+/// their number of values.
+fn decode_weight_values(cfg: &ModelConfig) -> usize {
     let m = cfg.mla.as_ref().expect("validated");
     let (h, nh) = (cfg.hidden_size, cfg.num_heads);
     let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
@@ -450,7 +492,7 @@ fn decode_weight_bytes(cfg: &ModelConfig) -> usize {
             _ => 3 * h * cfg.intermediate_size,
         })
         .sum();
-    (cfg.num_layers * attn + ffn + cfg.vocab_size * h + 2 * h) * 4
+    cfg.num_layers * attn + ffn + cfg.vocab_size * h + 2 * h
 }
 
 #[cfg(test)]

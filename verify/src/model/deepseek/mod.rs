@@ -26,8 +26,10 @@
 //!
 //! Config parsing and the sharded loading live in `load.rs`.
 //!
-//! Every matrix product goes through [`Dense`], a row-wise kernel: row r of
-//! a result depends only on row r of the input, bit for bit, so a token is
+//! Every matrix is a [`Linear`] kept in the checkpoint's format (BF16 stays
+//! BF16) on a batch-invariant kernel (the latent `kv_b`, read one weight
+//! row at a time by the absorbed attention, is f32): row r of a result
+//! depends only on row r of the input, bit for bit, so a token is
 //! scored identically in a one-row decode step, a k+1-row verification and
 //! any batch around it, and the routed experts, which see a different set
 //! of rows in every batch, stay batch-invariant too. Greedy speculative
@@ -35,6 +37,7 @@
 
 use super::config::{ModelConfig, MoeConfig, RopeStyle};
 use super::dense::Dense;
+use super::linear::{forward_many, Linear};
 use super::mla::{attend_rows, MlaDims as Dims};
 use super::moe::route;
 use super::ops::{rms_norm, silu};
@@ -66,40 +69,42 @@ pub enum MlaPrefill {
 }
 
 struct Mlp {
-    gate: Dense,
-    up: Dense,
-    down: Dense,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
 }
 
 impl Mlp {
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let g = self.gate.forward(x);
-        let u = self.up.forward(x);
+    fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let (n, k) = (self.gate.out_features()?, self.gate.in_features()?);
+        let rows = x.len() / k;
+        let (mut g, mut u) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+        forward_many(&[&self.gate, &self.up], x, rows, &mut [&mut g, &mut u])?;
         let a: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-        self.down.forward(&a)
+        self.down.apply(&a)
     }
 }
 
 enum Query {
-    Full(Dense),
-    LowRank { a: Dense, norm: Vec<f32>, b: Dense },
+    Full(Linear),
+    LowRank { a: Linear, norm: Vec<f32>, b: Linear },
 }
 
 struct Attention {
     q: Query,
     /// hidden -> kv_lora_rank + qk_rope_head_dim (replicated).
-    kv_a: Dense,
+    kv_a: Linear,
     kv_a_norm: Vec<f32>,
     /// This rank's heads' rows of kv_b_proj: per head `qk_nope_head_dim`
     /// rows of W_UK then `v_head_dim` rows of W_UV, each `kv_lora_rank` wide.
     kv_b: Dense,
     /// Columns of this rank's heads.
-    o: Dense,
+    o: Linear,
 }
 
 struct Moe {
     /// `[n_routed_experts, hidden]`, replicated so every rank routes alike.
-    router: Dense,
+    router: Linear,
     bias: Vec<f32>,
     /// The experts this rank holds, ascending by expert index.
     experts: Vec<(usize, Mlp)>,
@@ -132,7 +137,7 @@ pub(crate) struct Weights {
     layers: Vec<DsLayer>,
     norm: Vec<f32>,
     /// This rank's vocabulary rows.
-    lm_head: Dense,
+    lm_head: Linear,
     rope: Rope,
     softmax_scale: f32,
     local_heads: usize,
@@ -219,15 +224,15 @@ impl Rope {
 
 impl Moe {
     /// This rank's part of the MoE output for rows `x` (`[n, hidden]`).
-    fn forward(&self, x: &[f32], hidden: usize, cfg: &MoeConfig) -> Vec<f32> {
+    fn forward(&self, x: &[f32], hidden: usize, cfg: &MoeConfig) -> Result<Vec<f32>> {
         let n = x.len() / hidden;
         let ne = cfg.n_routed_experts;
-        let logits = self.router.forward(x);
+        let logits = self.router.apply(x)?;
         let chosen: Vec<Vec<(usize, f32)>> = (0..n)
             .map(|r| route(&logits[r * ne..(r + 1) * ne], &self.bias, cfg))
             .collect();
         let mut out = match &self.shared {
-            Some(s) => s.forward(x),
+            Some(s) => s.forward(x)?,
             None => vec![0.0; n * hidden],
         };
         // Experts in ascending order, so each row's sum has one fixed order.
@@ -248,7 +253,7 @@ impl Moe {
                 .flat_map(|&r| &x[r * hidden..(r + 1) * hidden])
                 .copied()
                 .collect();
-            let y = mlp.forward(&input);
+            let y = mlp.forward(&input)?;
             for (j, (&r, &w)) in rows.iter().zip(&wts).enumerate() {
                 axpy(
                     w,
@@ -257,7 +262,7 @@ impl Moe {
                 );
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -377,10 +382,10 @@ fn forward_rank(
         let h = rms_norm(&x, &layer.attn_norm, eps);
         let a = &layer.attn;
         let mut q = match &a.q {
-            Query::Full(p) => p.forward(&h),
-            Query::LowRank { a, norm, b } => b.forward(&rms_norm(&a.forward(&h), norm, eps)),
+            Query::Full(p) => p.apply(&h)?,
+            Query::LowRank { a, norm, b } => b.apply(&rms_norm(&a.apply(&h)?, norm, eps))?,
         };
-        let mut lat = a.kv_a.forward(&h);
+        let mut lat = a.kv_a.apply(&h)?;
         for r in 0..n {
             let pos = rows.positions[r];
             let row = &mut lat[r * lw..(r + 1) * lw];
@@ -414,14 +419,14 @@ fn forward_rank(
                 &mut attn[e.start * d.heads * d.v..e.end * d.heads * d.v],
             );
         }
-        let mut o = a.o.forward(&attn);
+        let mut o = a.o.apply(&attn)?;
         w.comm.all_reduce_sum(&mut o)?;
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
 
         let h = rms_norm(&x, &layer.ffn_norm, eps);
         let mut f = match &layer.ffn {
-            Ffn::Dense(m) => m.forward(&h),
-            Ffn::Moe(m) => m.forward(&h, hidden, cfg.moe.as_ref().expect("MoE layer has config")),
+            Ffn::Dense(m) => m.forward(&h)?,
+            Ffn::Moe(m) => m.forward(&h, hidden, cfg.moe.as_ref().expect("MoE layer has config"))?,
         };
         w.comm.all_reduce_sum(&mut f)?;
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
@@ -431,7 +436,7 @@ fn forward_rank(
         hidden,
         rows,
         &w.norm,
-        &w.lm_head,
+        |x| w.lm_head.apply(x),
         eps,
         w.comm.as_ref(),
         cfg.vocab_size,

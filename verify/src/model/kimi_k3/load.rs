@@ -2,15 +2,17 @@
 //! model under `text_config`) or from llama.cpp `kimi-k3` GGUF metadata,
 //! and one rank's shard of its weights from either source.
 //!
-//! Both sources are read through [`Source`], which hands out every tensor
-//! as f32 in the Hugging Face layout (`[out, in]` row-major); the GGUF
-//! side undoes llama.cpp's conversions (`ssm_a = -exp(A_log)`, `kv_b`
-//! split into `k_b` transposed and `v_b`, experts stacked, attention
-//! residual norm and projection fused into one score vector), and the HF
-//! side fuses the residual pair the same way and decodes the MXFP4
-//! experts. Ranks then slice what they hold out of the whole tensors: the
-//! tiny checkpoints this loads today fit easily; a full-size K3 needs
-//! sliced reads and packed MXFP4 kernels (see BENCHMARKS.md).
+//! Both sources are read through [`Source`], in the Hugging Face layout
+//! (`[out, in]` row-major). Matrices come out as [`Stored`] weights in the
+//! file's own format, sliced to the rank's rows, columns or experts
+//! without decoding (GGUF: views of the file's mapping; experts are views
+//! into the stacked tensors), and become [`Linear`]s on the kernel for
+//! that format. Vectors (norms, biases, conv taps) and the small latent
+//! `kv_b` of the MLA layers are decoded to f32. The GGUF side undoes
+//! llama.cpp's conversions (`ssm_a = -exp(A_log)`, `kv_b` split into `k_b`
+//! transposed and `v_b`, experts stacked, attention residual norm and
+//! projection fused into one score vector); the HF side fuses the residual
+//! pair the same way and keeps MXFP4 experts packed.
 
 use super::{
     Ablation, Expert, ExpertMat, Ffn, GatedMla, K3Config, K3Layer, Kda, LatentMoe, Mixer, Query,
@@ -18,10 +20,12 @@ use super::{
 };
 use crate::error::{Result, VerifyError};
 use crate::gguf::Gguf;
-use crate::kernels::mxfp4::{self, Mxfp4Matrix};
+use crate::kernels::mxfp4::Mxfp4Matrix;
 use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle};
 use crate::model::dense::Dense;
+use crate::model::linear::Linear;
 use crate::model::loader::SafetensorsWeights;
+use crate::model::stored::{ggml_type_of, Stored};
 use crate::model::shard::{balanced, even_split};
 use crate::model::{Body, Model};
 use crate::tp::Communicator;
@@ -328,7 +332,7 @@ pub(crate) fn config_from_gguf(g: &Gguf) -> Result<(ModelConfig, K3Config)> {
     Ok((cfg, k3))
 }
 
-/// Where the weights come from; every getter returns f32 in the HF layout.
+/// Where the weights come from, read in the HF layout.
 enum Source<'a> {
     Hf(&'a SafetensorsWeights, &'static str),
     Gguf(&'a Gguf),
@@ -409,6 +413,57 @@ impl Source<'_> {
         }
     }
 
+    /// Matrix `n`, `[out, inp]` in the HF layout, as stored; `rows` of it
+    /// only (the HF side copies just those rows out of its mapping).
+    fn stored(&self, n: &Name, out: usize, inp: usize, rows: Range<usize>) -> Result<Stored> {
+        match self {
+            Source::Gguf(g) => {
+                let name = Self::gguf_name(n);
+                let (info, bytes) = g.tensor(&name)?;
+                if info.dims != [inp, out] {
+                    return Err(VerifyError::BadTensorShape {
+                        name,
+                        got: info.dims,
+                        expected: vec![inp, out],
+                    });
+                }
+                Stored::new(&name, info.dtype, bytes, out, inp)?.select(rows, 0..inp)
+            }
+            Source::Hf(st, _) => {
+                let name = self.hf_name(n);
+                let (data, dtype) = st.raw(&name, &[out, inp])?;
+                let t = ggml_type_of(dtype)
+                    .ok_or_else(|| bad(format!("{name}: {dtype:?} is not a weight type")))?;
+                let row = data.len() / out.max(1);
+                if rows.end > out || rows.start > rows.end {
+                    return Err(bad(format!("{name}: rows {rows:?} outside {out}")));
+                }
+                let part = data[rows.start * row..rows.end * row].to_vec();
+                Stored::new(&name, t, part.into(), rows.len(), inp)
+            }
+        }
+    }
+
+    /// Rows `r` and columns `c` of matrix `n` (`[out, inp]`) on the kernel
+    /// for its stored format.
+    fn mat(
+        &self,
+        n: &Name,
+        (out, inp): (usize, usize),
+        r: Range<usize>,
+        c: Range<usize>,
+    ) -> Result<Linear> {
+        let rows = r.len();
+        self.stored(n, out, inp, r)?
+            .select(0..rows, c)?
+            .into_linear()
+    }
+
+    /// The whole matrix `n` (`[out, inp]`), as stored.
+    fn full(&self, n: &Name, out: usize, inp: usize) -> Result<Linear> {
+        self.mat(n, (out, inp), 0..out, 0..inp)
+    }
+
     /// An attention-residual score vector: the GGUF's fused one, or the
     /// checkpoint's `{p}_norm * {p}_proj`.
     fn res_score(
@@ -453,8 +508,9 @@ impl Source<'_> {
         }
     }
 
-    /// Routed expert `e`'s `which` (w1 gate, w2 down, w3 up), `[out, inp]`:
-    /// MXFP4 stays packed, anything else becomes f32.
+    /// Routed expert `e`'s `which` (w1 gate, w2 down, w3 up), `[out, inp]`,
+    /// as stored: MXFP4 stays packed (a view into the GGUF's stacked
+    /// tensor; the HF checkpoint's packing is repacked to ggml blocks).
     fn expert(
         &self,
         l: usize,
@@ -463,7 +519,7 @@ impl Source<'_> {
         which: &str,
         out: usize,
         inp: usize,
-    ) -> Result<ExpertMat> {
+    ) -> Result<Linear> {
         match self {
             Source::Hf(st, p) => {
                 let base = format!("{p}model.layers.{l}.block_sparse_moe.experts.{e}.{which}");
@@ -472,14 +528,11 @@ impl Source<'_> {
                     let pk = st.bytes(&packed, &[out, inp / 2])?;
                     let sc = st.bytes(&format!("{base}.weight_scale"), &[out, inp / 32])?;
                     Mxfp4Matrix::from_packed(pk, sc, out, inp)
-                        .map(ExpertMat::Packed)
+                        .map(Linear::from_mxfp4)
                         .map_err(|m| bad(format!("{base}: {m}")))
                 } else {
-                    let w = st
-                        .tensor(&format!("{base}.weight"), &[out, inp])?
-                        .flatten_all()?
-                        .to_vec1::<f32>()?;
-                    Ok(ExpertMat::Dense(dense(w, out, inp)))
+                    let hf = format!("block_sparse_moe.experts.{e}.{which}.weight");
+                    self.full(&lay(l, &hf, ""), out, inp)
                 }
             }
             Source::Gguf(g) => {
@@ -489,31 +542,17 @@ impl Source<'_> {
                     _ => "ffn_up_exps",
                 };
                 let name = format!("blk.{l}.{gname}.weight");
-                let info = g
-                    .tensors
-                    .get(&name)
-                    .ok_or_else(|| VerifyError::MissingTensor(name.clone()))?;
+                let (info, bytes) = g.tensor(&name)?;
                 if info.dims != [inp, out, n_exp] {
                     return Err(VerifyError::BadTensorShape {
                         name,
-                        got: info.dims.clone(),
+                        got: info.dims,
                         expected: vec![inp, out, n_exp],
                     });
                 }
-                if info.dtype == mxfp4::GGML_TYPE_MXFP4 {
-                    let per = out * inp / 32 * mxfp4::BLOCK_BYTES;
-                    let (_, all) = g.raw(&name, n_exp * per)?;
-                    Mxfp4Matrix::from_ggml(all[e * per..(e + 1) * per].to_vec(), out, inp)
-                        .map(ExpertMat::Packed)
-                        .map_err(|m| bad(format!("{name}: {m}")))
-                } else {
-                    let (_, all) = g.f32_tensor(&name)?;
-                    Ok(ExpertMat::Dense(dense(
-                        all[e * out * inp..(e + 1) * out * inp].to_vec(),
-                        out,
-                        inp,
-                    )))
-                }
+                Stored::new(&name, info.dtype, bytes, n_exp * out, inp)?
+                    .select(e * out..(e + 1) * out, 0..inp)?
+                    .into_linear()
             }
         }
     }
@@ -539,21 +578,6 @@ impl Source<'_> {
     }
 }
 
-fn dense(w: Vec<f32>, out: usize, inp: usize) -> Dense {
-    Dense::new(w, out, inp)
-}
-
-fn rows_of(w: &[f32], inp: usize, r: Range<usize>) -> Dense {
-    Dense::new(w[r.start * inp..r.end * inp].to_vec(), r.len(), inp)
-}
-
-fn cols_of(w: &[f32], out: usize, inp: usize, c: Range<usize>) -> Dense {
-    let v = (0..out)
-        .flat_map(|o| w[o * inp + c.start..o * inp + c.end].iter().copied())
-        .collect();
-    Dense::new(v, out, c.len())
-}
-
 /// A SiTU MLP's column slice `f` of width `ff`.
 fn situ_mlp(
     src: &Source,
@@ -573,14 +597,247 @@ fn situ_mlp(
     let (gh, gq) = n("gate", "gate");
     let (uh, uq) = n("up", "up");
     let (dh, dq) = n("down", "down");
-    let gate = src.get(&lay(l, &gh, &gq), ff * h)?;
-    let up = src.get(&lay(l, &uh, &uq), ff * h)?;
-    let down = src.get(&lay(l, &dh, &dq), h * ff)?;
     Ok(SituMlp {
-        gate: rows_of(&gate, h, f.clone()),
-        up: rows_of(&up, h, f.clone()),
-        down: cols_of(&down, h, ff, f),
+        gate: src.mat(&lay(l, &gh, &gq), (ff, h), f.clone(), 0..h)?,
+        up: src.mat(&lay(l, &uh, &uq), (ff, h), f.clone(), 0..h)?,
+        down: src.mat(&lay(l, &dh, &dq), (h, ff), 0..h, f)?,
     })
+}
+
+/// What one rank holds of the model's widths.
+struct Split {
+    h: usize,
+    /// This rank's KDA heads and their channels.
+    kheads: Range<usize>,
+    chans: Range<usize>,
+    /// This rank's MLA heads.
+    mheads: Range<usize>,
+}
+
+/// Layer `l`'s gated MLA mixer, this rank's heads.
+fn mla_mixer(src: &Source, cfg: &ModelConfig, sp: &Split, l: usize) -> Result<Mixer> {
+    let (h, mheads) = (sp.h, sp.mheads.clone());
+    let mla = cfg.mla.as_ref().expect("validated");
+    let (nope, rope, v, kvr) = (
+        mla.qk_nope_head_dim,
+        mla.qk_rope_head_dim,
+        mla.v_head_dim,
+        mla.kv_lora_rank,
+    );
+    let qk = nope + rope;
+    let nh = cfg.num_heads;
+    let q = match mla.q_lora_rank {
+        Some(r) => Query::LowRank {
+            a: src.full(&lay(l, "self_attn.q_a_proj.weight", "attn_q_a.weight"), r, h)?,
+            norm: src.get(
+                &lay(l, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
+                r,
+            )?,
+            b: src.mat(
+                &lay(l, "self_attn.q_b_proj.weight", "attn_q_b.weight"),
+                (nh * qk, r),
+                mheads.start * qk..mheads.end * qk,
+                0..r,
+            )?,
+        },
+        None => Query::Full(src.mat(
+            &lay(l, "self_attn.q_proj.weight", "attn_q.weight"),
+            (nh * qk, h),
+            mheads.start * qk..mheads.end * qk,
+            0..h,
+        )?),
+    };
+    let kv_b = src.kv_b(l, nh, nope, v, kvr)?;
+    let per = nope + v;
+    let gate_name = lay(l, "self_attn.g_proj.weight", "attn_gate.weight");
+    let gate = if src.has(&gate_name) {
+        Some(src.mat(&gate_name, (nh * v, h), mheads.start * v..mheads.end * v, 0..h)?)
+    } else {
+        None
+    };
+    Ok(Mixer::Mla(GatedMla {
+        q,
+        kv_a: src.full(
+            &lay(
+                l,
+                "self_attn.kv_a_proj_with_mqa.weight",
+                "attn_kv_a_mqa.weight",
+            ),
+            kvr + rope,
+            h,
+        )?,
+        kv_a_norm: src.get(
+            &lay(
+                l,
+                "self_attn.kv_a_layernorm.weight",
+                "attn_kv_a_norm.weight",
+            ),
+            kvr,
+        )?,
+        kv_b: Dense::new(
+            kv_b[mheads.start * per * kvr..mheads.end * per * kvr].to_vec(),
+            mheads.len() * per,
+            kvr,
+        ),
+        gate,
+        o: src.mat(
+            &lay(l, "self_attn.o_proj.weight", "attn_output.weight"),
+            (h, nh * v),
+            0..h,
+            mheads.start * v..mheads.end * v,
+        )?,
+        heads: mheads.len(),
+    }))
+}
+
+/// Layer `l`'s KDA mixer, this rank's heads.
+fn kda_mixer(src: &Source, k3: &K3Config, sp: &Split, l: usize) -> Result<Mixer> {
+    let (h, kheads, chans) = (sp.h, sp.kheads.clone(), sp.chans.clone());
+    let (hd, kh) = (k3.kda_head_dim, k3.kda_heads);
+    let c = kh * hd;
+    let kernel = k3.conv_kernel;
+    let conv = |hf: &str, g: &str| -> Result<Vec<f32>> {
+        let w = src.get(&lay(l, hf, g), c * kernel)?;
+        Ok(w[chans.start * kernel..chans.end * kernel].to_vec())
+    };
+    let a = match src {
+        Source::Gguf(_) => src
+            .get(&lay(l, "", "ssm_a"), kh)?
+            .iter()
+            .map(|x| -x)
+            .collect::<Vec<_>>(),
+        Source::Hf(st, _) => {
+            let n = lay(l, "self_attn.A_log", "");
+            let name = src.hf_name(&n);
+            let len = st.shape_of(&name).map(|s| s.iter().product()).unwrap_or(0);
+            let raw = src.get(&n, len)?;
+            if raw.len() < kh {
+                return Err(bad(format!(
+                    "{name} has {} entries for {kh} heads",
+                    raw.len()
+                )));
+            }
+            raw[..kh].iter().map(|x| x.exp()).collect()
+        }
+    };
+    let dt = src.get(&lay(l, "self_attn.dt_bias", "ssm_dt.bias"), c)?;
+    let chan_rows = |hf: &str, g: &str| src.mat(&lay(l, hf, g), (c, h), chans.clone(), 0..h);
+    Ok(Mixer::Kda(Kda {
+        q: chan_rows("self_attn.q_proj.weight", "attn_q.weight")?,
+        k: chan_rows("self_attn.k_proj.weight", "attn_k.weight")?,
+        v: chan_rows("self_attn.v_proj.weight", "attn_v.weight")?,
+        q_conv: conv("self_attn.q_conv1d.weight", "ssm_conv1d_q.weight")?,
+        k_conv: conv("self_attn.k_conv1d.weight", "ssm_conv1d_k.weight")?,
+        v_conv: conv("self_attn.v_conv1d.weight", "ssm_conv1d_v.weight")?,
+        f_a: src.full(&lay(l, "self_attn.f_a_proj.weight", "ssm_f_a.weight"), hd, h)?,
+        f_b: src.mat(
+            &lay(l, "self_attn.f_b_proj.weight", "ssm_f_b.weight"),
+            (c, hd),
+            chans.clone(),
+            0..hd,
+        )?,
+        beta: src.mat(
+            &lay(l, "self_attn.b_proj.weight", "ssm_beta.weight"),
+            (kh, h),
+            kheads.clone(),
+            0..h,
+        )?,
+        a: a[kheads.clone()].to_vec(),
+        dt_bias: dt[chans.clone()].to_vec(),
+        g: chan_rows("self_attn.g_proj.weight", "ssm_g.weight")?,
+        o_norm: src.get(&lay(l, "self_attn.o_norm.weight", "ssm_norm.weight"), hd)?,
+        o: src.mat(
+            &lay(l, "self_attn.o_proj.weight", "attn_output.weight"),
+            (h, c),
+            0..h,
+            chans.clone(),
+        )?,
+        heads: kheads.len(),
+    }))
+}
+
+/// Layer `l`'s latent MoE: this rank's experts (`e % world == rank`) and
+/// shared-expert columns; router and latent projections replicated.
+fn moe_ffn(
+    src: &Source,
+    cfg: &ModelConfig,
+    k3: &K3Config,
+    l: usize,
+    (rank, world): (usize, usize),
+) -> Result<Ffn> {
+    let h = cfg.hidden_size;
+    let moe = cfg.moe.as_ref().expect("validated");
+    let (ne, mi) = (moe.n_routed_experts, moe.moe_intermediate_size);
+    let lat = k3.latent.unwrap_or(h);
+    let mut experts = Vec::new();
+    for e in (0..ne).filter(|e| e % world == rank) {
+        experts.push((
+            e,
+            Expert {
+                gate: src.expert(l, e, ne, "w1", mi, lat)?,
+                up: src.expert(l, e, ne, "w3", mi, lat)?,
+                down: src.expert(l, e, ne, "w2", lat, mi)?,
+            },
+        ));
+    }
+    let sff = mi * moe.n_shared_experts;
+    let shared = if moe.n_shared_experts > 0 {
+        Some(situ_mlp(
+            src,
+            l,
+            "block_sparse_moe.shared_experts",
+            "_shexp",
+            h,
+            sff,
+            even_split("shared experts", sff, world, rank)?,
+        )?)
+    } else {
+        None
+    };
+    let latent = k3.latent.is_some();
+    let down_name = lay(
+        l,
+        "block_sparse_moe.routed_expert_down_proj.weight",
+        "ffn_routed_down.weight",
+    );
+    let up_name = lay(
+        l,
+        "block_sparse_moe.routed_expert_up_proj.weight",
+        "ffn_routed_up.weight",
+    );
+    Ok(Ffn::Moe(LatentMoe {
+        router: src.full(
+            &lay(l, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
+            ne,
+            h,
+        )?,
+        bias: src.get(
+            &lay(
+                l,
+                "block_sparse_moe.gate.e_score_correction_bias",
+                "exp_probs_b.bias",
+            ),
+            ne,
+        )?,
+        down: latent
+            .then(|| src.full(&down_name, lat, h))
+            .transpose()?,
+        experts,
+        norm: if latent {
+            src.opt(
+                &lay(
+                    l,
+                    "block_sparse_moe.routed_expert_norm.weight",
+                    "ffn_routed_norm.weight",
+                ),
+                lat,
+            )?
+        } else {
+            None
+        },
+        up: latent.then(|| src.full(&up_name, h, lat)).transpose()?,
+        shared,
+    }))
 }
 
 fn load_rank(
@@ -591,193 +848,26 @@ fn load_rank(
 ) -> Result<Weights> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let h = cfg.hidden_size;
-    let mla = cfg.mla.as_ref().expect("validated");
     let moe = cfg.moe.as_ref().expect("validated");
-    let (hd, kh) = (k3.kda_head_dim, k3.kda_heads);
-    let kheads = even_split("KDA heads", kh, world, rank)?;
-    let mheads = even_split("MLA heads", cfg.num_heads, world, rank)?;
-    let chans = kheads.start * hd..kheads.end * hd;
-    let c = kh * hd;
+    let hd = k3.kda_head_dim;
+    let kheads = even_split("KDA heads", k3.kda_heads, world, rank)?;
+    let sp = Split {
+        h,
+        chans: kheads.start * hd..kheads.end * hd,
+        kheads,
+        mheads: even_split("MLA heads", cfg.num_heads, world, rank)?,
+    };
     let mut layers = Vec::with_capacity(cfg.num_layers);
     let mut state_offsets = Vec::with_capacity(cfg.num_layers);
     let mut state_floats = 0;
     for l in 0..cfg.num_layers {
         let mixer = if k3.mla_layers[l] {
             state_offsets.push(None);
-            let (nope, rope, v, kvr) = (
-                mla.qk_nope_head_dim,
-                mla.qk_rope_head_dim,
-                mla.v_head_dim,
-                mla.kv_lora_rank,
-            );
-            let qk = nope + rope;
-            let nh = cfg.num_heads;
-            let q = match mla.q_lora_rank {
-                Some(r) => Query::LowRank {
-                    a: dense(
-                        src.get(
-                            &lay(l, "self_attn.q_a_proj.weight", "attn_q_a.weight"),
-                            r * h,
-                        )?,
-                        r,
-                        h,
-                    ),
-                    norm: src.get(
-                        &lay(l, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
-                        r,
-                    )?,
-                    b: rows_of(
-                        &src.get(
-                            &lay(l, "self_attn.q_b_proj.weight", "attn_q_b.weight"),
-                            nh * qk * r,
-                        )?,
-                        r,
-                        mheads.start * qk..mheads.end * qk,
-                    ),
-                },
-                None => Query::Full(rows_of(
-                    &src.get(
-                        &lay(l, "self_attn.q_proj.weight", "attn_q.weight"),
-                        nh * qk * h,
-                    )?,
-                    h,
-                    mheads.start * qk..mheads.end * qk,
-                )),
-            };
-            let kv_b = src.kv_b(l, nh, nope, v, kvr)?;
-            let per = nope + v;
-            let gate = src
-                .opt(
-                    &lay(l, "self_attn.g_proj.weight", "attn_gate.weight"),
-                    nh * v * h,
-                )?
-                .map(|g| rows_of(&g, h, mheads.start * v..mheads.end * v));
-            Mixer::Mla(GatedMla {
-                q,
-                kv_a: dense(
-                    src.get(
-                        &lay(
-                            l,
-                            "self_attn.kv_a_proj_with_mqa.weight",
-                            "attn_kv_a_mqa.weight",
-                        ),
-                        (kvr + rope) * h,
-                    )?,
-                    kvr + rope,
-                    h,
-                ),
-                kv_a_norm: src.get(
-                    &lay(
-                        l,
-                        "self_attn.kv_a_layernorm.weight",
-                        "attn_kv_a_norm.weight",
-                    ),
-                    kvr,
-                )?,
-                kv_b: rows_of(&kv_b, kvr, mheads.start * per..mheads.end * per),
-                gate,
-                o: cols_of(
-                    &src.get(
-                        &lay(l, "self_attn.o_proj.weight", "attn_output.weight"),
-                        h * nh * v,
-                    )?,
-                    h,
-                    nh * v,
-                    mheads.start * v..mheads.end * v,
-                ),
-                heads: mheads.len(),
-            })
+            mla_mixer(src, cfg, &sp, l)?
         } else {
             state_offsets.push(Some(state_floats));
-            state_floats += k3.kda_state_floats(kheads.len());
-            let kernel = k3.conv_kernel;
-            let conv = |hf: &str, g: &str| -> Result<Vec<f32>> {
-                let w = src.get(&lay(l, hf, g), c * kernel)?;
-                Ok(w[chans.start * kernel..chans.end * kernel].to_vec())
-            };
-            let a = match src {
-                Source::Gguf(_) => src
-                    .get(&lay(l, "", "ssm_a"), kh)?
-                    .iter()
-                    .map(|x| -x)
-                    .collect::<Vec<_>>(),
-                Source::Hf(st, _) => {
-                    let n = lay(l, "self_attn.A_log", "");
-                    let name = src.hf_name(&n);
-                    let len = st.shape_of(&name).map(|s| s.iter().product()).unwrap_or(0);
-                    let raw = src.get(&n, len)?;
-                    if raw.len() < kh {
-                        return Err(bad(format!(
-                            "{name} has {} entries for {kh} heads",
-                            raw.len()
-                        )));
-                    }
-                    raw[..kh].iter().map(|x| x.exp()).collect()
-                }
-            };
-            let dt = src.get(&lay(l, "self_attn.dt_bias", "ssm_dt.bias"), c)?;
-            Mixer::Kda(Kda {
-                q: rows_of(
-                    &src.get(&lay(l, "self_attn.q_proj.weight", "attn_q.weight"), c * h)?,
-                    h,
-                    chans.clone(),
-                ),
-                k: rows_of(
-                    &src.get(&lay(l, "self_attn.k_proj.weight", "attn_k.weight"), c * h)?,
-                    h,
-                    chans.clone(),
-                ),
-                v: rows_of(
-                    &src.get(&lay(l, "self_attn.v_proj.weight", "attn_v.weight"), c * h)?,
-                    h,
-                    chans.clone(),
-                ),
-                q_conv: conv("self_attn.q_conv1d.weight", "ssm_conv1d_q.weight")?,
-                k_conv: conv("self_attn.k_conv1d.weight", "ssm_conv1d_k.weight")?,
-                v_conv: conv("self_attn.v_conv1d.weight", "ssm_conv1d_v.weight")?,
-                f_a: dense(
-                    src.get(
-                        &lay(l, "self_attn.f_a_proj.weight", "ssm_f_a.weight"),
-                        hd * h,
-                    )?,
-                    hd,
-                    h,
-                ),
-                f_b: rows_of(
-                    &src.get(
-                        &lay(l, "self_attn.f_b_proj.weight", "ssm_f_b.weight"),
-                        c * hd,
-                    )?,
-                    hd,
-                    chans.clone(),
-                ),
-                beta: rows_of(
-                    &src.get(
-                        &lay(l, "self_attn.b_proj.weight", "ssm_beta.weight"),
-                        kh * h,
-                    )?,
-                    h,
-                    kheads.clone(),
-                ),
-                a: a[kheads.clone()].to_vec(),
-                dt_bias: dt[chans.clone()].to_vec(),
-                g: rows_of(
-                    &src.get(&lay(l, "self_attn.g_proj.weight", "ssm_g.weight"), c * h)?,
-                    h,
-                    chans.clone(),
-                ),
-                o_norm: src.get(&lay(l, "self_attn.o_norm.weight", "ssm_norm.weight"), hd)?,
-                o: cols_of(
-                    &src.get(
-                        &lay(l, "self_attn.o_proj.weight", "attn_output.weight"),
-                        h * c,
-                    )?,
-                    h,
-                    c,
-                    chans.clone(),
-                ),
-                heads: kheads.len(),
-            })
+            state_floats += k3.kda_state_floats(sp.kheads.len());
+            kda_mixer(src, k3, &sp, l)?
         };
         let ffn = if l < moe.first_k_dense_replace {
             let ff = cfg.intermediate_size;
@@ -791,98 +881,7 @@ fn load_rank(
                 even_split("dense MLP", ff, world, rank)?,
             )?)
         } else {
-            let (ne, mi) = (moe.n_routed_experts, moe.moe_intermediate_size);
-            let lat = k3.latent.unwrap_or(h);
-            let mut experts = Vec::new();
-            for e in (0..ne).filter(|e| e % world == rank) {
-                experts.push((
-                    e,
-                    Expert {
-                        gate: src.expert(l, e, ne, "w1", mi, lat)?,
-                        up: src.expert(l, e, ne, "w3", mi, lat)?,
-                        down: src.expert(l, e, ne, "w2", lat, mi)?,
-                    },
-                ));
-            }
-            let sff = mi * moe.n_shared_experts;
-            let shared = if moe.n_shared_experts > 0 {
-                Some(situ_mlp(
-                    src,
-                    l,
-                    "block_sparse_moe.shared_experts",
-                    "_shexp",
-                    h,
-                    sff,
-                    even_split("shared experts", sff, world, rank)?,
-                )?)
-            } else {
-                None
-            };
-            let latent = k3.latent.is_some();
-            Ffn::Moe(LatentMoe {
-                router: dense(
-                    src.get(
-                        &lay(l, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
-                        ne * h,
-                    )?,
-                    ne,
-                    h,
-                ),
-                bias: src.get(
-                    &lay(
-                        l,
-                        "block_sparse_moe.gate.e_score_correction_bias",
-                        "exp_probs_b.bias",
-                    ),
-                    ne,
-                )?,
-                down: if latent {
-                    Some(dense(
-                        src.get(
-                            &lay(
-                                l,
-                                "block_sparse_moe.routed_expert_down_proj.weight",
-                                "ffn_routed_down.weight",
-                            ),
-                            lat * h,
-                        )?,
-                        lat,
-                        h,
-                    ))
-                } else {
-                    None
-                },
-                experts,
-                norm: if latent {
-                    src.opt(
-                        &lay(
-                            l,
-                            "block_sparse_moe.routed_expert_norm.weight",
-                            "ffn_routed_norm.weight",
-                        ),
-                        lat,
-                    )?
-                } else {
-                    None
-                },
-                up: if latent {
-                    Some(dense(
-                        src.get(
-                            &lay(
-                                l,
-                                "block_sparse_moe.routed_expert_up_proj.weight",
-                                "ffn_routed_up.weight",
-                            ),
-                            h * lat,
-                        )?,
-                        h,
-                        lat,
-                    ))
-                } else {
-                    None
-                },
-                shared,
-            })
+            moe_ffn(src, cfg, k3, l, (rank, world))?
         };
         let res = k3.attn_res_block > 0;
         layers.push(K3Layer {
@@ -906,40 +905,27 @@ fn load_rank(
         });
     }
     let v = cfg.vocab_size;
-    let vocab = balanced(v, world)[rank].clone();
-    let head = src.get(
-        &Name {
-            layer: None,
-            hf: "lm_head.weight",
-            gguf: "output.weight",
-        },
-        v * h,
-    )?;
+    let global = |hf: &'static str, gguf: &'static str| Name {
+        layer: None,
+        hf,
+        gguf,
+    };
     let out_res = if k3.attn_res_block > 0 {
         src.res_score(None, "model.output_attn_res", "output_res_score.weight", h)?
     } else {
         None
     };
     Ok(Weights {
-        embed: src.get(
-            &Name {
-                layer: None,
-                hf: "model.embed_tokens.weight",
-                gguf: "token_embd.weight",
-            },
-            v * h,
-        )?,
+        embed: src.full(&global("model.embed_tokens.weight", "token_embd.weight"), v, h)?,
         layers,
-        norm: src.get(
-            &Name {
-                layer: None,
-                hf: "model.norm.weight",
-                gguf: "output_norm.weight",
-            },
-            h,
-        )?,
+        norm: src.get(&global("model.norm.weight", "output_norm.weight"), h)?,
         out_res,
-        lm_head: rows_of(&head, h, vocab),
+        lm_head: src.mat(
+            &global("lm_head.weight", "output.weight"),
+            (v, h),
+            balanced(v, world)[rank].clone(),
+            0..h,
+        )?,
         k3: k3.clone(),
         state_offsets,
         state_floats,
@@ -948,43 +934,31 @@ fn load_rank(
     })
 }
 
-/// Bytes of weights one decode step reads (f32, experts one token uses).
-fn decode_weight_bytes(cfg: &ModelConfig, k3: &K3Config) -> usize {
-    let h = cfg.hidden_size;
-    let mla = cfg.mla.as_ref().expect("validated");
-    let moe = cfg.moe.as_ref().expect("validated");
-    let c = k3.kda_heads * k3.kda_head_dim;
-    let kda = 5 * c * h + 2 * c * k3.kda_head_dim + k3.kda_heads * h;
-    let qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
-    let q = match mla.q_lora_rank {
-        Some(r) => r * h + cfg.num_heads * qk * r,
-        None => cfg.num_heads * qk * h,
-    };
-    let mla_w = q
-        + (mla.kv_lora_rank + mla.qk_rope_head_dim) * h
-        + cfg.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank
-        + 2 * cfg.num_heads * mla.v_head_dim * h;
-    let lat = k3.latent.unwrap_or(h);
-    let routed = moe.num_experts_per_tok * 3 * moe.moe_intermediate_size * lat;
-    let moe_w = moe.n_routed_experts * h
-        + 2 * lat * h
-        + routed
-        + 3 * moe.n_shared_experts * moe.moe_intermediate_size * h;
-    let dense_w = 3 * cfg.intermediate_size * h;
-    let mut total = cfg.vocab_size * h + h;
-    for l in 0..cfg.num_layers {
-        total += if k3.mla_layers[l] { mla_w } else { kda };
-        total += if l < moe.first_k_dense_replace {
-            dense_w
-        } else {
-            moe_w
-        };
-    }
-    total * 4
+/// Every rank of `comms` loaded at once, one thread each (each reads only
+/// its own rows, columns and experts, so they share nothing but the
+/// source), in rank order; the first error in rank order wins.
+fn load_ranks(
+    src: &Source,
+    cfg: &ModelConfig,
+    k3: &K3Config,
+    comms: Vec<Box<dyn Communicator>>,
+) -> Result<Vec<Weights>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| s.spawn(move || load_rank(src, cfg, k3, c)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
-fn assemble(ranks: Vec<Weights>, cfg: ModelConfig, k3: &K3Config) -> Model {
-    let weight_bytes = decode_weight_bytes(&cfg, k3);
+fn assemble(ranks: Vec<Weights>, cfg: ModelConfig) -> Model {
+    let moe = cfg.moe.as_ref().expect("validated");
+    let share = (moe.num_experts_per_tok, moe.n_routed_experts);
+    let weight_bytes = ranks.iter().map(|w| w.decode_bytes(share)).sum();
     Model {
         cfg,
         body: Body::KimiK3(ranks),
@@ -1012,11 +986,8 @@ pub(crate) fn load_hf(
         ""
     };
     let src = Source::Hf(st, prefix);
-    let ranks = comms
-        .into_iter()
-        .map(|c| load_rank(&src, &cfg, &k3, c))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(assemble(ranks, cfg, &k3))
+    let ranks = load_ranks(&src, &cfg, &k3, comms)?;
+    Ok(assemble(ranks, cfg))
 }
 
 /// Loads a llama.cpp `kimi-k3` GGUF for `comms`' ranks.
@@ -1025,9 +996,6 @@ pub(crate) fn load_hf(
 pub(crate) fn load_gguf(g: &Gguf, comms: Vec<Box<dyn Communicator>>) -> Result<Model> {
     let (cfg, k3) = config_from_gguf(g)?;
     let src = Source::Gguf(g);
-    let ranks = comms
-        .into_iter()
-        .map(|c| load_rank(&src, &cfg, &k3, c))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(assemble(ranks, cfg, &k3))
+    let ranks = load_ranks(&src, &cfg, &k3, comms)?;
+    Ok(assemble(ranks, cfg))
 }

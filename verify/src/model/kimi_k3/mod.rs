@@ -32,11 +32,16 @@
 //! all-reduce after the mixer; the MoE adds one on the latent sum (the
 //! routed norm needs the whole sum) and one on the shared experts.
 //!
-//! Weights are f32 [`Dense`] matrices (routed experts arrive as MXFP4 and
-//! are decoded at load), applied row-wise, so a token's logits do not
-//! depend on the batch around it or on how its prompt was chunked.
+//! Weights are [`Linear`]s kept in the checkpoint's own format (BF16, F32,
+//! the GGUF block formats, MXFP4 experts), on batch-invariant kernels, so a
+//! token's logits do not depend on the batch around it or on how its
+//! prompt was chunked. The routed experts of one MoE layer run as one
+//! grouped MXFP4 pass: each active expert's weights are read once for all
+//! the rows routed to it, and experts and their output rows spread over
+//! the thread team.
 
 use super::dense::Dense;
+use super::linear::{forward_many, Linear};
 use super::mla::{attend_rows, MlaDims};
 use super::moe::route;
 use super::ops::rms_norm;
@@ -44,8 +49,9 @@ use super::ranks::{dense_head, run_ranks, Rank};
 use super::rows::{flatten, Rows};
 use super::{LogitsWanted, Model, MoeConfig, SeqInput};
 use crate::error::Result;
-use crate::kernels::mxfp4::Mxfp4Matrix;
+use crate::kernels::mxfp4::{self, Mxfp4Matrix, Mxfp4Product, Q8Acts};
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
+use crate::team::SharedMut;
 use crate::tp::Communicator;
 use candle_core::Tensor;
 use rayon::prelude::*;
@@ -98,97 +104,95 @@ pub(crate) struct Ablation {
     pub(crate) exact_experts: bool,
 }
 
-/// A routed expert's matrix: MXFP4 kept packed (multiplied with Q8_0
-/// activations, as ggml does), or f32 when the checkpoint ships it so.
-enum ExpertMat {
-    Packed(Mxfp4Matrix),
-    Dense(Dense),
-}
-
-impl ExpertMat {
-    /// `exact` multiplies packed weights with unrounded activations
-    /// (tests compare that against an f64 reference).
-    fn forward(&self, x: &[f32], exact: bool) -> Vec<f32> {
-        match self {
-            ExpertMat::Packed(m) if exact => {
-                Dense::new(m.dequantize(), m.out(), m.inp()).forward(x)
-            }
-            ExpertMat::Packed(m) => m.forward(x),
-            ExpertMat::Dense(d) => d.forward(x),
-        }
-    }
-}
-
 /// A routed expert: `down(situ(gate x, up x))` in the latent width.
 struct Expert {
-    gate: ExpertMat,
-    up: ExpertMat,
-    down: ExpertMat,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// `x` through `w` with unrounded activations: the exact product an f64
+/// reference computes (the `exact_experts` switch; tests only, slow).
+fn exact_product(w: &Linear, x: &[f32]) -> Result<Vec<f32>> {
+    let (n, k) = (w.out_features()?, w.in_features()?);
+    let mut dense = vec![0f32; n * k];
+    for (r, row) in dense.chunks_exact_mut(k).enumerate() {
+        w.row_f32(r, row)?;
+    }
+    Ok(Dense::new(dense, n, k).forward(x))
 }
 
 impl Expert {
-    fn forward(&self, x: &[f32], k3: &K3Config, exact: bool) -> Vec<f32> {
-        let g = self.gate.forward(x, exact);
-        let u = self.up.forward(x, exact);
+    fn forward(&self, x: &[f32], k3: &K3Config, exact: bool) -> Result<Vec<f32>> {
+        let mul = |w: &Linear, x: &[f32]| {
+            if exact {
+                exact_product(w, x)
+            } else {
+                w.apply(x)
+            }
+        };
+        let g = mul(&self.gate, x)?;
+        let u = mul(&self.up, x)?;
         let a: Vec<f32> = g
             .iter()
             .zip(&u)
             .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
             .collect();
-        self.down.forward(&a, exact)
+        mul(&self.down, &a)
     }
 }
 
 /// A SiTU MLP: `down(situ(gate x, up x))`.
 struct SituMlp {
-    gate: Dense,
-    up: Dense,
-    down: Dense,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
 }
 
 struct Kda {
-    q: Dense,
-    k: Dense,
-    v: Dense,
+    q: Linear,
+    k: Linear,
+    v: Linear,
     /// `[c, kernel]` each, this rank's channels.
     q_conv: Vec<f32>,
     k_conv: Vec<f32>,
     v_conv: Vec<f32>,
     /// hidden -> head_dim (replicated).
-    f_a: Dense,
+    f_a: Linear,
     /// head_dim -> this rank's channels.
-    f_b: Dense,
+    f_b: Linear,
     /// hidden -> this rank's heads.
-    beta: Dense,
+    beta: Linear,
     /// `exp(A_log)` of this rank's heads.
     a: Vec<f32>,
     /// This rank's channels.
     dt_bias: Vec<f32>,
     /// hidden -> this rank's channels (full-rank output gate).
-    g: Dense,
+    g: Linear,
     /// `[head_dim]`, per-head RMSNorm weight.
     o_norm: Vec<f32>,
     /// Columns of this rank's channels.
-    o: Dense,
+    o: Linear,
     heads: usize,
 }
 
 enum Query {
-    Full(Dense),
-    LowRank { a: Dense, norm: Vec<f32>, b: Dense },
+    Full(Linear),
+    LowRank { a: Linear, norm: Vec<f32>, b: Dense },
 }
 
 struct GatedMla {
     q: Query,
     /// hidden -> kv_lora_rank + qk_rope_head_dim (replicated).
-    kv_a: Dense,
+    kv_a: Linear,
     kv_a_norm: Vec<f32>,
     /// This rank's heads' rows of kv_b_proj (per head: nope rows of W_UK,
-    /// then v rows of W_UV).
+    /// then v rows of W_UV), in f32: the absorbed attention reads it one
+    /// weight row at a time, in both directions.
     kv_b: Dense,
     /// hidden -> this rank's heads x v_head_dim.
-    gate: Option<Dense>,
-    o: Dense,
+    gate: Option<Linear>,
+    o: Linear,
     heads: usize,
 }
 
@@ -198,14 +202,14 @@ enum Mixer {
 }
 
 struct LatentMoe {
-    router: Dense,
+    router: Linear,
     bias: Vec<f32>,
     /// hidden -> latent (replicated); `None` without a latent width.
-    down: Option<Dense>,
+    down: Option<Linear>,
     /// The experts this rank holds, ascending by index.
     experts: Vec<(usize, Expert)>,
     norm: Option<Vec<f32>>,
-    up: Option<Dense>,
+    up: Option<Linear>,
     shared: Option<SituMlp>,
 }
 
@@ -226,11 +230,12 @@ struct K3Layer {
 
 /// One rank's shard of a Kimi K3 model.
 pub(crate) struct Weights {
-    embed: Vec<f32>,
+    /// `[vocab, hidden]`, as stored; a token's row is widened when used.
+    embed: Linear,
     layers: Vec<K3Layer>,
     norm: Vec<f32>,
     out_res: Option<Vec<f32>>,
-    lm_head: Dense,
+    lm_head: Linear,
     k3: K3Config,
     /// Offsets of each KDA layer's part of a state slot (this rank's
     /// heads); `None` for MLA layers.
@@ -249,6 +254,46 @@ impl Weights {
     /// Per layer: whether it is an MLA layer (caches a latent per token).
     pub(crate) fn mla_layer_mask(&self) -> Vec<bool> {
         self.k3.mla_layers.clone()
+    }
+
+    /// Bytes of this rank's weights, as stored, that one batch-1 decode
+    /// step reads: every matrix but the embedding table, with the routed
+    /// experts counted at the share `(top_k, experts)` a token uses.
+    pub(crate) fn decode_bytes(&self, (top_k, experts): (usize, usize)) -> usize {
+        let b = |l: &Linear| l.weight_bytes();
+        let mlp = |m: &SituMlp| b(&m.gate) + b(&m.up) + b(&m.down);
+        let mut total = b(&self.lm_head);
+        for layer in &self.layers {
+            total += match &layer.mixer {
+                Mixer::Kda(k) => [&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.beta, &k.g, &k.o]
+                    .into_iter()
+                    .map(b)
+                    .sum::<usize>(),
+                Mixer::Mla(m) => {
+                    let q = match &m.q {
+                        Query::Full(p) => b(p),
+                        Query::LowRank { a, b: qb, .. } => b(a) + b(qb),
+                    };
+                    q + b(&m.kv_a) + m.kv_b.w.len() * 4 + m.gate.as_ref().map_or(0, b) + b(&m.o)
+                }
+            };
+            total += match &layer.ffn {
+                Ffn::Dense(m) => mlp(m),
+                Ffn::Moe(m) => {
+                    let routed: usize = m
+                        .experts
+                        .iter()
+                        .map(|(_, e)| b(&e.gate) + b(&e.up) + b(&e.down))
+                        .sum();
+                    b(&m.router)
+                        + m.down.as_ref().map_or(0, b)
+                        + m.up.as_ref().map_or(0, b)
+                        + m.shared.as_ref().map_or(0, mlp)
+                        + routed * top_k / experts.max(1)
+                }
+            };
+        }
+        total
     }
 
     /// Number of MLA layers.
@@ -284,15 +329,18 @@ fn situ(g: f32, u: f32, beta: f32, lb: f32) -> f32 {
 }
 
 impl SituMlp {
-    fn forward(&self, x: &[f32], k3: &K3Config) -> Vec<f32> {
-        let g = self.gate.forward(x);
-        let u = self.up.forward(x);
+    fn forward(&self, x: &[f32], k3: &K3Config) -> Result<Vec<f32>> {
+        let (n, k) = (self.gate.out_features()?, self.gate.in_features()?);
+        let rows = x.len() / k;
+        let (mut g, mut u) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+        // gate and up share their input: one pass, one conversion of it.
+        forward_many(&[&self.gate, &self.up], x, rows, &mut [&mut g, &mut u])?;
         let a: Vec<f32> = g
             .iter()
             .zip(&u)
             .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
             .collect();
-        self.down.forward(&a)
+        self.down.apply(&a)
     }
 }
 
@@ -346,10 +394,24 @@ impl Kda {
     ) -> Result<Vec<f32>> {
         let (hd, heads, kernel) = (k3.kda_head_dim, self.heads, k3.conv_kernel);
         let c = heads * hd;
-        let q = self.q.forward(h);
-        let k = self.k.forward(h);
-        let v = self.v.forward(h);
-        let mut g = self.f_b.forward(&self.f_a.forward(h));
+        let n = h.len() / self.f_a.in_features()?;
+        let (mut q, mut k, mut v, mut gate) = (
+            vec![0f32; n * c],
+            vec![0f32; n * c],
+            vec![0f32; n * c],
+            vec![0f32; n * c],
+        );
+        let mut fa = vec![0f32; n * hd];
+        let mut beta = vec![0f32; n * heads];
+        // Every projection of the normed input in one pass over it.
+        forward_many(
+            &[&self.q, &self.k, &self.v, &self.g, &self.f_a, &self.beta],
+            h,
+            n,
+            &mut [&mut q, &mut k, &mut v, &mut gate, &mut fa, &mut beta],
+        )?;
+        beta.iter_mut().for_each(|b| *b = sigmoid(*b));
+        let mut g = self.f_b.apply(&fa)?;
         for row in g.chunks_exact_mut(c) {
             for (i, x) in row.iter_mut().enumerate() {
                 let (a, f) = (self.a[i / hd], *x + self.dt_bias[i]);
@@ -359,9 +421,6 @@ impl Kda {
                 };
             }
         }
-        let beta: Vec<f32> = self.beta.forward(h).into_iter().map(sigmoid).collect();
-        let gate = self.g.forward(h);
-        let n = h.len() / self.f_a.inp;
         let mut o = vec![0f32; n * c];
         let hist = (kernel - 1) * c;
         for ((span, slot), snap) in spans.iter().zip(snaps.iter_mut()) {
@@ -371,6 +430,9 @@ impl Kda {
             let (cq, rest) = convs.split_at_mut(hist);
             let (ck, cv) = rest.split_at_mut(hist);
             let rows = span.start * c..span.end * c;
+            // States after rows 0..keep are kept for rollback; the last
+            // row's is the slot's live state (see KvShard::take_row_buffer).
+            let keep = span.len().saturating_sub(1);
             if let Some(snap) = snap.as_mut() {
                 // Each row's conv histories: the kernel - 1 inputs up to it.
                 for (which, (x, now)) in
@@ -378,7 +440,7 @@ impl Kda {
                 {
                     let mut win = now.to_vec();
                     win.extend_from_slice(&x[rows.clone()]);
-                    for t in 0..span.len() {
+                    for t in 0..keep {
                         let at = t * state_floats + state_off + which * hist;
                         snap[at..at + hist].copy_from_slice(&win[(t + 1) * c..(t + kernel) * c]);
                     }
@@ -391,51 +453,38 @@ impl Kda {
                 .for_each(|x| kda::l2_normalize(x, eps));
             ks.chunks_exact_mut(hd)
                 .for_each(|x| kda::l2_normalize(x, eps));
-            let out = &mut o[rows];
-            let record = snap.is_some();
-            // Heads are independent: each owns its state and output lanes
-            // (and, when recording, its state after every row).
-            s.par_chunks_mut(hd * hd)
-                .enumerate()
-                .map(|(hh, s_h)| {
-                    let mut scratch = Vec::new();
-                    let mut lane = vec![0f32; span.len() * hd];
-                    let mut after =
-                        Vec::with_capacity(if record { span.len() * hd * hd } else { 0 });
-                    for t in 0..span.len() {
-                        let at = t * c + hh * hd..t * c + (hh + 1) * hd;
-                        kda::step(
-                            s_h,
-                            &qs[at.clone()],
-                            &ks[at.clone()],
-                            &vs[at.clone()],
-                            &g[(span.start + t) * c + hh * hd..][..hd],
-                            beta[(span.start + t) * heads + hh],
-                            &mut lane[t * hd..(t + 1) * hd],
-                            &mut scratch,
-                        );
-                        if record {
-                            after.extend_from_slice(s_h);
+            let out = SharedMut::new(&mut o[rows]);
+            let snap = snap.as_mut().map(|b| SharedMut::new(b));
+            let sz = hd * hd;
+            // Heads are independent: each owns its state, its output lanes
+            // and its part of every kept row's state, written in place.
+            s.par_chunks_mut(sz).enumerate().for_each(|(hh, s_h)| {
+                let mut scratch = Vec::new();
+                let mut lane = vec![0f32; hd];
+                for t in 0..span.len() {
+                    let at = t * c + hh * hd..t * c + (hh + 1) * hd;
+                    kda::step(
+                        s_h,
+                        &qs[at.clone()],
+                        &ks[at.clone()],
+                        &vs[at.clone()],
+                        &g[(span.start + t) * c + hh * hd..][..hd],
+                        beta[(span.start + t) * heads + hh],
+                        &mut lane,
+                        &mut scratch,
+                    );
+                    // SAFETY: head hh writes only lanes `at` of the span's
+                    // output rows and its own `sz` floats of each kept row's
+                    // state; both buffers outlive the loop.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(lane.as_ptr(), out.at(at.start), hd);
+                        if let (Some(p), true) = (&snap, t < keep) {
+                            let to = t * state_floats + state_off + 3 * hist + hh * sz;
+                            std::ptr::copy_nonoverlapping(s_h.as_ptr(), p.at(to), sz);
                         }
                     }
-                    (lane, after)
-                })
-                .collect::<Vec<_>>()
-                .into_iter()
-                .enumerate()
-                .for_each(|(hh, (lane, after))| {
-                    for t in 0..span.len() {
-                        out[t * c + hh * hd..t * c + (hh + 1) * hd]
-                            .copy_from_slice(&lane[t * hd..(t + 1) * hd]);
-                    }
-                    if let Some(snap) = snap.as_mut() {
-                        let sz = hd * hd;
-                        for t in 0..span.len() {
-                            let at = t * state_floats + state_off + 3 * hist + hh * sz;
-                            snap[at..at + sz].copy_from_slice(&after[t * sz..(t + 1) * sz]);
-                        }
-                    }
-                });
+                }
+            });
         }
         for (o_h, g_h) in o.chunks_exact_mut(hd).zip(gate.chunks_exact(hd)) {
             let normed = rms_norm(o_h, &self.o_norm, eps);
@@ -443,7 +492,7 @@ impl Kda {
                 *x = nv * sigmoid(*gv);
             }
         }
-        Ok(self.o.forward(&o))
+        self.o.apply(&o)
     }
 }
 
@@ -459,14 +508,14 @@ impl GatedMla {
         layer: usize,
         rows: &Rows,
         tables: &[&[u32]],
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>> {
         let n = rows.tokens.len();
         let q = match &self.q {
-            Query::Full(p) => p.forward(h),
-            Query::LowRank { a, norm, b } => b.forward(&rms_norm(&a.forward(h), norm, eps)),
+            Query::Full(p) => p.apply(h)?,
+            Query::LowRank { a, norm, b } => b.apply(&rms_norm(&a.apply(h)?, norm, eps))?,
         };
         let lw = d.kvr + d.rope;
-        let mut lat = self.kv_a.forward(h);
+        let mut lat = self.kv_a.apply(h)?;
         for r in 0..n {
             let row = &mut lat[r * lw..(r + 1) * lw];
             let normed = rms_norm(&row[..d.kvr], &self.kv_a_norm, eps);
@@ -487,10 +536,10 @@ impl GatedMla {
             |_| false,
         );
         if let (Some(gate), false) = (&self.gate, ablation.no_mla_gate) {
-            let g = gate.forward(h);
+            let g = gate.apply(h)?;
             attn.iter_mut().zip(g).for_each(|(a, g)| *a *= sigmoid(g));
         }
-        self.o.forward(&attn)
+        self.o.apply(&attn)
     }
 }
 
@@ -509,32 +558,52 @@ impl LatentMoe {
     ) -> Result<Vec<f32>> {
         let n = x.len() / hidden;
         let ne = moe.n_routed_experts;
-        let logits = self.router.forward(x);
+        let logits = self.router.apply(x)?;
         let chosen: Vec<Vec<(usize, f32)>> = (0..n)
             .map(|r| route(&logits[r * ne..(r + 1) * ne], &self.bias, moe))
             .collect();
         let xl = match &self.down {
-            Some(d) => d.forward(x),
+            Some(d) => d.apply(x)?,
             None => x.to_vec(),
         };
         let width = xl.len() / n;
         let mut yl = vec![0f32; n * width];
+        // Each local expert's routed rows and their weights.
+        let mut routed: Vec<(&Expert, Vec<(usize, f32)>)> = Vec::new();
         for (xi, mlp) in &self.experts {
-            let mut picked = Vec::new();
-            for (r, c) in chosen.iter().enumerate() {
-                if let Some(&(_, w)) = c.iter().find(|p| p.0 == *xi) {
-                    picked.push((r, w));
-                }
-            }
-            if picked.is_empty() {
-                continue;
-            }
-            let input: Vec<f32> = picked
+            let picked: Vec<(usize, f32)> = chosen
                 .iter()
-                .flat_map(|&(r, _)| &xl[r * width..(r + 1) * width])
-                .copied()
+                .enumerate()
+                .filter_map(|(r, c)| c.iter().find(|p| p.0 == *xi).map(|&(_, w)| (r, w)))
                 .collect();
-            let y = mlp.forward(&input, k3, exact);
+            if !picked.is_empty() {
+                routed.push((mlp, picked));
+            }
+        }
+        let inputs: Vec<Vec<f32>> = routed
+            .iter()
+            .map(|(_, picked)| {
+                picked
+                    .iter()
+                    .flat_map(|&(r, _)| &xl[r * width..(r + 1) * width])
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        let outputs = if exact {
+            None
+        } else {
+            grouped_experts(&routed, &inputs, k3)
+        };
+        let outputs = match outputs {
+            Some(o) => o,
+            None => routed
+                .iter()
+                .zip(&inputs)
+                .map(|((mlp, _), x)| mlp.forward(x, k3, exact))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        for ((_, picked), y) in routed.iter().zip(&outputs) {
             for (j, &(r, w)) in picked.iter().enumerate() {
                 axpy(
                     w,
@@ -544,7 +613,7 @@ impl LatentMoe {
             }
         }
         let mut shared = match &self.shared {
-            Some(s) => s.forward(x, k3),
+            Some(s) => s.forward(x, k3)?,
             None => vec![0f32; n * hidden],
         };
         if self.up.is_none() && self.norm.is_none() {
@@ -560,12 +629,71 @@ impl LatentMoe {
             None => yl,
         };
         let mut y = match &self.up {
-            Some(u) => u.forward(&normed),
+            Some(u) => u.apply(&normed)?,
             None => normed,
         };
         y.iter_mut().zip(&shared).for_each(|(y, s)| *y += s);
         Ok(y)
     }
+}
+
+/// The routed experts of one layer (`routed[i]` fed `inputs[i]`, its rows
+/// one after another) as two grouped MXFP4 passes: gate and up of every
+/// expert together (each expert's rows quantized once for both), then
+/// every down. Each active expert's weights are read once for all its
+/// rows, and all experts' output rows spread over the thread team. The
+/// numbers are [`Expert::forward`]'s, bit for bit. `None` when an expert
+/// is not MXFP4 (the caller runs them one by one).
+fn grouped_experts(
+    routed: &[(&Expert, Vec<(usize, f32)>)],
+    inputs: &[Vec<f32>],
+    k3: &K3Config,
+) -> Option<Vec<Vec<f32>>> {
+    let mats: Vec<[&Mxfp4Matrix; 3]> = routed
+        .iter()
+        .map(|(e, _)| Some([e.gate.as_mxfp4()?, e.up.as_mxfp4()?, e.down.as_mxfp4()?]))
+        .collect::<Option<_>>()?;
+    let acts: Vec<Q8Acts> = mats
+        .iter()
+        .zip(inputs)
+        .map(|(m, x)| Q8Acts::new(x, x.len() / m[0].inp(), m[0].inp()))
+        .collect();
+    let mut gu: Vec<(Vec<f32>, Vec<f32>)> = mats
+        .iter()
+        .zip(&acts)
+        .map(|(m, a)| (vec![0f32; a.rows() * m[0].out()], vec![0f32; a.rows() * m[1].out()]))
+        .collect();
+    let mut products = Vec::with_capacity(2 * mats.len());
+    for ((m, a), (g, u)) in mats.iter().zip(&acts).zip(gu.iter_mut()) {
+        products.push(Mxfp4Product { w: m[0], acts: a, out: g });
+        products.push(Mxfp4Product { w: m[1], acts: a, out: u });
+    }
+    mxfp4::matmul_grouped(&mut products);
+    let hidden_acts: Vec<Q8Acts> = gu
+        .iter()
+        .zip(&mats)
+        .map(|((g, u), m)| {
+            let a: Vec<f32> = g
+                .iter()
+                .zip(u)
+                .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
+                .collect();
+            Q8Acts::new(&a, a.len() / m[2].inp(), m[2].inp())
+        })
+        .collect();
+    let mut outs: Vec<Vec<f32>> = mats
+        .iter()
+        .zip(&hidden_acts)
+        .map(|(m, a)| vec![0f32; a.rows() * m[2].out()])
+        .collect();
+    let mut products: Vec<Mxfp4Product> = mats
+        .iter()
+        .zip(&hidden_acts)
+        .zip(outs.iter_mut())
+        .map(|((m, a), out)| Mxfp4Product { w: m[2], acts: a, out })
+        .collect();
+    mxfp4::matmul_grouped(&mut products);
+    Some(outs)
 }
 
 /// The family's forward over `ranks` (one per tensor-parallel rank): see
@@ -603,7 +731,7 @@ fn forward_rank(
         .iter()
         .map(|s| {
             (s.logits == LogitsWanted::All && s.tokens.len() > 1)
-                .then(|| vec![0f32; s.tokens.len() * w.state_floats])
+                .then(|| pool.take_row_buffer(s.state_slot, s.tokens.len()))
         })
         .collect();
     let mut start = 0;
@@ -617,12 +745,10 @@ fn forward_rank(
         spans.push((span, s.state_slot));
     }
     let res = k3.attn_res_block > 0 && !w.ablation.no_attn_res;
-    let mut x: Vec<f32> = rows
-        .tokens
-        .iter()
-        .flat_map(|&t| &w.embed[t as usize * hidden..(t as usize + 1) * hidden])
-        .copied()
-        .collect();
+    let mut x = vec![0f32; rows.tokens.len() * hidden];
+    for (&t, row) in rows.tokens.iter().zip(x.chunks_exact_mut(hidden)) {
+        w.embed.row_f32(t as usize, row)?;
+    }
     let mut stack: Vec<Vec<f32>> = Vec::new();
     for (li, layer) in w.layers.iter().enumerate() {
         let cur = match (&layer.attn_res, res) {
@@ -655,7 +781,7 @@ fn forward_rank(
                     kvr: mla.kv_lora_rank,
                     scale: 1.0 / ((mla.qk_nope_head_dim + mla.qk_rope_head_dim) as f32).sqrt(),
                 };
-                m.forward(&h, d, eps, w.ablation, pool, li, rows, &tables)
+                m.forward(&h, d, eps, w.ablation, pool, li, rows, &tables)?
             }
         };
         w.comm.all_reduce_sum(&mut a)?;
@@ -672,7 +798,7 @@ fn forward_rank(
         let h = rms_norm(&cur, &layer.ffn_norm, eps);
         let f = match &layer.ffn {
             Ffn::Dense(m) => {
-                let mut f = m.forward(&h, k3);
+                let mut f = m.forward(&h, k3)?;
                 w.comm.all_reduce_sum(&mut f)?;
                 f
             }
@@ -688,10 +814,9 @@ fn forward_rank(
         };
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
     }
-    for ((_, slot), snap) in spans.iter().zip(snaps) {
+    for ((span, slot), snap) in spans.iter().zip(snaps) {
         if let Some(snap) = snap {
-            let rows = snap.len() / w.state_floats.max(1);
-            pool.set_row_states(*slot, rows, snap);
+            pool.set_row_states(*slot, span.len(), snap);
         }
     }
     if let (Some(score), true) = (&w.out_res, res) {
@@ -702,7 +827,7 @@ fn forward_rank(
         hidden,
         rows,
         &w.norm,
-        &w.lm_head,
+        |x| w.lm_head.apply(x),
         eps,
         w.comm.as_ref(),
         cfg.vocab_size,

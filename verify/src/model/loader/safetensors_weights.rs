@@ -73,7 +73,7 @@ impl SafetensorsWeights {
 
     /// The tensor's bytes in the mapping and its dtype, its shape checked
     /// against `shape` (reading the header only).
-    fn raw(&self, name: &str, shape: &[usize]) -> Result<(&[u8], DType)> {
+    pub(crate) fn raw(&self, name: &str, shape: &[usize]) -> Result<(&[u8], DType)> {
         let view = self
             .st
             .get(name)
