@@ -1,0 +1,159 @@
+//! The MXFP4 expert kernels streaming their weights from memory, as MoE
+//! decoding does: random `block_mxfp4` matrices of a Kimi-expert-like
+//! shape (3072 x 7168) in enough copies (about 190 MB) that no cache holds
+//! them, multiplied one copy after another by the same 1, 4 or 8
+//! activation rows (quantized once per pass, as one expert's gate and up
+//! share them). Prints weight bytes per second (median and best of the
+//! passes) for every instruction set this CPU has, the kernel this one
+//! replaced (scalar, rows as the outer loop: a copy of it is kept below
+//! for the comparison), and our Q4_K kernel on a matrix of similar bytes
+//! for scale.
+//!
+//! Run: `cargo bench --bench mxfp4_stream`.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use specgate_verify::kernels::mxfp4::{
+    matmul_grouped_with, Mxfp4Matrix, Mxfp4Product, Q8Acts, BLOCK_BYTES,
+};
+use specgate_verify::kernels::{matmul_many_with, Isa, Product, QWeight};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[path = "common/random.rs"]
+mod random;
+use random::random;
+
+const OUT: usize = 3072;
+const INP: usize = 7168;
+const COPIES: usize = 16;
+const PASSES: usize = 15;
+
+/// Random ggml blocks: scales near 1, codes from the generator's bits.
+fn weights(seed: u32) -> Vec<u8> {
+    let r = random(OUT * INP / 32 * BLOCK_BYTES, seed);
+    r.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let byte = ((v + 1.0) * 127.5) as u8;
+            if i % BLOCK_BYTES == 0 {
+                118 + byte % 16
+            } else {
+                byte
+            }
+        })
+        .collect()
+}
+
+/// (median, best) seconds of `f` over `passes` runs.
+fn time(passes: usize, mut f: impl FnMut()) -> (f64, f64) {
+    let mut t: Vec<f64> = (0..passes)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(|a, b| a.total_cmp(b));
+    (t[passes / 2], t[0])
+}
+
+fn main() {
+    println!(
+        "mxfp4_stream: {OUT}x{INP} x{COPIES}, {} threads, median / best of {PASSES} passes",
+        specgate_verify::team::threads()
+    );
+    let ws: Vec<Mxfp4Matrix> = (0..COPIES)
+        .map(|c| Mxfp4Matrix::from_ggml(weights(c as u32 + 1), OUT, INP).unwrap())
+        .collect();
+    let bytes: usize = ws.iter().map(|w| w.bytes()).sum();
+    let isas: Vec<Isa> = [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    // Q4_K of about the same bytes per copy (8960 x 2560 x 144 / 256).
+    let (qn, qk) = (8960, 2560);
+    let qt = Tensor::from_vec(random(qn * qk, 9), (qn, qk), &Device::Cpu).unwrap();
+    let q = Arc::new(QTensor::quantize(&qt, GgmlDType::Q4K).unwrap());
+    let qws: Vec<QWeight> = (0..COPIES).map(|_| QWeight::new(q.clone()).unwrap()).collect();
+    let qbytes: usize = qws.iter().map(|w| w.bytes()).sum();
+    let mut single = [0f64; 2];
+    for rows in [1, 4, 8] {
+        let x = random(rows * INP.max(qk), 7);
+        let mut out = vec![0f32; rows * OUT.max(qn)];
+        for &isa in &isas {
+            // The scalar path is slow: fewer copies and passes.
+            let (copies, passes) = if isa == Isa::Scalar { (2, 3) } else { (COPIES, PASSES) };
+            let b: usize = ws[..copies].iter().map(|w| w.bytes()).sum();
+            let (med, best) = time(passes, || {
+                let acts = Q8Acts::new(&x, rows, INP);
+                for w in &ws[..copies] {
+                    let mut p = [Mxfp4Product { w, acts: &acts, out: &mut out[..rows * OUT] }];
+                    matmul_grouped_with(isa, &mut p);
+                }
+            });
+            let note = match (isa, rows) {
+                (Isa::Scalar, _) => String::new(),
+                (_, 1) => {
+                    single[(isa == Isa::Avx2) as usize] = med;
+                    String::new()
+                }
+                _ => format!(", {:.2}x the 1-row time", med / single[(isa == Isa::Avx2) as usize]),
+            };
+            println!(
+                "mxfp4 {rows} rows {}: median {:.1} GB/s, best {:.1} GB/s{note}",
+                isa.name(),
+                b as f64 / med / 1e9,
+                b as f64 / best / 1e9,
+            );
+        }
+        let w = &ws[0];
+        let (med, _) = time(1, || old_forward(&w.storage()[..], OUT, INP, &x[..rows * INP]));
+        println!(
+            "mxfp4 {rows} rows old scalar (one copy, one pass): {:.2} GB/s",
+            w.bytes() as f64 / med / 1e9
+        );
+        let (med, best) = time(PASSES, || {
+            for w in &qws {
+                let mut p = [Product { w, out: &mut out[..rows * qn] }];
+                matmul_many_with(Isa::current(), &x[..rows * qk], rows, &mut p);
+            }
+        });
+        println!(
+            "q4k {qn}x{qk} x{COPIES} {rows} rows {}: median {:.1} GB/s, best {:.1} GB/s",
+            Isa::current().name(),
+            qbytes as f64 / med / 1e9,
+            qbytes as f64 / best / 1e9
+        );
+    }
+    println!("({} MB of MXFP4 weights per pass)", bytes / 1_000_000);
+}
+
+/// The kernel before the SIMD ones, as it was (for the comparison only):
+/// each activation row quantized to Q8_0 (by today's quantizer, the same
+/// numbers), then every weight row with a
+/// table lookup per nibble and an f64 `powi` per block.
+fn old_forward(blocks: &[u8], out: usize, inp: usize, x: &[f32]) -> Vec<f32> {
+    const KV: [i32; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+    let half_scale = |e: u8| (2f64).powi(e as i32 - 128) as f32;
+    let per_row = inp / 32 * BLOCK_BYTES;
+    let mut y = Vec::with_capacity(x.len() / inp * out);
+    for row in x.chunks_exact(inp) {
+        let a = Q8Acts::new(row, 1, inp);
+        let (q, d) = (a.codes(), a.scales());
+        for w in blocks[..out * per_row].chunks_exact(per_row) {
+            let mut sum = 0f32;
+            for (b, blk) in w.chunks_exact(BLOCK_BYTES).enumerate() {
+                let qb = &q[b * 32..(b + 1) * 32];
+                let mut si = 0i32;
+                for j in 0..16 {
+                    si += KV[(blk[1 + j] & 15) as usize] * qb[j] as i32;
+                    si += KV[(blk[1 + j] >> 4) as usize] * qb[j + 16] as i32;
+                }
+                sum += half_scale(blk[0]) * d[b] * si as f32;
+            }
+            y.push(sum);
+        }
+    }
+    std::hint::black_box(y)
+}
