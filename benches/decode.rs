@@ -47,7 +47,9 @@ fn main() {
     let model = load_model(&path).expect("load");
     model.warm_up().expect("warm up");
     let cfg = model.config().clone();
-    let prompt: Vec<u32> = (0..plen).map(|i| (i * 7919 + 13) % cfg.vocab_size.min(30_000) as u32).collect();
+    let prompt: Vec<u32> = (0..plen)
+        .map(|i| (i * 7919 + 13) % cfg.vocab_size.min(30_000) as u32)
+        .collect();
     let blocks = (prompt.len() + n + 16).div_ceil(16);
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut pool = KvPool::for_model(&model, blocks, 16).expect("pool");

@@ -92,7 +92,9 @@ fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
     }
     model.warm_up().expect("warm up");
     let cfg = model.config().clone();
-    let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % cfg.vocab_size.min(30_000) as u32).collect();
+    let prompt: Vec<u32> = (0..128u32)
+        .map(|i| (i * 7919 + 13) % cfg.vocab_size.min(30_000) as u32)
+        .collect();
     let decode = 64;
     let max_rows = 16;
     let blocks = (prompt.len() + decode + max_rows).div_ceil(16);

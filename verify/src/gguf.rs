@@ -155,10 +155,13 @@ impl Gguf {
         })?;
         // SAFETY: read-only mapping, never written (see the type's
         // invariant).
-        let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.map_err(|source| VerifyError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?);
+        let map =
+            Arc::new(
+                unsafe { memmap2::Mmap::map(&f) }.map_err(|source| VerifyError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })?,
+            );
         let mut c = Cursor {
             r: BufReader::new(f),
         };

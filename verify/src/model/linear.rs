@@ -177,7 +177,7 @@ impl Linear {
                     ),
                     k,
                 )
-                    .map_err(VerifyError::BadConfig)?,
+                .map_err(VerifyError::BadConfig)?,
             ),
             LinearWeight::Native(w) => {
                 let bytes = w.gguf_rows(&[r as u32]).map_err(VerifyError::BadConfig)?;
@@ -185,7 +185,11 @@ impl Linear {
                 let QMatMul::QTensor(t) = q else {
                     unreachable!("a quantized matrix")
                 };
-                out.copy_from_slice(&t.dequantize(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?);
+                out.copy_from_slice(
+                    &t.dequantize(&candle_core::Device::Cpu)?
+                        .flatten_all()?
+                        .to_vec1()?,
+                );
             }
             LinearWeight::Candle(q) => {
                 let t = match q {
@@ -365,11 +369,9 @@ pub(crate) fn forward_many(
                 LinearWeight::Candle(q) => {
                     let xt = match &xt {
                         Some(t) => t,
-                        None => xt.insert(Tensor::from_slice(
-                            x,
-                            (rows, k),
-                            &candle_core::Device::Cpu,
-                        )?),
+                        None => {
+                            xt.insert(Tensor::from_slice(x, (rows, k), &candle_core::Device::Cpu)?)
+                        }
                     };
                     let y = candle_forward(q, xt)?;
                     o.copy_from_slice(&y.flatten_all()?.to_vec1::<f32>()?);
@@ -438,16 +440,17 @@ impl LinearWeight {
     /// The stored-format weights of output rows `rows`, in that order (a
     /// copy of their bytes, unchanged). Errors name a row outside.
     fn select_rows(&self, rows: &[u32]) -> std::result::Result<LinearWeight, String> {
-        let gather = |n: usize, row: &dyn Fn(usize) -> Vec<u8>| -> std::result::Result<Vec<u8>, String> {
-            let mut v = Vec::new();
-            for &r in rows {
-                if r as usize >= n {
-                    return Err(format!("row {r} outside a matrix of {n} rows"));
+        let gather =
+            |n: usize, row: &dyn Fn(usize) -> Vec<u8>| -> std::result::Result<Vec<u8>, String> {
+                let mut v = Vec::new();
+                for &r in rows {
+                    if r as usize >= n {
+                        return Err(format!("row {r} outside a matrix of {n} rows"));
+                    }
+                    v.extend(row(r as usize));
                 }
-                v.extend(row(r as usize));
-            }
-            Ok(v)
-        };
+                Ok(v)
+            };
         let n = rows.len();
         Ok(match self {
             LinearWeight::Bf16(w) => {

@@ -22,7 +22,6 @@ mod deepseek;
 mod dense;
 mod kimi_k3;
 mod linear;
-mod stored;
 mod llama;
 mod loader;
 mod mla;
@@ -31,6 +30,7 @@ mod ops;
 mod ranks;
 mod rows;
 mod shard;
+mod stored;
 
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::KvPool;

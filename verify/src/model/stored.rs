@@ -167,23 +167,14 @@ impl Stored {
                 let data = self.packed();
                 match Format::of(dtype) {
                     Some(f) if crate::kernels::backend() == crate::kernels::Backend::Native => {
-                        Linear::from_quantized(QWeight::from_gguf(f, &data, out, inp).map_err(wrap)?)
+                        Linear::from_quantized(
+                            QWeight::from_gguf(f, &data, out, inp).map_err(wrap)?,
+                        )
                     }
                     _ => Linear::from_candle_quantized(dtype, &data, out, inp)?,
                 }
             }
         })
-    }
-
-    /// The matrix widened to f32 `[out, inp]` (for the few places that
-    /// need single weights: norms fused into scores, absorbed attention).
-    pub(crate) fn to_f32(&self) -> Result<Vec<f32>> {
-        let mut w = vec![0f32; self.out * self.inp];
-        let lin = self.clone().into_linear()?;
-        for (o, row) in w.chunks_exact_mut(self.inp).enumerate() {
-            lin.row_f32(o, row)?;
-        }
-        Ok(w)
     }
 }
 
@@ -232,7 +223,9 @@ mod tests {
     #[test]
     fn selections_multiply_as_copies() {
         let (out, inp) = (6, 64);
-        let w: Vec<f32> = (0..out * inp).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
         let x: Vec<f32> = (0..2 * 32).map(|i| (i as f32 * 0.3).sin()).collect();
         for dtype in [types::BF16, types::F32] {
             let bytes: Vec<u8> = if dtype == types::BF16 {
@@ -257,7 +250,10 @@ mod tests {
             assert_eq!(a, b, "dtype {dtype}");
         }
         let full = Stored::new("w", types::BF16, bf16_bytes(&w).into(), out, inp).unwrap();
-        assert!(full.select(0..2, 16..48).is_ok(), "bf16 blocks are single values");
+        assert!(
+            full.select(0..2, 16..48).is_ok(),
+            "bf16 blocks are single values"
+        );
         let q = Stored::new("q", types::Q8_0, vec![0u8; out * 2 * 34].into(), out, inp).unwrap();
         assert!(q.select(0..2, 16..48).is_err(), "Q8_0 columns cut a block");
         assert!(q.select(0..7, 0..32).is_err());

@@ -8,9 +8,9 @@ use crate::error::{Result, VerifyError};
 use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
 use crate::model::dense::Dense;
 use crate::model::linear::Linear;
-use crate::model::stored::{ggml_type_of, Stored};
 use crate::model::loader::{json_usize, SafetensorsWeights};
 use crate::model::shard::{balanced, even_split};
+use crate::model::stored::{ggml_type_of, Stored};
 use crate::model::{Body, Model};
 use crate::tp::Communicator;
 use serde_json::Value;
@@ -245,10 +245,13 @@ impl Tensors<'_> {
     ) -> Result<Linear> {
         let name = format!("{name}.weight");
         let (data, dtype) = self.st.raw(&name, &[out, inp])?;
-        let t = ggml_type_of(dtype)
-            .ok_or_else(|| VerifyError::BadConfig(format!("{name}: {dtype:?} is not a weight type")))?;
+        let t = ggml_type_of(dtype).ok_or_else(|| {
+            VerifyError::BadConfig(format!("{name}: {dtype:?} is not a weight type"))
+        })?;
         if r.start > r.end || r.end > out {
-            return Err(VerifyError::BadConfig(format!("{name}: rows {r:?} outside {out}")));
+            return Err(VerifyError::BadConfig(format!(
+                "{name}: rows {r:?} outside {out}"
+            )));
         }
         let row = data.len() / out.max(1);
         let rows = data[r.start * row..r.end * row].to_vec();
@@ -259,12 +262,24 @@ impl Tensors<'_> {
     }
 
     /// Rows `r` of the `[out, inp]` matrix `name`.
-    fn rows(&self, name: &str, out: usize, inp: usize, r: std::ops::Range<usize>) -> Result<Linear> {
+    fn rows(
+        &self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        r: std::ops::Range<usize>,
+    ) -> Result<Linear> {
         self.part(name, (out, inp), r, 0..inp)
     }
 
     /// Columns `c` of the `[out, inp]` matrix `name`.
-    fn cols(&self, name: &str, out: usize, inp: usize, c: std::ops::Range<usize>) -> Result<Linear> {
+    fn cols(
+        &self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        c: std::ops::Range<usize>,
+    ) -> Result<Linear> {
         self.part(name, (out, inp), 0..out, c)
     }
 

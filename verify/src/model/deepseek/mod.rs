@@ -87,7 +87,11 @@ impl Mlp {
 
 enum Query {
     Full(Linear),
-    LowRank { a: Linear, norm: Vec<f32>, b: Linear },
+    LowRank {
+        a: Linear,
+        norm: Vec<f32>,
+        b: Linear,
+    },
 }
 
 struct Attention {
@@ -426,7 +430,9 @@ fn forward_rank(
         let h = rms_norm(&x, &layer.ffn_norm, eps);
         let mut f = match &layer.ffn {
             Ffn::Dense(m) => m.forward(&h)?,
-            Ffn::Moe(m) => m.forward(&h, hidden, cfg.moe.as_ref().expect("MoE layer has config"))?,
+            Ffn::Moe(m) => {
+                m.forward(&h, hidden, cfg.moe.as_ref().expect("MoE layer has config"))?
+            }
         };
         w.comm.all_reduce_sum(&mut f)?;
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);

@@ -15,8 +15,8 @@
 //! pair the same way and keeps MXFP4 experts packed.
 
 use super::{
-    Ablation, Expert, ExpertMat, Ffn, GatedMla, K3Config, K3Layer, Kda, LatentMoe, Mixer, Query,
-    SituMlp, Weights,
+    Ablation, Expert, Ffn, GatedMla, K3Config, K3Layer, Kda, LatentMoe, Mixer, Query, SituMlp,
+    Weights,
 };
 use crate::error::{Result, VerifyError};
 use crate::gguf::Gguf;
@@ -25,8 +25,8 @@ use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle};
 use crate::model::dense::Dense;
 use crate::model::linear::Linear;
 use crate::model::loader::SafetensorsWeights;
-use crate::model::stored::{ggml_type_of, Stored};
 use crate::model::shard::{balanced, even_split};
+use crate::model::stored::{ggml_type_of, Stored};
 use crate::model::{Body, Model};
 use crate::tp::Communicator;
 use candle_core::quantized::gguf_file::Value;
@@ -628,7 +628,11 @@ fn mla_mixer(src: &Source, cfg: &ModelConfig, sp: &Split, l: usize) -> Result<Mi
     let nh = cfg.num_heads;
     let q = match mla.q_lora_rank {
         Some(r) => Query::LowRank {
-            a: src.full(&lay(l, "self_attn.q_a_proj.weight", "attn_q_a.weight"), r, h)?,
+            a: src.full(
+                &lay(l, "self_attn.q_a_proj.weight", "attn_q_a.weight"),
+                r,
+                h,
+            )?,
             norm: src.get(
                 &lay(l, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
                 r,
@@ -651,7 +655,12 @@ fn mla_mixer(src: &Source, cfg: &ModelConfig, sp: &Split, l: usize) -> Result<Mi
     let per = nope + v;
     let gate_name = lay(l, "self_attn.g_proj.weight", "attn_gate.weight");
     let gate = if src.has(&gate_name) {
-        Some(src.mat(&gate_name, (nh * v, h), mheads.start * v..mheads.end * v, 0..h)?)
+        Some(src.mat(
+            &gate_name,
+            (nh * v, h),
+            mheads.start * v..mheads.end * v,
+            0..h,
+        )?)
     } else {
         None
     };
@@ -729,7 +738,11 @@ fn kda_mixer(src: &Source, k3: &K3Config, sp: &Split, l: usize) -> Result<Mixer>
         q_conv: conv("self_attn.q_conv1d.weight", "ssm_conv1d_q.weight")?,
         k_conv: conv("self_attn.k_conv1d.weight", "ssm_conv1d_k.weight")?,
         v_conv: conv("self_attn.v_conv1d.weight", "ssm_conv1d_v.weight")?,
-        f_a: src.full(&lay(l, "self_attn.f_a_proj.weight", "ssm_f_a.weight"), hd, h)?,
+        f_a: src.full(
+            &lay(l, "self_attn.f_a_proj.weight", "ssm_f_a.weight"),
+            hd,
+            h,
+        )?,
         f_b: src.mat(
             &lay(l, "self_attn.f_b_proj.weight", "ssm_f_b.weight"),
             (c, hd),
@@ -819,9 +832,7 @@ fn moe_ffn(
             ),
             ne,
         )?,
-        down: latent
-            .then(|| src.full(&down_name, lat, h))
-            .transpose()?,
+        down: latent.then(|| src.full(&down_name, lat, h)).transpose()?,
         experts,
         norm: if latent {
             src.opt(
@@ -916,7 +927,11 @@ fn load_rank(
         None
     };
     Ok(Weights {
-        embed: src.full(&global("model.embed_tokens.weight", "token_embd.weight"), v, h)?,
+        embed: src.full(
+            &global("model.embed_tokens.weight", "token_embd.weight"),
+            v,
+            h,
+        )?,
         layers,
         norm: src.get(&global("model.norm.weight", "output_norm.weight"), h)?,
         out_res,

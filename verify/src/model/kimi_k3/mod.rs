@@ -178,7 +178,11 @@ struct Kda {
 
 enum Query {
     Full(Linear),
-    LowRank { a: Linear, norm: Vec<f32>, b: Dense },
+    LowRank {
+        a: Linear,
+        norm: Vec<f32>,
+        b: Linear,
+    },
 }
 
 struct GatedMla {
@@ -377,8 +381,9 @@ impl Kda {
     /// This rank's part of the layer output for normed rows `h`, advancing
     /// each sequence's state (at `state_off` in its slot).
     /// `spans` are the sequences' rows and slots; where `snaps[i]` is set
-    /// (`rows * state_floats` floats), the layer also writes its part of
-    /// the state after each of span `i`'s rows there.
+    /// (at least `(rows - 1) * state_floats` floats), the layer also writes
+    /// its part of the state after each of span `i`'s rows but the last
+    /// there (the last one's is the slot's live state).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -661,12 +666,25 @@ fn grouped_experts(
     let mut gu: Vec<(Vec<f32>, Vec<f32>)> = mats
         .iter()
         .zip(&acts)
-        .map(|(m, a)| (vec![0f32; a.rows() * m[0].out()], vec![0f32; a.rows() * m[1].out()]))
+        .map(|(m, a)| {
+            (
+                vec![0f32; a.rows() * m[0].out()],
+                vec![0f32; a.rows() * m[1].out()],
+            )
+        })
         .collect();
     let mut products = Vec::with_capacity(2 * mats.len());
     for ((m, a), (g, u)) in mats.iter().zip(&acts).zip(gu.iter_mut()) {
-        products.push(Mxfp4Product { w: m[0], acts: a, out: g });
-        products.push(Mxfp4Product { w: m[1], acts: a, out: u });
+        products.push(Mxfp4Product {
+            w: m[0],
+            acts: a,
+            out: g,
+        });
+        products.push(Mxfp4Product {
+            w: m[1],
+            acts: a,
+            out: u,
+        });
     }
     mxfp4::matmul_grouped(&mut products);
     let hidden_acts: Vec<Q8Acts> = gu
@@ -690,7 +708,11 @@ fn grouped_experts(
         .iter()
         .zip(&hidden_acts)
         .zip(outs.iter_mut())
-        .map(|((m, a), out)| Mxfp4Product { w: m[2], acts: a, out })
+        .map(|((m, a), out)| Mxfp4Product {
+            w: m[2],
+            acts: a,
+            out,
+        })
         .collect();
     mxfp4::matmul_grouped(&mut products);
     Some(outs)

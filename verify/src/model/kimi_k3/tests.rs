@@ -214,7 +214,13 @@ fn hf_directory_and_gguf_are_the_same_model() {
     );
     let d = max_diff(&a, &b);
     eprintln!("HF vs GGUF: {d}");
-    assert!(d < 1e-5, "HF vs GGUF: {d}");
+    // The same weights (bf16 -> f32 is exact) and unrounded activations on
+    // both sides, summed in different orders by the bf16 and f32 kernels:
+    // float noise only, 10x below the llama.cpp tolerance.
+    assert!(d < 1e-4, "HF vs GGUF: {d}");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(argmax(x), argmax(y));
+    }
 }
 
 #[test]
