@@ -75,7 +75,9 @@ fn main() {
     let (qn, qk) = (8960, 2560);
     let qt = Tensor::from_vec(random(qn * qk, 9), (qn, qk), &Device::Cpu).unwrap();
     let q = Arc::new(QTensor::quantize(&qt, GgmlDType::Q4K).unwrap());
-    let qws: Vec<QWeight> = (0..COPIES).map(|_| QWeight::new(q.clone()).unwrap()).collect();
+    let qws: Vec<QWeight> = (0..COPIES)
+        .map(|_| QWeight::new(q.clone()).unwrap())
+        .collect();
     let qbytes: usize = qws.iter().map(|w| w.bytes()).sum();
     let mut single = [0f64; 2];
     for rows in [1, 4, 8] {
@@ -83,12 +85,20 @@ fn main() {
         let mut out = vec![0f32; rows * OUT.max(qn)];
         for &isa in &isas {
             // The scalar path is slow: fewer copies and passes.
-            let (copies, passes) = if isa == Isa::Scalar { (2, 3) } else { (COPIES, PASSES) };
+            let (copies, passes) = if isa == Isa::Scalar {
+                (2, 3)
+            } else {
+                (COPIES, PASSES)
+            };
             let b: usize = ws[..copies].iter().map(|w| w.bytes()).sum();
             let (med, best) = time(passes, || {
                 let acts = Q8Acts::new(&x, rows, INP);
                 for w in &ws[..copies] {
-                    let mut p = [Mxfp4Product { w, acts: &acts, out: &mut out[..rows * OUT] }];
+                    let mut p = [Mxfp4Product {
+                        w,
+                        acts: &acts,
+                        out: &mut out[..rows * OUT],
+                    }];
                     matmul_grouped_with(isa, &mut p);
                 }
             });
@@ -98,7 +108,10 @@ fn main() {
                     single[(isa == Isa::Avx2) as usize] = med;
                     String::new()
                 }
-                _ => format!(", {:.2}x the 1-row time", med / single[(isa == Isa::Avx2) as usize]),
+                _ => format!(
+                    ", {:.2}x the 1-row time",
+                    med / single[(isa == Isa::Avx2) as usize]
+                ),
             };
             println!(
                 "mxfp4 {rows} rows {}: median {:.1} GB/s, best {:.1} GB/s{note}",
@@ -108,14 +121,19 @@ fn main() {
             );
         }
         let w = &ws[0];
-        let (med, _) = time(1, || old_forward(&w.storage()[..], OUT, INP, &x[..rows * INP]));
+        let (med, _) = time(1, || {
+            old_forward(&w.storage()[..], OUT, INP, &x[..rows * INP])
+        });
         println!(
             "mxfp4 {rows} rows old scalar (one copy, one pass): {:.2} GB/s",
             w.bytes() as f64 / med / 1e9
         );
         let (med, best) = time(PASSES, || {
             for w in &qws {
-                let mut p = [Product { w, out: &mut out[..rows * qn] }];
+                let mut p = [Product {
+                    w,
+                    out: &mut out[..rows * qn],
+                }];
                 matmul_many_with(Isa::current(), &x[..rows * qk], rows, &mut p);
             }
         });

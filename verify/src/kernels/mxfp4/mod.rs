@@ -290,7 +290,10 @@ impl Mxfp4Matrix {
         } else {
             (rows.end - 1) * self.stride + row_bytes(cols.end)
         };
-        let bytes = self.bytes.slice(start..end).ok_or("MXFP4 view outside storage")?;
+        let bytes = self
+            .bytes
+            .slice(start..end)
+            .ok_or("MXFP4 view outside storage")?;
         Self::from_ggml_strided(bytes, rows.len(), cols.len(), self.stride)
     }
 
@@ -348,7 +351,14 @@ impl Mxfp4Matrix {
     /// Panics as [`Mxfp4Matrix::matmul`] does, or if this CPU lacks `isa`.
     pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32]) {
         let acts = Q8Acts::new(x, rows, self.inp);
-        matmul_grouped_with(isa, &mut [Mxfp4Product { w: self, acts: &acts, out }]);
+        matmul_grouped_with(
+            isa,
+            &mut [Mxfp4Product {
+                w: self,
+                acts: &acts,
+                out,
+            }],
+        );
     }
 
     /// `x` `[n, inp]` times the transpose, `[n, out]` (see
@@ -392,7 +402,10 @@ impl Q8Acts {
     /// Panics if `inp` is not a multiple of 32 or `x` is shorter than
     /// `rows * inp`.
     pub fn new(x: &[f32], rows: usize, inp: usize) -> Q8Acts {
-        assert!(inp.is_multiple_of(32), "MXFP4 inputs {inp} not a multiple of 32");
+        assert!(
+            inp.is_multiple_of(32),
+            "MXFP4 inputs {inp} not a multiple of 32"
+        );
         let x = &x[..rows * inp];
         let nb = rows * inp / 32;
         let mut q = vec![0i8; rows * inp];
@@ -500,7 +513,10 @@ pub fn matmul_grouped_with(isa: Isa, products: &mut [Mxfp4Product]) {
     let mut total = 0;
     for p in products.iter_mut() {
         assert_eq!(p.acts.inp, p.w.inp, "MXFP4 product input sizes differ");
-        assert!(p.out.len() >= p.acts.rows * p.w.out, "MXFP4 output too short");
+        assert!(
+            p.out.len() >= p.acts.rows * p.w.out,
+            "MXFP4 output too short"
+        );
         if p.acts.rows == 0 || p.w.out == 0 || p.w.inp == 0 {
             p.out[..p.acts.rows * p.w.out].fill(0.0);
             continue;

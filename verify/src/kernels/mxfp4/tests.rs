@@ -125,7 +125,9 @@ fn packed_and_ggml_constructors_agree() {
     let mut rng = StdRng::seed_from_u64(3);
     let (out, inp) = (19, 96);
     let codes: Vec<u8> = (0..out * inp).map(|_| rng.random_range(0..16)).collect();
-    let scales: Vec<u8> = (0..out * inp / 32).map(|_| rng.random_range(100..150)).collect();
+    let scales: Vec<u8> = (0..out * inp / 32)
+        .map(|_| rng.random_range(100..150))
+        .collect();
     let packed: Vec<u8> = codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
     let mut ggml = Vec::new();
     for (c, &e) in codes.chunks(32).zip(&scales) {
@@ -135,7 +137,10 @@ fn packed_and_ggml_constructors_agree() {
     let a = Mxfp4Matrix::from_packed(&packed, &scales, out, inp).unwrap();
     let b = Mxfp4Matrix::from_ggml(ggml.clone(), out, inp).unwrap();
     assert_eq!(&**a.storage(), &ggml[..]);
-    assert_eq!(a.dequantize(), decode_packed(&packed, &scales, out, inp).unwrap());
+    assert_eq!(
+        a.dequantize(),
+        decode_packed(&packed, &scales, out, inp).unwrap()
+    );
     let x = activations(3, inp, &mut rng);
     assert_same("packed vs ggml", &a.forward(&x), &b.forward(&x));
     assert!(Mxfp4Matrix::from_packed(&packed[1..], &scales, out, inp).is_err());
@@ -183,8 +188,14 @@ fn product_is_q8_activations_times_exact_weights() {
             let want: f32 = wrow.iter().zip(&xq[r * inp..]).map(|(a, b)| a * b).sum();
             let exact: f32 = wrow.iter().zip(&x[r * inp..]).map(|(a, b)| a * b).sum();
             let got = y[r * out + o];
-            assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "{got} vs {want}");
-            assert!((got - exact).abs() < 0.05 * (1.0 + exact.abs()), "{got} vs {exact}");
+            assert!(
+                (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                "{got} vs {want}"
+            );
+            assert!(
+                (got - exact).abs() < 0.05 * (1.0 + exact.abs()),
+                "{got} vs {exact}"
+            );
         }
     }
 }
@@ -221,8 +232,15 @@ fn grouped_equals_one_by_one() {
         .map(|&out| Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap())
         .collect();
     let rows = [4, 0, 1, 11];
-    let xs: Vec<Vec<f32>> = rows.iter().map(|&r| activations(r, inp, &mut rng)).collect();
-    let acts: Vec<Q8Acts> = xs.iter().zip(rows).map(|(x, r)| Q8Acts::new(x, r, inp)).collect();
+    let xs: Vec<Vec<f32>> = rows
+        .iter()
+        .map(|&r| activations(r, inp, &mut rng))
+        .collect();
+    let acts: Vec<Q8Acts> = xs
+        .iter()
+        .zip(rows)
+        .map(|(x, r)| Q8Acts::new(x, r, inp))
+        .collect();
     for isa in isas() {
         let mut outs: Vec<Vec<f32>> = ws
             .iter()
@@ -250,7 +268,10 @@ fn strided_views_equal_contiguous_copies() {
     let (out, inp) = (45, 32 * 8);
     let big = Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap();
     let view = big.view(3..40, 64..192).unwrap();
-    assert_eq!((view.out(), view.inp(), view.row_stride()), (37, 128, big.row_stride()));
+    assert_eq!(
+        (view.out(), view.inp(), view.row_stride()),
+        (37, 128, big.row_stride())
+    );
     let mut copy = Vec::new();
     for o in 3..40 {
         copy.extend_from_slice(&big.row(o)[row_bytes(64)..row_bytes(192)]);
@@ -259,7 +280,11 @@ fn strided_views_equal_contiguous_copies() {
     assert_eq!(view.dequantize(), copy.dequantize());
     let x = activations(6, 128, &mut rng);
     for isa in isas() {
-        assert_same(isa.name(), &product(isa, &view, &x, 6), &product(isa, &copy, &x, 6));
+        assert_same(
+            isa.name(),
+            &product(isa, &view, &x, 6),
+            &product(isa, &copy, &x, 6),
+        );
     }
     // Padded rows (stride 3 bytes longer than a row), storage ending at
     // the last row's end.
@@ -276,7 +301,10 @@ fn strided_views_equal_contiguous_copies() {
     assert!(Mxfp4Matrix::from_ggml_strided(padded[1..].to_vec(), 37, 128, rb + 3).is_err());
     assert!(big.view(3..46, 0..32).is_err());
     assert!(big.view(0..1, 16..32).is_err());
-    assert_eq!(big.view(4..4, 0..32).unwrap().forward(&[]), Vec::<f32>::new());
+    assert_eq!(
+        big.view(4..4, 0..32).unwrap().forward(&[]),
+        Vec::<f32>::new()
+    );
 }
 
 /// Zero rows of activations, or a matrix without rows, is no work and
@@ -327,6 +355,9 @@ fn kernel_isa_env_is_respected() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{env}: {stdout}");
-        assert!(stdout.contains(&format!("MXFP4-ISA {}", want.name())), "{env}: {stdout}");
+        assert!(
+            stdout.contains(&format!("MXFP4-ISA {}", want.name())),
+            "{env}: {stdout}"
+        );
     }
 }
