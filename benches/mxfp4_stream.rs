@@ -122,7 +122,7 @@ fn main() {
         }
         let w = &ws[0];
         let (med, _) = time(1, || {
-            old_forward(&w.storage()[..], OUT, INP, &x[..rows * INP])
+            old_forward(&w.storage()[..], OUT, INP, &x[..rows * INP]);
         });
         println!(
             "mxfp4 {rows} rows old scalar (one copy, one pass): {:.2} GB/s",

@@ -104,7 +104,7 @@ unsafe fn half<const R: usize>(
                 _mm256_shuffle_epi8(table, v)
             });
             let sv = _mm256_loadu_ps(sck.as_ptr());
-            for r in 0..R {
+            for (r, acc) in acc.iter_mut().enumerate() {
                 let ab = (r0 + r) * nb + b;
                 let xq = a.q.as_ptr().add(ab * 32);
                 let dot = |w: &[__m256i; 4], x: *const i8| {
@@ -123,7 +123,7 @@ unsafe fn half<const R: usize>(
                     dot(&hi, xq.add(16)),
                 );
                 let s = _mm256_mul_ps(sv, _mm256_set1_ps(*a.d.get_unchecked(ab)));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, acc[r]);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, *acc);
             }
         }
     }

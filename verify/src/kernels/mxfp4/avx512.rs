@@ -99,7 +99,7 @@ unsafe fn kernel<const R: usize>(
                 _mm512_shuffle_epi8(table, v)
             });
             let sv = _mm512_loadu_ps(sck.as_ptr());
-            for r in 0..R {
+            for (r, acc) in acc.iter_mut().enumerate() {
                 let ab = (r0 + r) * nb + b;
                 let xq = a.q.as_ptr().add(ab * 32);
                 let mut isum = _mm512_set1_epi32(*a.corr.get_unchecked(ab));
@@ -108,7 +108,7 @@ unsafe fn kernel<const R: usize>(
                     isum = _mm512_dpbusd_epi32(isum, hi[g], x4(xq.add(16 + 4 * g)));
                 }
                 let s = _mm512_mul_ps(sv, _mm512_set1_ps(*a.d.get_unchecked(ab)));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[r]);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, *acc);
             }
         }
     }

@@ -393,6 +393,9 @@ pub struct Q8Acts {
     corr: Vec<i32>,
 }
 
+/// One block's input and where its codes, scale and correction go.
+type BlockOut<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut f32, &'a mut i32));
+
 /// Inputs from which quantization is worth splitting over rayon's pool.
 const PARALLEL_VALUES: usize = 1 << 16;
 
@@ -411,7 +414,7 @@ impl Q8Acts {
         let mut q = vec![0i8; rows * inp];
         let mut d = vec![0f32; nb];
         let mut corr = vec![0i32; nb];
-        let block = |((xb, qb), (db, cb)): ((&[f32], &mut [i8]), (&mut f32, &mut i32))| {
+        let block = |((xb, qb), (db, cb)): BlockOut| {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             *db = half::f16::from_f32(amax / 127.0).to_f32();
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
