@@ -43,13 +43,13 @@ macro_rules! by_rows {
 }
 
 pub mod act;
-pub mod bf16;
-pub mod bytes;
-pub mod f32;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod bf16;
+pub mod bytes;
+pub mod f32;
 mod layout;
 pub mod mxfp4;
 mod scalar;

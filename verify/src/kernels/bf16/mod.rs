@@ -68,9 +68,7 @@ impl Path {
             #[cfg(target_arch = "x86_64")]
             Path::Avx512 => Path::Avx2.available() && is_x86_feature_detected!("avx512f"),
             #[cfg(target_arch = "x86_64")]
-            Path::Avx512Bf16 => {
-                Path::Avx512.available() && is_x86_feature_detected!("avx512bf16")
-            }
+            Path::Avx512Bf16 => Path::Avx512.available() && is_x86_feature_detected!("avx512bf16"),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -206,7 +204,10 @@ impl Bf16Matrix {
     /// outside the matrix.
     pub fn columns(&self, c: Range<usize>) -> Result<Self, String> {
         if c.start > c.end || c.end > self.k {
-            return Err(format!("columns {c:?} outside a matrix of {} columns", self.k));
+            return Err(format!(
+                "columns {c:?} outside a matrix of {} columns",
+                self.k
+            ));
         }
         Ok(Bf16Matrix {
             start: self.start + 2 * c.start,
@@ -389,7 +390,8 @@ fn scalar_dot(b: &Cols, c: usize, x: &[Line]) -> f32 {
         let w = b.chunk(c, i);
         let (odd, even) = (&x[2 * i].0, &x[2 * i + 1].0);
         for (j, a) in acc.iter_mut().enumerate() {
-            let f = |l: &[u8; CHUNK_BYTES]| f32::from_ne_bytes(l[4 * j..4 * j + 4].try_into().unwrap());
+            let f =
+                |l: &[u8; CHUNK_BYTES]| f32::from_ne_bytes(l[4 * j..4 * j + 4].try_into().unwrap());
             let wo = from_bf16(u16::from_le_bytes([w[4 * j + 2], w[4 * j + 3]]));
             let we = from_bf16(u16::from_le_bytes([w[4 * j], w[4 * j + 1]]));
             *a = wo.mul_add(f(odd), *a);

@@ -100,7 +100,10 @@ fn widening_paths_agree_bit_for_bit_and_bf16_within_tolerance() {
     for path in paths() {
         let out = run(&w, path, &x, rows);
         if path != Path::Avx512Bf16 {
-            let same = out.iter().zip(&base).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = out
+                .iter()
+                .zip(&base)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{path:?} differs from the scalar path");
             continue;
         }
@@ -129,8 +132,14 @@ fn a_row_gives_the_same_bits_among_any_number_of_rows() {
             let out = run(&w, path, &x, rows);
             for (r, want) in alone.iter().enumerate().take(rows) {
                 let got = &out[r * n..(r + 1) * n];
-                let same = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{path:?}: row {r} of {rows} differs from the row alone");
+                let same = got
+                    .iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{path:?}: row {r} of {rows} differs from the row alone"
+                );
             }
         }
     }
@@ -160,7 +169,11 @@ fn strided_and_mapped_views_equal_contiguous_copies() {
         ),
     ];
     for (view, contiguous) in &views {
-        assert_eq!(view.bytes().len(), big.bytes().len(), "a view shares storage");
+        assert_eq!(
+            view.bytes().len(),
+            big.bytes().len(),
+            "a view shares storage"
+        );
         let x = values(rows * view.k(), &mut rng);
         for path in paths() {
             assert_eq!(
@@ -261,7 +274,15 @@ fn a_column_gives_the_same_bits_however_columns_are_split() {
 #[test]
 fn activations_round_to_nearest_even_like_half() {
     let mut rng = StdRng::seed_from_u64(7);
-    let specials = [0.0f32, -0.0, 1.0, f32::INFINITY, -f32::INFINITY, f32::MAX, 1e-40];
+    let specials = [
+        0.0f32,
+        -0.0,
+        1.0,
+        f32::INFINITY,
+        -f32::INFINITY,
+        f32::MAX,
+        1e-40,
+    ];
     let ties = [f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000)];
     let random = (0..10_000).map(|_| f32::from_bits(rng.random::<u32>()));
     for v in specials.into_iter().chain(ties).chain(random) {

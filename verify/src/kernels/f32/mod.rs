@@ -115,7 +115,10 @@ impl F32Matrix {
     /// outside the matrix.
     pub fn columns(&self, c: Range<usize>) -> Result<Self, String> {
         if c.start > c.end || c.end > self.k {
-            return Err(format!("columns {c:?} outside a matrix of {} columns", self.k));
+            return Err(format!(
+                "columns {c:?} outside a matrix of {} columns",
+                self.k
+            ));
         }
         Ok(F32Matrix {
             start: self.start + 4 * c.start,

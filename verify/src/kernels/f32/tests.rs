@@ -110,7 +110,11 @@ fn strided_and_mapped_views_equal_contiguous_copies() {
         ),
     ];
     for (view, contiguous) in &views {
-        assert_eq!(view.bytes().len(), big.bytes().len(), "a view shares storage");
+        assert_eq!(
+            view.bytes().len(),
+            big.bytes().len(),
+            "a view shares storage"
+        );
         let x = values(rows * view.k(), &mut rng);
         for isa in isas() {
             assert_eq!(
@@ -132,13 +136,17 @@ fn strided_and_mapped_views_equal_contiguous_copies() {
     // SAFETY: the file is ours and not modified while mapped.
     let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
     std::fs::remove_file(&path).unwrap();
-    let m = F32Matrix::from_bytes(Bytes::mapped(map, 3..file.len()).unwrap(), n, k, stride).unwrap();
+    let m =
+        F32Matrix::from_bytes(Bytes::mapped(map, 3..file.len()).unwrap(), n, k, stride).unwrap();
     let mut row = vec![0f32; k];
     m.row_f32(7, &mut row);
     assert_eq!(row, vals[7 * k..8 * k]);
     let x = values(rows * k, &mut rng);
     for isa in isas() {
-        assert_eq!(bits(&run(&m, isa, &x, rows)), bits(&run(&big, isa, &x, rows)));
+        assert_eq!(
+            bits(&run(&m, isa, &x, rows)),
+            bits(&run(&big, isa, &x, rows))
+        );
     }
 }
 
