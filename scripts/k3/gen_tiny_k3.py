@@ -552,7 +552,7 @@ def make_weights(sp: Spec) -> Weights:
 
     `sp.well_conditioned`: every residual branch's last projection (KDA/MLA o_proj, dense and
     shared down_proj, routed_expert_up_proj) scaled by 1/sqrt(2 * n_layers), the routed branch
-    by a further 1/4 (a router flip swaps one of top-k experts, a jump, so its share of the
+    by a further 1/8 (a router flip swaps one of top-k experts, a jump, so its share of the
     residual stream is kept small), attention-residual score vectors 20x smaller (mixing stays
     near uniform and smooth), expert MXFP4 scales variance-preserving (mxfp4_scales). Routing
     stays token-dependent (router gain 1), so decode benches still touch many experts."""
@@ -565,7 +565,7 @@ def make_weights(sp: Spec) -> Weights:
     wc = sp.well_conditioned
     res_gain = (0.1 if wc else 2.0) / np.sqrt(sp.hidden)
     branch = 1.0 / np.sqrt(2 * sp.n_layers) if wc else 1.0
-    routed = 0.25 * branch if wc else 1.0
+    routed = 0.125 * branch if wc else 1.0
     router_gain = 1.0 if wc else 2.0
 
     def res_pair(prefix: str):
