@@ -15,9 +15,10 @@
 #   2. llama.cpp's converter (scripts/k3/convert.py) -> f32, bf16, q8_0 GGUFs (experts MXFP4),
 #      and llama-quantize Q4_K_M from the bf16 GGUF; the tensor types of each are printed
 #   3. ROUNDS rounds, alternating per format: llama-bench (tg N: batch-1 decode; pp1 and pp4:
-#      the cost of a verify pass of 1 and 4 rows), then ours (`cargo bench --bench decode --
-#      MODEL N P` and, for the verify pass, `cargo bench --bench runtime -- MODEL`), all at
-#      THREADS threads; the CPU model and ISA are printed with the table
+#      the cost of a verify pass of 1 and 4 rows), then ours on the same file (`specgate
+#      generate --ignore-eos`, its logged decode rate; `cargo bench --bench decode -- MODEL N P`;
+#      for the verify pass `cargo bench --bench runtime -- MODEL`), all at THREADS threads; the
+#      CPU model and ISA are printed with the table
 #   4. peak RSS of our loading, /usr/bin/time -v around `specgate generate` on the HF directory
 #      and on each GGUF (one token)
 # The table goes to stdout and $WORK/<slice>-results.md; raw logs to $WORK/<slice>-logs/.
@@ -32,6 +33,8 @@
 #   N / P            decode tokens / prompt tokens for ours (default 64 / 1)
 #   TYPES            formats to bench                       (default "f32 bf16 q8_0 Q4_K_M")
 #   OURS             0 skips our side (llama.cpp only; the commands for ours are still printed)
+#   SPECGATE_BIN     a built specgate to use (default: cargo build --release --bin specgate)
+#   OURS_BENCHES     0 skips building/running our decode and runtime benches
 set -euo pipefail
 
 SLICE="${1:-}"
@@ -103,52 +106,74 @@ echo "== 3. benches: $ROUNDS alternating rounds, threads $THREADS"
 CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
 ISA="$(grep -m1 -o -w -E 'avx2|avx512f|avx512_bf16|avx512_vnni|amx_tile|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "   CPU: $CPU, $(nproc) CPUs; ISA: $ISA"
-OURS_DECODE="" OURS_RUNTIME="" OURS_GEN=""
+OURS_DECODE="" OURS_RUNTIME="" OURS_GEN="${SPECGATE_BIN:-}"
 if [[ "$OURS" == 1 ]]; then
-    (cd "$REPO" && cargo bench --bench decode --no-run --message-format=json 2>"$LOGS/build-decode.log") \
-        | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "decode"]' \
-        > "$LOGS/decode-exe" || true
-    (cd "$REPO" && cargo bench --bench runtime --no-run --message-format=json 2>"$LOGS/build-runtime.log") \
-        | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "runtime"]' \
-        > "$LOGS/runtime-exe" || true
-    (cd "$REPO" && cargo build --release --bin specgate > "$LOGS/build-specgate.log" 2>&1) || true
-    OURS_DECODE="$(tail -1 "$LOGS/decode-exe")"
-    OURS_RUNTIME="$(tail -1 "$LOGS/runtime-exe")"
-    [[ -x "$CARGO_TARGET_DIR/release/specgate" ]] && OURS_GEN="$CARGO_TARGET_DIR/release/specgate"
+    exe_of() {  # cargo's JSON messages -> the bench executable named $1
+        python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]]' "$1"
+    }
+    if [[ -z "$OURS_GEN" ]]; then
+        (cd "$REPO" && cargo build --release --bin specgate > "$LOGS/build-specgate.log" 2>&1) || true
+        [[ -x "$CARGO_TARGET_DIR/release/specgate" ]] && OURS_GEN="$CARGO_TARGET_DIR/release/specgate"
+    fi
+    if [[ "${OURS_BENCHES:-1}" == 1 ]]; then
+        (cd "$REPO" && cargo bench --bench decode --no-run --message-format=json 2>"$LOGS/build-decode.log") \
+            | exe_of decode > "$LOGS/decode-exe" || true
+        (cd "$REPO" && cargo bench --bench runtime --no-run --message-format=json 2>"$LOGS/build-runtime.log") \
+            | exe_of runtime > "$LOGS/runtime-exe" || true
+        OURS_DECODE="$(tail -1 "$LOGS/decode-exe")"
+        OURS_RUNTIME="$(tail -1 "$LOGS/runtime-exe")"
+    fi
 fi
-echo "   ours: decode ${OURS_DECODE:-not built} | runtime ${OURS_RUNTIME:-not built}"
-echo "   (equivalently, from $REPO: cargo bench --bench decode -- MODEL $N $P; cargo bench --bench runtime -- MODEL)"
+echo "   ours: specgate ${OURS_GEN:-not built} | decode bench ${OURS_DECODE:-not built} | runtime bench ${OURS_RUNTIME:-not built}"
+echo "   (by hand, from $REPO: specgate generate --model MODEL --prompt '...' --max-tokens $N --ignore-eos;"
+echo "    cargo bench --bench decode -- MODEL $N $P; cargo bench --bench runtime -- MODEL)"
 
 RAW="$LOGS/raw.tsv"
 : > "$RAW"
+PROMPT="The model reads the prompt, and the quick brown fox jumps"
 for r in $(seq 1 "$ROUNDS"); do
     for th in $THREADS; do
         for t in $TYPES; do
             m="$(gguf $t)"
             # llama.cpp: batch-1 decode (tg), and prompt passes of 1 and 4 tokens (a verify pass)
             if "$BUILD/bin/llama-bench" -m "$m" -t "$th" -p 1,4 -n "$N" -r 3 -o csv > "$LOGS/llama-$t-$th-$r.csv" 2> "$LOGS/llama-$t-$th-$r.err"; then
-                python3 - "$LOGS/llama-$t-$th-$r.csv" "$t" "$th" "$r" >> "$RAW" <<'EOF'
+                python3 - "$LOGS/llama-$t-$th-$r.csv" "$t" "$th" "$r" >> "$RAW" <<'EOF2'
 import csv, sys
 path, t, th, r = sys.argv[1:]
 for row in csv.DictReader(open(path)):
     npp, ntg = int(row["n_prompt"]), int(row["n_gen"])
     what = f"pp{npp}" if ntg == 0 else "tg"
     print(f"llama\t{t}\t{th}\t{r}\t{what}\t{float(row['avg_ts']):.3f}")
-EOF
+EOF2
             else
                 echo "   llama-bench $t failed: $(tail -1 "$LOGS/llama-$t-$th-$r.err")"
             fi
-            [[ -n "$OURS_DECODE" ]] || continue
-            if RAYON_NUM_THREADS="$th" timeout 1200 "$OURS_DECODE" --bench "$m" "$N" "$P" > "$LOGS/ours-$t-$th-$r.log" 2>&1; then
-                tps="$(grep -o '[0-9.]* tok/s' "$LOGS/ours-$t-$th-$r.log" | head -1 | cut -d' ' -f1)"
-                printf 'ours\t%s\t%s\t%s\ttg\t%s\n' "$t" "$th" "$r" "${tps:-nan}" >> "$RAW"
-            else
-                echo "   ours $t failed: $(tail -1 "$LOGS/ours-$t-$th-$r.log")"
+            # ours, right after, on the same file: `specgate generate` (what a user runs) ...
+            if [[ -n "$OURS_GEN" ]]; then
+                log="$LOGS/ours-gen-$t-$th-$r.log"
+                if RAYON_NUM_THREADS="$th" timeout 1200 "$OURS_GEN" generate --model "$m" --prompt "$PROMPT" \
+                    --max-tokens "$N" --ignore-eos > "$log" 2>&1; then
+                    tps="$(grep ' decode tokens=' "$log" | sed -n 's/.*tokens_per_sec=\([0-9.]*\).*/\1/p' | tail -1)"
+                    printf 'ours\t%s\t%s\t%s\ttg\t%s\n' "$t" "$th" "$r" "${tps:-nan}" >> "$RAW"
+                else
+                    echo "   ours (generate) $t failed: $(grep -v '^\s*$' "$log" | tail -1 | cut -c1-200)"
+                fi
+            fi
+            # ... and the decode bench (N tokens after a P-token prompt), when it runs this model
+            if [[ -n "$OURS_DECODE" ]]; then
+                log="$LOGS/ours-decode-$t-$th-$r.log"
+                if RAYON_NUM_THREADS="$th" timeout 1200 "$OURS_DECODE" --bench "$m" "$N" "$P" > "$log" 2>&1; then
+                    tps="$(grep -o '[0-9.]* tok/s' "$log" | head -1 | cut -d' ' -f1)"
+                    printf 'ours\t%s\t%s\t%s\ttg-bench\t%s\n' "$t" "$th" "$r" "${tps:-nan}" >> "$RAW"
+                else
+                    echo "   ours (decode bench) $t failed: $(grep -v '^\s*$' "$log" | tail -1 | cut -c1-200)"
+                fi
             fi
             if [[ -n "$OURS_RUNTIME" && "$r" == 1 ]]; then
+                log="$LOGS/ours-runtime-$t-$th.log"
                 RAYON_NUM_THREADS="$th" SPECGATE_BENCH_BACKENDS=native timeout 1800 "$OURS_RUNTIME" --bench "$m" \
-                    > "$LOGS/ours-runtime-$t-$th.log" 2>&1 || echo "   ours runtime $t failed: $(tail -1 "$LOGS/ours-runtime-$t-$th.log")"
-                v4="$(grep -E 'verify +4 rows' "$LOGS/ours-runtime-$t-$th.log" | grep -o '= [0-9.]*x' | tr -d '=x ' | head -1)"
+                    > "$log" 2>&1 || echo "   ours (runtime bench) $t failed: $(grep -v '^\s*$' "$log" | tail -1 | cut -c1-200)"
+                v4="$(grep -E 'verify +4 rows' "$log" | grep -o '= [0-9.]*x' | tr -d '=x ' | head -1)"
                 [[ -n "$v4" ]] && printf 'ours\t%s\t%s\t%s\tverify4\t%s\n' "$t" "$th" "$r" "$v4" >> "$RAW"
             fi
         done
@@ -183,16 +208,16 @@ for line in open(raw):
 med = lambda k: statistics.median(d[k]) if d.get(k) else None
 f = lambda x, fmt="{:.2f}": "-" if x is None else fmt.format(x)
 print(f"### {name}: batch-1 decode, tok/s (median of rounds; each round alternates llama.cpp and ours per format)\n")
-print(f"CPU: {cpu}; ISA flags: {isa}; ours: decode {n} tokens after a {p}-token prompt; llama.cpp: llama-bench tg{n}.\n")
-print("| format | threads | llama.cpp tg | ours tg | ours / llama.cpp | llama.cpp pp1 tok/s | pp4 tok/s | llama.cpp 4-row pass / 1-row | ours 4-row / 1-row |")
-print("|---|---|---|---|---|---|---|---|---|")
+print(f"CPU: {cpu}; ISA flags: {isa}. llama.cpp: llama-bench tg{n} (3 reps a round); ours: `specgate generate --max-tokens {n} --ignore-eos` (decode rate of its log), and the decode bench ({n} tokens after a {p}-token prompt) where it runs.\n")
+print("| format | threads | llama.cpp tg | ours tg (generate) | ours / llama.cpp | ours tg (decode bench) | llama.cpp pp1 tok/s | pp4 tok/s | llama.cpp 4-row pass / 1-row | ours 4-row / 1-row |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 ORDER = ["f32", "bf16", "q8_0", "Q4_K_M"]
 for t, th in sorted({(k[1], k[2]) for k in d}, key=lambda x: (x[1], ORDER.index(x[0]) if x[0] in ORDER else 9)):
     lt, ot = med(("llama", t, th, "tg")), med(("ours", t, th, "tg"))
     p1, p4 = med(("llama", t, th, "pp1")), med(("llama", t, th, "pp4"))
     ratio = ot / lt if lt and ot else None
     cost4 = (4 / p4) / (1 / p1) if p1 and p4 else None
-    print(f"| {t} | {th} | {f(lt)} | {f(ot)} | {f(ratio, '{:.2f}x')} | {f(p1)} | {f(p4)} | {f(cost4, '{:.2f}x')} | {f(med(('ours', t, th, 'verify4')), '{:.2f}x')} |")
+    print(f"| {t} | {th} | {f(lt)} | {f(ot)} | {f(ratio, '{:.2f}x')} | {f(med(('ours', t, th, 'tg-bench')))} | {f(p1)} | {f(p4)} | {f(cost4, '{:.2f}x')} | {f(med(('ours', t, th, 'verify4')), '{:.2f}x')} |")
 rows = [l.rstrip("\n").split("\t") for l in open(rss) if l.strip()]
 if rows:
     print("\nPeak RSS of `specgate generate` (load + 1 token):\n")

@@ -120,8 +120,9 @@ def q8_0(x):
 
 
 class _ExpertCache:
-    """Experts decoded on first use, kept up to `budget` bytes (then dropped all at once), so a
-    slice's experts are decoded about once per layer pass instead of living in memory."""
+    """Experts decoded on first use, kept (as exact f32) up to `budget` bytes, then dropped all at
+    once, so a slice's experts are decoded about once per layer pass instead of living in memory.
+    A product with an f64 activation is computed in f64."""
 
     def __init__(self, w, budget: int):
         self.w, self.budget, self.d, self.bytes = w, budget, {}, 0
@@ -130,7 +131,8 @@ class _ExpertCache:
         if key not in self.d:
             il, e, wid = key
             pre = f"language_model.model.layers.{il}.block_sparse_moe.experts.{e}.{wid}."
-            m = dequant_mxfp4(self.w[pre + "weight_packed"], self.w[pre + "weight_scale"])
+            # f32 holds every MXFP4 value exactly (E2M1 x 2^k): half the memory of f64
+            m = dequant_mxfp4(self.w[pre + "weight_packed"], self.w[pre + "weight_scale"]).astype(np.float32)
             if self.bytes + m.nbytes > self.budget:
                 self.d.clear()
                 self.bytes = 0
@@ -140,7 +142,7 @@ class _ExpertCache:
 
 
 class K3:
-    def __init__(self, hf: Path, q8: bool, lazy: bool = False, expert_budget: int = 2 << 30):
+    def __init__(self, hf: Path, q8: bool, lazy: bool = False, expert_budget: int = 6 << 30):
         self.cfg = json.loads((hf / "config.json").read_text())["text_config"]
         shards = sorted(hf.glob("model-*.safetensors")) or [hf / "model.safetensors"]
         self.q8 = q8
