@@ -13,7 +13,8 @@
 # Steps (each skipped when its output exists and is newer than its input):
 #   1. scripts/k3/gen_tiny_k3.py --spec ... streams the HF checkpoint to $WORK/<slice>-hf
 #   2. llama.cpp's converter (scripts/k3/convert.py) -> f32, bf16, q8_0 GGUFs (experts MXFP4),
-#      and llama-quantize Q4_K_M from the bf16 GGUF; the tensor types of each are printed
+#      and llama-quantize Q4_K_M from the bf16 GGUF (experts kept MXFP4: llama-quantize will
+#      not requantize them; QUANT_EXPERTS=requant forces it); the tensor types of each are printed
 #   3. ROUNDS rounds, alternating per format: llama-bench (tg N: batch-1 decode; pp1 and pp4:
 #      the cost of a verify pass of 1 and 4 rows), then ours on the same file (`specgate
 #      generate --ignore-eos`, its logged decode rate; `cargo bench --bench decode -- MODEL N P`;
@@ -85,7 +86,11 @@ for t in f32 bf16 q8_0; do
     fi
 done
 if [[ " $TYPES " == *" Q4_K_M "* ]] && ! newer "$(gguf Q4_K_M)" "$(gguf bf16)"; then
-    "$BUILD/bin/llama-quantize" "$(gguf bf16)" "$(gguf Q4_K_M)" Q4_K_M > "$LOGS/quantize.log" 2>&1 \
+    # llama-quantize refuses to requantize the MXFP4 experts ("requantizing from type mxfp4 is
+    # disabled"); by default they are kept as they are (a tensor-type override to their own
+    # type is a copy), QUANT_EXPERTS=requant passes --allow-requantize instead.
+    if [[ "${QUANT_EXPERTS:-keep}" == requant ]]; then QFLAGS=(--allow-requantize); else QFLAGS=(--tensor-type '_exps=mxfp4'); fi
+    "$BUILD/bin/llama-quantize" "${QFLAGS[@]}" "$(gguf bf16)" "$(gguf Q4_K_M)" Q4_K_M > "$LOGS/quantize.log" 2>&1 \
         || { tail -30 "$LOGS/quantize.log"; exit 1; }
 fi
 for t in $TYPES; do
