@@ -33,6 +33,7 @@
 #   ROUNDS           alternating rounds                     (default 3)
 #   N / P            decode tokens / prompt tokens for ours (default 64 / 1)
 #   TYPES            formats to bench                       (default "f32 bf16 q8_0 Q4_K_M")
+#   LLAMA_REPS       llama-bench repetitions a round        (default 3)
 #   OURS             0 skips our side (llama.cpp only; the commands for ours are still printed)
 #   SPECGATE_BIN     a built specgate to use (default: cargo build --release --bin specgate)
 #   OURS_BENCHES     0 skips building/running our decode and runtime benches
@@ -60,6 +61,7 @@ N="${N:-64}"
 P="${P:-1}"
 TYPES="${TYPES:-f32 bf16 q8_0 Q4_K_M}"
 OURS="${OURS:-1}"
+LLAMA_REPS="${LLAMA_REPS:-3}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}"
 
 HF="$WORK/$NAME-hf"
@@ -140,8 +142,10 @@ for r in $(seq 1 "$ROUNDS"); do
     for th in $THREADS; do
         for t in $TYPES; do
             m="$(gguf $t)"
+            # the host's load when this pair starts (other jobs on a shared box skew both sides)
+            printf 'load\t%s\t%s\t%s\tload1\t%s\n' "$t" "$th" "$r" "$(cut -d' ' -f1 /proc/loadavg)" >> "$RAW"
             # llama.cpp: batch-1 decode (tg), and prompt passes of 1 and 4 tokens (a verify pass)
-            if "$BUILD/bin/llama-bench" -m "$m" -t "$th" -p 1,4 -n "$N" -r 3 -o csv > "$LOGS/llama-$t-$th-$r.csv" 2> "$LOGS/llama-$t-$th-$r.err"; then
+            if "$BUILD/bin/llama-bench" -m "$m" -t "$th" -p 1,4 -n "$N" -r "$LLAMA_REPS" -o csv > "$LOGS/llama-$t-$th-$r.csv" 2> "$LOGS/llama-$t-$th-$r.err"; then
                 python3 - "$LOGS/llama-$t-$th-$r.csv" "$t" "$th" "$r" >> "$RAW" <<'EOF2'
 import csv, sys
 path, t, th, r = sys.argv[1:]
@@ -223,6 +227,9 @@ for t, th in sorted({(k[1], k[2]) for k in d}, key=lambda x: (x[1], ORDER.index(
     ratio = ot / lt if lt and ot else None
     cost4 = (4 / p4) / (1 / p1) if p1 and p4 else None
     print(f"| {t} | {th} | {f(lt)} | {f(ot)} | {f(ratio, '{:.2f}x')} | {f(med(('ours', t, th, 'tg-bench')))} | {f(p1)} | {f(p4)} | {f(cost4, '{:.2f}x')} | {f(med(('ours', t, th, 'verify4')), '{:.2f}x')} |")
+loads = [v for k, vs in d.items() if k[0] == "load" for v in vs]
+if loads:
+    print(f"\n1-minute load average when a pair started: {min(loads):.2f}-{max(loads):.2f} ({len(open('/proc/cpuinfo').read().split('processor')) - 1} CPUs).")
 rows = [l.rstrip("\n").split("\t") for l in open(rss) if l.strip()]
 if rows:
     print("\nPeak RSS of `specgate generate` (load + 1 token):\n")
