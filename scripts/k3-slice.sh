@@ -204,9 +204,9 @@ if [[ -n "$OURS_GEN" ]]; then
     done
 fi
 
-python3 - "$RAW" "$RSS" "$NAME" "$CPU" "$ISA" "$N" "$P" > "$RES" <<'EOF'
+python3 - "$RAW" "$RSS" "$NAME" "$CPU" "$ISA" "$N" "$P" "$LLAMA_REPS" > "$RES" <<'EOF'
 import collections, statistics, sys
-raw, rss, name, cpu, isa, n, p = sys.argv[1:]
+raw, rss, name, cpu, isa, n, p, reps = sys.argv[1:]
 d = collections.defaultdict(list)
 for line in open(raw):
     who, t, th, r, what, v = line.rstrip("\n").split("\t")
@@ -217,7 +217,7 @@ for line in open(raw):
 med = lambda k: statistics.median(d[k]) if d.get(k) else None
 f = lambda x, fmt="{:.2f}": "-" if x is None else fmt.format(x)
 print(f"### {name}: batch-1 decode, tok/s (median of rounds; each round alternates llama.cpp and ours per format)\n")
-print(f"CPU: {cpu}; ISA flags: {isa}. llama.cpp: llama-bench tg{n} (3 reps a round); ours: `specgate generate --max-tokens {n} --ignore-eos` (decode rate of its log), and the decode bench ({n} tokens after a {p}-token prompt) where it runs.\n")
+print(f"CPU: {cpu}; ISA flags: {isa}. llama.cpp: llama-bench tg{n} ({reps} reps a round); ours: `specgate generate --max-tokens {n} --ignore-eos` (decode rate of its log), and the decode bench ({n} tokens after a {p}-token prompt) where it runs.\n")
 print("| format | threads | llama.cpp tg | ours tg (generate) | ours / llama.cpp | ours tg (decode bench) | llama.cpp pp1 tok/s | pp4 tok/s | llama.cpp 4-row pass / 1-row | ours 4-row / 1-row |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 ORDER = ["f32", "bf16", "q8_0", "Q4_K_M"]
