@@ -41,7 +41,15 @@ seed and the smaller shapes in DRAFT below (2 layers: KDA + gated NoPE MLA, hidd
 MXFP4 exactly as the target's. One `model.safetensors` (no index); tensor manifest in
 `tiny-draft-hf-tensors.json`. The target's output does not depend on this flag.
 
-Run: python3 scripts/k3/gen_tiny_k3.py [--draft] [--out DIR]   (needs numpy, regex; NOT torch)
+Slices (issue 35): `--spec slice2048` (hidden 2048, 8 layers, 64 experts, ~1.2 GB) and
+`--spec real-slice` (every width of the released K3, 4 layers, 32 experts, ~7.4 GB), each
+dimension overridable (`--hidden`, `--n-layers`, `--n-experts`, ...). These are STREAMED: the
+safetensors headers are computed from the shapes first, then each tensor is drawn and appended
+(at most one tensor in memory). `--well-conditioned` scales the init so the float64
+reference's q8-vs-exact spread stays far below 0.01 nat at depth (see make_weights).
+
+Run: python3 scripts/k3/gen_tiny_k3.py [--draft | --spec NAME] [--well-conditioned] [--out DIR]
+     (needs numpy, regex; NOT torch)
 """
 
 from __future__ import annotations
