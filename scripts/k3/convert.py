@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Run llama.cpp's convert_hf_to_gguf.py on the tiny K3 checkpoint, with two tokenizer patches.
 
-Usage: python3 scripts/k3/convert.py <llama.cpp dir> <hf dir> <out.gguf>
-       (passes --outtype f32; the MXFP4 experts stay MXFP4)
+Usage: python3 scripts/k3/convert.py <llama.cpp dir> <hf dir> <out.gguf> [outtype]
+       (passes --outtype f32 unless an outtype is given: f32, bf16, f16, q8_0; the MXFP4
+       experts stay MXFP4 whatever the outtype)
 
 Why patches are needed (both are about the TOKENIZER only; no tensor or hparam code is touched):
 
@@ -105,12 +106,13 @@ def install_patches(llama_cpp: Path):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    llama_cpp, hf_dir, out = (Path(a).resolve() for a in sys.argv[1:])
+    llama_cpp, hf_dir, out = (Path(a).resolve() for a in sys.argv[1:4])
+    outtype = sys.argv[4] if len(sys.argv) == 5 else "f32"
     install_patches(llama_cpp)
-    sys.argv = [str(llama_cpp / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype", "f32", "--outfile", str(out)]
+    sys.argv = [str(llama_cpp / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
     runpy.run_path(str(llama_cpp / "convert_hf_to_gguf.py"), run_name="__main__")
 
 

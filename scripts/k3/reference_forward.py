@@ -17,6 +17,9 @@ tests/fixtures/kimi_k3/reference-logits.json: {"exact": [[logits per position]] 
 which reproduces llama.cpp CPU and agrees with llamacpp-logits.json to ~1e-5 except where an
 f64-vs-f32 difference flips a Q8 rounding, is only checked, not stored: llamacpp-logits.json is it.)
 Run: python3 scripts/k3/reference_forward.py   (numpy only)
+     python3 scripts/k3/reference_forward.py --spread HF_DIR [--ids 1,2,3] [--json OUT]
+       the q8-vs-exact spread of the top token's logprob at the last position, on any K3 HF
+       checkpoint (weights memory-mapped and decoded per use: works for the issue-35 slices)
 """
 
 from __future__ import annotations
@@ -59,6 +62,45 @@ def load_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _decode(buf, dtype: str, shape) -> np.ndarray:
+    if dtype == "BF16":
+        u = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
+        arr = u.view(np.float32).astype(np.float64)
+    elif dtype == "F32":
+        arr = np.frombuffer(buf, dtype="<f4").astype(np.float64)
+    elif dtype == "U8":
+        arr = np.frombuffer(buf, dtype=np.uint8)
+    else:
+        raise ValueError(dtype)
+    return arr.reshape(shape)
+
+
+class LazyTensors:
+    """name -> float64 (or uint8) array, decoded from a memory mapping at each access and not
+    kept: the slices' weights do not fit in memory as float64 (issue 35)."""
+
+    def __init__(self, paths):
+        self.index = {}
+        self.maps = []
+        for path in paths:
+            with open(path, "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                hdr = json.loads(f.read(n))
+            mm = np.memmap(path, dtype=np.uint8, mode="r")
+            self.maps.append(mm)
+            for name, m in hdr.items():
+                if name != "__metadata__":
+                    a, b = m["data_offsets"]
+                    self.index[name] = (mm, 8 + n + a, 8 + n + b, m["dtype"], m["shape"])
+
+    def __getitem__(self, name):
+        mm, a, b, dtype, shape = self.index[name]
+        return _decode(mm[a:b], dtype, shape)
+
+    def __contains__(self, name):
+        return name in self.index
+
+
 def dequant_mxfp4(packed, scale):
     codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(packed.shape[0], -1)
     return E2M1[codes] * np.repeat(np.exp2(scale.astype(np.float64) - 127.0), 32, axis=1)
@@ -77,16 +119,43 @@ def q8_0(x):
     return (q * d16).reshape(shp)
 
 
+class _ExpertCache:
+    """Experts decoded on first use, kept (as exact f32) up to `budget` bytes, then dropped all at
+    once, so a slice's experts are decoded about once per layer pass instead of living in memory.
+    A product with an f64 activation is computed in f64."""
+
+    def __init__(self, w, budget: int):
+        self.w, self.budget, self.d, self.bytes = w, budget, {}, 0
+
+    def __getitem__(self, key):
+        if key not in self.d:
+            il, e, wid = key
+            pre = f"language_model.model.layers.{il}.block_sparse_moe.experts.{e}.{wid}."
+            # f32 holds every MXFP4 value exactly (E2M1 x 2^k): half the memory of f64
+            m = dequant_mxfp4(self.w[pre + "weight_packed"], self.w[pre + "weight_scale"]).astype(np.float32)
+            if self.bytes + m.nbytes > self.budget:
+                self.d.clear()
+                self.bytes = 0
+            self.d[key] = m
+            self.bytes += m.nbytes
+        return self.d[key]
+
+
 class K3:
-    def __init__(self, hf: Path, q8: bool):
+    def __init__(self, hf: Path, q8: bool, lazy: bool = False, expert_budget: int = 6 << 30):
         self.cfg = json.loads((hf / "config.json").read_text())["text_config"]
-        self.w = {}
-        for p in sorted(hf.glob("model-*.safetensors")):
-            self.w.update(load_safetensors(p))
+        shards = sorted(hf.glob("model-*.safetensors")) or [hf / "model.safetensors"]
         self.q8 = q8
         c = self.cfg
         self.eps = c["rms_norm_eps"]
         self.full = set(c["linear_attn_config"]["full_attn_layers"])
+        if lazy:
+            self.w = LazyTensors(shards)
+            self.experts = _ExpertCache(self.w, expert_budget)
+            return
+        self.w = {}
+        for p in shards:
+            self.w.update(load_safetensors(p))
         self.experts = {}
         for il in range(c["first_k_dense_replace"], c["num_hidden_layers"]):
             for e in range(c["num_experts"]):
@@ -263,7 +332,59 @@ def run_chunks(m, ids, chunks):
     return np.concatenate(out, 0)
 
 
+# The spread prompt: fixture prompt 1 (24 ids) + the first 7 ids of prompt 2 = 31 tokens, the
+# length issue 35 measured at.
+SPREAD_PROMPT = [512, 305, 375, 100, 280, 296, 97, 100, 115, 259, 341, 111, 326, 116, 44, 278, 259,
+                 439, 117, 415, 479, 336, 511, 326, 517, 411, 102, 505, 40, 425, 44]
+
+
+def logprobs(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def spread(hf: Path, ids: list[int], out_json: Path | None):
+    """q8-vs-exact spread at the last position (issue 35 item 0): the top token's logprob in
+    each variant (each variant's own top token, and the exact variant's top token in both)."""
+    import time
+
+    res = {"hf": str(hf), "prompt": ids, "variants": {}}
+    last = {}
+    for variant in ("exact", "q8"):
+        t0 = time.time()
+        m = K3(hf, q8=(variant == "q8"), lazy=True)
+        logits = run_chunks(m, ids, [len(ids)])
+        lp = logprobs(logits)
+        top = int(logits[-1].argmax())
+        last[variant] = lp[-1]
+        res["variants"][variant] = {"top_token": top, "top_logprob": float(lp[-1, top]),
+                                    "top_per_position": [int(x) for x in logits.argmax(1)],
+                                    "seconds": round(time.time() - t0, 1)}
+        print(variant, res["variants"][variant], file=sys.stderr)
+    te = res["variants"]["exact"]["top_token"]
+    res["spread_top_logprob_nat"] = abs(res["variants"]["exact"]["top_logprob"] - res["variants"]["q8"]["top_logprob"])
+    res["spread_exact_top_token_nat"] = float(abs(last["exact"][te] - last["q8"][te]))
+    res["max_abs_logprob_diff_last"] = float(np.abs(last["exact"] - last["q8"]).max())
+    res["same_top_tokens_all_positions"] = (res["variants"]["exact"]["top_per_position"]
+                                            == res["variants"]["q8"]["top_per_position"])
+    print(json.dumps({k: v for k, v in res.items() if k != "variants"}))
+    if out_json is not None:
+        out_json.write_text(json.dumps(res, indent=1) + "\n")
+
+
 def main():
+    if len(sys.argv) > 1:
+        import argparse
+
+        ap = argparse.ArgumentParser(description="fixture check (no args), or --spread on any K3 HF dir")
+        ap.add_argument("--spread", type=Path, required=True, metavar="HF_DIR",
+                        help="q8-vs-exact spread of the top token's logprob at the last position")
+        ap.add_argument("--ids", default=None, help="comma-separated prompt ids (default: SPREAD_PROMPT)")
+        ap.add_argument("--json", type=Path, default=None, help="also write the result here")
+        a = ap.parse_args()
+        ids = [int(x) for x in a.ids.split(",")] if a.ids else SPREAD_PROMPT
+        spread(a.spread, ids, a.json)
+        return
     ll = json.loads((FIX / "llamacpp-logits.json").read_text())
     report = {"note": "max abs logit differences, numpy float64 reference (from HF safetensors) vs llama.cpp CPU",
               "prompts": []}
