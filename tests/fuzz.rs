@@ -39,7 +39,10 @@ const ANSWER_BOUND: Duration = Duration::from_secs(30);
 /// What the server did with one request.
 #[derive(Debug)]
 enum Outcome {
-    Answer { status: u16, body: String },
+    Answer {
+        status: u16,
+        body: String,
+    },
     /// Closed without a whole response (acceptable only for requests that
     /// are malformed as HTTP).
     Closed(String),
@@ -71,7 +74,12 @@ fn exchange(addr: SocketAddr, raw: &[u8]) -> Outcome {
     });
     match (parsed, read) {
         (Some((status, body)), _) => Outcome::Answer { status, body },
-        (None, Err(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+        (None, Err(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
             Outcome::Hung
         }
         (None, _) => Outcome::Closed(text.chars().take(200).collect()),
@@ -111,7 +119,10 @@ fn http(method: &str, path: &[u8], headers: &[(String, Vec<u8>)], body: &[u8]) -
 
 fn authorized_post(path: &str, body: &[u8]) -> Vec<u8> {
     let headers = [
-        ("Authorization".to_owned(), format!("Bearer {KEY}").into_bytes()),
+        (
+            "Authorization".to_owned(),
+            format!("Bearer {KEY}").into_bytes(),
+        ),
         ("Content-Type".to_owned(), b"application/json".to_vec()),
     ];
     http("POST", path.as_bytes(), &headers, body)
@@ -141,7 +152,10 @@ fn judge(out: &Outcome, malformed: bool) -> Result<(), TestCaseError> {
         }
         Outcome::Answer { .. } => Ok(()),
         Outcome::Closed(_) if malformed => Ok(()),
-        other => Err(TestCaseError::fail(format!("{other:?}"))),
+        Outcome::Closed(partial) => Err(TestCaseError::fail(format!(
+            "closed without a whole answer: {partial:?}"
+        ))),
+        Outcome::Hung => Err(TestCaseError::fail("no answer in time")),
     }
 }
 
@@ -201,12 +215,41 @@ fn json_value() -> impl Strategy<Value = Value> {
 }
 
 const FIELDS: &[&str] = &[
-    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
-    "top_p", "top_k", "min_p", "n", "seed", "stop", "stream", "stream_options", "logprobs",
-    "top_logprobs", "echo", "logit_bias", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "response_format", "tools", "tool_choice", "parallel_tool_calls",
-    "user", "ignore_eos", "min_tokens", "stop_token_ids", "speculative", "best_of", "suffix",
-    "metadata", "cache_salt", "include_stop_str_in_output",
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "user",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "speculative",
+    "best_of",
+    "suffix",
+    "metadata",
+    "cache_salt",
+    "include_stop_str_in_output",
 ];
 
 /// One change to a request body.
@@ -240,10 +283,7 @@ fn apply(mut body: Value, edits: &[Edit]) -> Value {
             }
             Edit::Remove(_) => {}
             Edit::Message(f, v) => {
-                if let Some(Value::Object(m)) = map
-                    .get_mut("messages")
-                    .and_then(|m| m.get_mut(0))
-                {
+                if let Some(Value::Object(m)) = map.get_mut("messages").and_then(|m| m.get_mut(0)) {
                     m.insert((*f).to_owned(), v.clone());
                 }
             }
@@ -254,7 +294,17 @@ fn apply(mut body: Value, edits: &[Edit]) -> Value {
 
 fn leaf_schema() -> impl Strategy<Value = Value> {
     let format = proptest::sample::select(
-        &["date-time", "date", "time", "email", "uuid", "hostname", "ipv4", "uri", "bogus"][..],
+        &[
+            "date-time",
+            "date",
+            "time",
+            "email",
+            "uuid",
+            "hostname",
+            "ipv4",
+            "uri",
+            "bogus",
+        ][..],
     );
     prop_oneof![
         proptest::sample::select(&["string", "integer", "number", "boolean", "null", "object", "array"][..])
@@ -288,7 +338,10 @@ fn schema() -> impl Strategy<Value = Value> {
                 .prop_map(|(props, required, additional, min, max)| {
                     let mut o = Map::new();
                     o.insert("type".into(), json!("object"));
-                    o.insert("properties".into(), Value::Object(props.into_iter().collect()));
+                    o.insert(
+                        "properties".into(),
+                        Value::Object(props.into_iter().collect()),
+                    );
                     o.insert("required".into(), json!(required));
                     if let Some(a) = additional {
                         o.insert("additionalProperties".into(), json!(a));
@@ -301,12 +354,19 @@ fn schema() -> impl Strategy<Value = Value> {
                     }
                     Value::Object(o)
                 }),
-            (inner.clone(), option::of(0u64..6), option::of(0u64..6)).prop_map(|(items, min, max)| {
-                json!({"type": "array", "items": items, "minItems": min, "maxItems": max})
-            }),
-            (proptest::sample::select(&["anyOf", "oneOf", "allOf"][..]), vec(inner.clone(), 1..4))
+            (inner.clone(), option::of(0u64..6), option::of(0u64..6)).prop_map(
+                |(items, min, max)| {
+                    json!({"type": "array", "items": items, "minItems": min, "maxItems": max})
+                }
+            ),
+            (
+                proptest::sample::select(&["anyOf", "oneOf", "allOf"][..]),
+                vec(inner.clone(), 1..4)
+            )
                 .prop_map(|(k, v)| json!({ k: v })),
-            inner.clone().prop_map(|d| json!({"$defs": {"d": d}, "$ref": "#/$defs/d"})),
+            inner
+                .clone()
+                .prop_map(|d| json!({"$defs": {"d": d}, "$ref": "#/$defs/d"})),
             inner.prop_map(|p| json!({"$defs": {"n": {"type": "object",
                 "properties": {"v": p, "next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})),
         ]
@@ -323,7 +383,10 @@ fn header_value() -> impl Strategy<Value = Vec<u8>> {
         Just(b"https://app.example".to_vec()),
         "[ -~]{0,40}".prop_map(String::into_bytes),
         ".{0,24}".prop_map(String::into_bytes),
-        vec(prop_oneof![0x20u8..0x7f, 0x80u8..=0xff, Just(b'\t'), Just(0u8)], 0..24),
+        vec(
+            prop_oneof![0x20u8..0x7f, 0x80u8..=0xff, Just(b'\t'), Just(0u8)],
+            0..24
+        ),
     ]
 }
 
@@ -331,9 +394,17 @@ fn headers() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
     let name = prop_oneof![
         proptest::sample::select(
             &[
-                "Authorization", "X-Request-Id", "Content-Type", "Accept", "Origin",
-                "Access-Control-Request-Headers", "Access-Control-Request-Method", "Expect",
-                "Cache-Control", "X-Forwarded-For", "User-Agent",
+                "Authorization",
+                "X-Request-Id",
+                "Content-Type",
+                "Accept",
+                "Origin",
+                "Access-Control-Request-Headers",
+                "Access-Control-Request-Method",
+                "Expect",
+                "Cache-Control",
+                "X-Forwarded-For",
+                "User-Agent",
             ][..]
         )
         .prop_map(str::to_owned),
@@ -345,8 +416,16 @@ fn headers() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
 fn path() -> impl Strategy<Value = Vec<u8>> {
     let route = proptest::sample::select(
         &[
-            "/health", "/metrics", "/version", "/openapi.json", "/v1/models",
-            "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/",
+            "/health",
+            "/metrics",
+            "/version",
+            "/openapi.json",
+            "/v1/models",
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/tokenize",
+            "/detokenize",
+            "/",
         ][..],
     );
     let tail = prop_oneof![
@@ -403,7 +482,10 @@ fn serves_normally(s: &Server) -> Result<(), String> {
         other => return Err(format!("/health: {other:?}")),
     }
     let body = chat(json!({"max_tokens": 3})).to_string();
-    match exchange(s.addr, &authorized_post("/v1/chat/completions", body.as_bytes())) {
+    match exchange(
+        s.addr,
+        &authorized_post("/v1/chat/completions", body.as_bytes()),
+    ) {
         Outcome::Answer { status: 200, .. } => Ok(()),
         other => Err(format!("a normal chat request: {other:?}")),
     }
@@ -432,7 +514,7 @@ fn fuzzed_requests_get_no_5xx_and_the_server_lives() {
 
     f.run(
         "request bodies",
-        160,
+        1500,
         (any::<bool>(), vec(edit(), 1..4)),
         |s, (is_chat, edits)| {
             let (route, base) = if is_chat {
@@ -441,12 +523,15 @@ fn fuzzed_requests_get_no_5xx_and_the_server_lives() {
                 ("/v1/completions", short_completion())
             };
             let body = apply(base, &edits).to_string();
-            judge(&exchange(s.addr, &authorized_post(route, body.as_bytes())), false)
+            judge(
+                &exchange(s.addr, &authorized_post(route, body.as_bytes())),
+                false,
+            )
         },
     );
     f.run(
         "schemas",
-        160,
+        1500,
         (schema(), any::<bool>(), any::<bool>()),
         |s, (schema, by_tools, stream)| {
             let body = if by_tools {
@@ -462,7 +547,7 @@ fn fuzzed_requests_get_no_5xx_and_the_server_lives() {
     );
     f.run(
         "headers",
-        96,
+        800,
         (headers(), any::<bool>()),
         |s, (headers, post)| {
             let body = short_chat().to_string();
@@ -472,7 +557,7 @@ fn fuzzed_requests_get_no_5xx_and_the_server_lives() {
                 http("OPTIONS", b"/v1/chat/completions", &headers, b"")
             };
             // Bytes a header value may not hold make it malformed HTTP.
-                        let malformed = headers
+            let malformed = headers
                 .iter()
                 .any(|(_, v)| v.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f));
             judge(&exchange(s.addr, &raw), malformed)
@@ -480,20 +565,23 @@ fn fuzzed_requests_get_no_5xx_and_the_server_lives() {
     );
     f.run(
         "request lines",
-        96,
+        800,
         (
-            proptest::sample::select(&["GET", "POST", "OPTIONS", "PUT", "DELETE", "HEAD", "PATCH", "BREW"][..]),
+            proptest::sample::select(
+                &[
+                    "GET", "POST", "OPTIONS", "PUT", "DELETE", "HEAD", "PATCH", "BREW",
+                ][..],
+            ),
             path(),
         ),
         |s, (method, path)| {
-            let headers = [("Authorization".to_owned(), format!("Bearer {KEY}").into_bytes())];
+            let headers = [(
+                "Authorization".to_owned(),
+                format!("Bearer {KEY}").into_bytes(),
+            )];
             judge(&exchange(s.addr, &http(method, &path, &headers, b"")), true)
         },
     );
-    eprintln!(
-        "fuzz: {} cases in {:?}",
-        f.ran.get(),
-        f.started.elapsed()
-    );
+    eprintln!("fuzz: {} cases in {:?}", f.ran.get(), f.started.elapsed());
     f.server.wait_idle();
 }

@@ -213,7 +213,10 @@ mod tests {
     fn the_issue_schemas_are_refused_by_count_and_a_fair_one_passes() {
         let wide = json!({"type": "object", "properties": props(40_000)});
         let m = refused(&GrammarSpec::JsonSchema(wide.clone()));
-        assert!(m.starts_with("response_format json_schema: too large"), "{m}");
+        assert!(
+            m.starts_with("response_format json_schema: too large"),
+            "{m}"
+        );
         let square = json!({"type": "object", "properties": props(20_000),
             "minProperties": 1, "additionalProperties": false});
         refused(&GrammarSpec::JsonSchema(square));
@@ -227,6 +230,37 @@ mod tests {
             "minProperties": 1, "additionalProperties": false,
             "enum": vec![json!(1); 10]});
         check(&GrammarSpec::JsonSchema(fair)).unwrap();
+    }
+
+    /// The widest and the deepest schemas the bounds allow compile, from a
+    /// caller whose stack (64 KiB) would not hold llguidance's recursion:
+    /// compiles run on their own thread.
+    #[test]
+    fn what_the_bounds_allow_compiles_from_a_small_stack() {
+        use crate::grammar::Grammars;
+        use crate::tokenizer::testing::tiny_metadata;
+        use crate::tokenizer::TextTokenizer;
+        let tok = TextTokenizer::from_gguf_metadata(&tiny_metadata()).unwrap();
+        let grammars = Grammars::new(&tok, tok.vocab_size()).unwrap();
+        let wide = json!({"type": "object", "properties": props(MAX_PROPERTIES)});
+        let square = json!({"type": "object", "properties": props(MAX_COUNTED_PROPERTIES),
+            "minProperties": 1, "additionalProperties": false});
+        let mut deep = json!({"type": "integer"});
+        for _ in 0..MAX_DEPTH / 2 - 1 {
+            deep = json!({"type": "array", "items": deep});
+        }
+        let t = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                [wide, square, deep]
+                    .into_iter()
+                    .map(|s| grammars.compile(&GrammarSpec::JsonSchema(s)).map(|_| ()))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap();
+        for (i, r) in t.join().unwrap().into_iter().enumerate() {
+            assert!(r.is_ok(), "schema {i}: {r:?}");
+        }
     }
 
     #[test]
@@ -251,14 +285,21 @@ mod tests {
         let big = json!({"description": "d".repeat(MAX_SPEC_BYTES)});
         assert!(refused(&GrammarSpec::JsonSchema(big)).contains("bytes"));
         let many = GrammarSpec::ToolCalls {
-            tools: (0..=MAX_TOOLS).map(|i| (format!("t{i}"), Value::Null)).collect(),
+            tools: (0..=MAX_TOOLS)
+                .map(|i| (format!("t{i}"), Value::Null))
+                .collect(),
             parallel: true,
         };
         assert!(refused(&many).contains("tools"));
         // Counted over all tools together.
         let split = GrammarSpec::ToolCalls {
             tools: (0..4)
-                .map(|i| (format!("t{i}"), json!({"properties": props(MAX_PROPERTIES / 2)})))
+                .map(|i| {
+                    (
+                        format!("t{i}"),
+                        json!({"properties": props(MAX_PROPERTIES / 2)}),
+                    )
+                })
                 .collect(),
             parallel: true,
         };

@@ -189,16 +189,16 @@ impl Grammars {
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
         limits::check(spec)?;
         let (this, owned) = (self.clone(), spec.clone());
-        worker::run(&self.inner.slots, build::label(spec), worker::BUDGET, move || {
-            this.compile_here(&owned)
-        })
+        worker::run(
+            &self.inner.slots,
+            build::label(spec),
+            worker::BUDGET,
+            move || this.compile_here(&owned),
+        )
     }
 
     /// [`compile`](Self::compile)'s work, on the calling thread.
-    fn compile_here(
-        &self,
-        spec: &GrammarSpec,
-    ) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
+    fn compile_here(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
         let (grammar, label) = build::top_level(spec)?;
         match self.source(grammar, label) {
             Ok(source) => Ok(Arc::new(source)),

@@ -120,19 +120,21 @@ mod tests {
     fn the_compile_gets_the_large_stack_whatever_the_callers() {
         let slots = Arc::new(Slots::default());
         // A caller with a tiny stack; the work needs ~8 MiB of it.
-        let t = std::thread::Builder::new().stack_size(64 * 1024).spawn(move || {
-            run(&slots, "x", BUDGET, || {
-                fn deep(n: u32) -> u32 {
-                    let pad = std::hint::black_box([n as u8; 1024]);
-                    if n == 0 {
-                        0
-                    } else {
-                        deep(n - 1) + pad[7] as u32 % 2
+        let t = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                run(&slots, "x", BUDGET, || {
+                    fn deep(n: u32) -> u32 {
+                        let pad = std::hint::black_box([n as u8; 1024]);
+                        if n == 0 {
+                            0
+                        } else {
+                            deep(n - 1) + pad[7] as u32 % 2
+                        }
                     }
-                }
-                Ok(deep(8 * 1024))
-            })
-        });
+                    Ok(deep(8 * 1024))
+                })
+            });
         assert!(t.unwrap().join().unwrap().is_ok());
     }
 

@@ -12,9 +12,9 @@ use super::ResBody;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{
-    HeaderMap, HeaderName, HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS,
-    ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS,
-    ACCESS_CONTROL_MAX_AGE, ACCESS_CONTROL_REQUEST_HEADERS, ORIGIN, VARY,
+    HeaderMap, HeaderName, HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
+    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE,
+    ACCESS_CONTROL_REQUEST_HEADERS, ORIGIN, VARY,
 };
 use hyper::{Method, Response, StatusCode};
 
@@ -187,6 +187,10 @@ mod tests {
         h
     }
 
+    fn varies_on_origin(r: &Response<ResBody>) -> bool {
+        r.headers().get_all(VARY).iter().any(|v| v == "Origin")
+    }
+
     fn policy(list: &[&str]) -> CorsPolicy {
         CorsPolicy::new(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
@@ -200,7 +204,7 @@ mod tests {
         let mut r = preflight(&Method::GET, &HeaderMap::new());
         off.apply(None, &mut r);
         assert!(r.headers().get(ACCESS_CONTROL_ALLOW_ORIGIN).is_none());
-        assert!(r.headers().get(VARY).is_none());
+        assert!(!varies_on_origin(&r));
     }
 
     #[test]
@@ -231,11 +235,11 @@ mod tests {
         // The answer depends on the origin, allowed or not: Vary says so.
         let mut r = preflight(&Method::POST, &HeaderMap::new());
         p.apply(p.allow_origin(&h), &mut r);
-        assert_eq!(r.headers()[VARY], "Origin");
+        assert!(varies_on_origin(&r));
         assert_eq!(r.headers()[ACCESS_CONTROL_EXPOSE_HEADERS], EXPOSE_HEADERS);
         let mut r = preflight(&Method::POST, &HeaderMap::new());
         p.apply(None, &mut r);
-        assert_eq!(r.headers()[VARY], "Origin");
+        assert!(varies_on_origin(&r));
         assert!(r.headers().get(ACCESS_CONTROL_ALLOW_ORIGIN).is_none());
     }
 

@@ -410,7 +410,10 @@ pub(crate) mod tests {
             log.set_status(404);
         });
         assert_eq!(out.lines().count(), 1, "{out:?}");
-        assert!(!out.contains('\u{2028}') && !out.contains('\u{202e}'), "{out:?}");
+        assert!(
+            !out.contains('\u{2028}') && !out.contains('\u{202e}'),
+            "{out:?}"
+        );
         let route = out
             .split(' ')
             .find_map(|f| f.strip_prefix("route="))
@@ -424,10 +427,7 @@ pub(crate) mod tests {
     fn a_route_that_could_break_a_text_line_is_escaped_and_decodes_back() {
         let path = "/v1/a\"b c=d%e\\f\u{2028}\u{202e}\n\u{7f}";
         let r = loggable_route(path);
-        assert_eq!(
-            r,
-            "/v1/a%22b%20c%3Dd%25e%5Cf%E2%80%A8%E2%80%AE%0A%7F"
-        );
+        assert_eq!(r, "/v1/a%22b%20c%3Dd%25e%5Cf%E2%80%A8%E2%80%AE%0A%7F");
         let mut decoded = Vec::new();
         let mut bytes = r.bytes();
         while let Some(b) = bytes.next() {
@@ -440,6 +440,9 @@ pub(crate) mod tests {
         }
         assert_eq!(decoded, path.as_bytes());
         // A plain route is unchanged.
-        assert_eq!(loggable_route("/v1/chat/completions"), "/v1/chat/completions");
+        assert_eq!(
+            loggable_route("/v1/chat/completions"),
+            "/v1/chat/completions"
+        );
     }
 }
