@@ -5,9 +5,12 @@ the binary and calls this).
 Starts the server on a free loopback port with the given config, sends N
 requests at concurrency C with random parameters -- mostly streamed, a third
 of the clients dropping the connection after a random number of SSE events, a
-few non-streamed, a few slow readers and a few hostile bodies -- then checks:
+few non-streamed, a few slow readers and every hostile case at least once
+(bad bodies, 560 KB schemas that once took the process down, a UTF-8 path
+across the log's route cut, subnormal sampling numbers) -- then checks:
 every request not dropped by its client completed (streams with [DONE]),
-hostile bodies got a 4xx with an OpenAI error body, nothing got a 5xx;
+hostile bodies got a 4xx with an OpenAI error body (a valid but extreme one
+may finish with a 200 instead), nothing got a 5xx;
 running = waiting = 0 and kv_cache_usage_ratio = 0 on /metrics after a short
 settle; /health is 200; a fresh request completes; the log has no panic; the
 server exits 0 on SIGTERM. Prints the counts, then `N passed, M failed`, and
@@ -61,9 +64,52 @@ HOSTILE = [
     ("invalid UTF-8", b'{"model":"M","messages":[{"role":"user","content":"\xff\xfe"}]}'),
     ("top_p out of range", '{"model":"M","prompt":"hi","top_p":7}'),
     ("huge max_tokens", '{"model":"M","messages":[{"role":"user","content":"Say hi."}],"temperature":0,"max_tokens":18446744073709551615}'),
+    # Numbers at the edge of float arithmetic: greedy (or a 400), never garbage or a 5xx.
+    ("subnormal temperature", '{"model":"M","messages":[{"role":"user","content":"Name a color."}],"temperature":1e-39,"max_tokens":8}'),
+    ("subnormal repetition_penalty", '{"model":"M","prompt":"hi","repetition_penalty":1e-39,"max_tokens":8}'),
 ]
-# Accepted and capped at the context is an allowed answer to this one.
-HUGE = "huge max_tokens"
+# Valid but extreme: a 200 that finished (capped at the context, or
+# greedy) is an allowed answer to these, as is a 4xx.
+ACCEPTABLE_200 = {"huge max_tokens", "subnormal temperature", "subnormal repetition_penalty"}
+# A UTF-8 character across byte 256 of the path (the log line's cut): a
+# 404 with an x-request-id, not a reset connection.
+UTF8_PATH = "UTF-8 path across the route cut"
+
+
+def huge_schema(n, counted):
+    """n empty properties; `counted`: under minProperties with no other
+    properties allowed (an n x n table for a naive compiler)."""
+    schema = {"type": "object", "properties": {f"prop_{i:05}": {} for i in range(n)}}
+    if counted:
+        schema.update(minProperties=1, additionalProperties=False)
+    return schema
+
+
+def huge_schema_bodies():
+    """Requests whose grammar once took the process down (a stack overflow,
+    a ~9.6 GB table): each must be a 400 within the 1 MiB body limit."""
+    wide, square = huge_schema(40_000, False), huge_schema(20_000, True)
+
+    def chat(extra):
+        body = {"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        return json.dumps({**body, **extra})
+
+    def fmt(schema):
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}
+
+    def tools(schema):
+        return {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "big", "parameters": schema}}]}
+
+    return [
+        ("40,000-property schema by response_format", chat(fmt(wide))),
+        ("n x n schema by response_format", chat(fmt(square))),
+        ("40,000-property schema by forced tools", chat(tools(wide))),
+        ("n x n schema by forced tools", chat(tools(square))),
+    ]
+
+
+HOSTILE += huge_schema_bodies()
+HOSTILE.append((UTF8_PATH, ""))
 
 
 def log(*a):
@@ -178,7 +224,8 @@ def is_error_body(body):
 
 def make_plan(rng, n, model, methods):
     """n request specs: kinds, bodies, and when each client misbehaves."""
-    n_hostile = max(2, n // 40)
+    # Every hostile case at least once, the rest of the load around them.
+    n_hostile = max(len(HOSTILE), n // 40)
     n_slow = max(2, n // 100)
     n_drop = n // 3
     rest = max(0, n - n_hostile - n_slow - n_drop)
@@ -192,11 +239,18 @@ def make_plan(rng, n, model, methods):
     )[:n]
     rng.shuffle(kinds)
     plan = []
+    hostile_seen = 0
     for i, kind in enumerate(kinds):
         spec = {"id": i, "kind": kind}
         if kind == "hostile":
-            name, raw = HOSTILE[rng.randrange(len(HOSTILE))]
+            name, raw = HOSTILE[hostile_seen % len(HOSTILE)]
+            hostile_seen += 1
             raw = raw if isinstance(raw, bytes) else raw.encode()
+            if name == UTF8_PATH:
+                # Unauthenticated, as a scanner would send it.
+                spec.update(name=name, method="GET", path="/" + "a" * 254 + "\u00e9", raw=b"", anonymous=True)
+                plan.append(spec)
+                continue
             if b'"prompt"' in raw:
                 path = "/v1/completions"
             elif b'"messages"' in raw:
@@ -305,16 +359,21 @@ def run_one(port, key, spec, timeout, deadline):
     if time.monotonic() > deadline:
         return spec, "skipped", "past the wall-clock cap"
     kind = spec["kind"]
-    raw = spec.get("raw") or json.dumps(spec["body"]).encode()
+    raw = spec["raw"] if "raw" in spec else json.dumps(spec["body"]).encode()
     conn = None
     try:
-        conn = Conn(port, "POST", spec["path"], raw, key=key, timeout=timeout)
+        method = spec.get("method", "POST")
+        conn = Conn(port, method, spec["path"], raw, key=None if spec.get("anonymous") else key, timeout=timeout)
         if kind == "hostile":
             status = conn.read_head()
             body = conn.body()
+            if spec["name"] == UTF8_PATH:
+                if status == 404 and is_error_body(body) and conn.headers.get("x-request-id"):
+                    return spec, "rejected", status
+                return spec, "fail", f"hostile {spec['name']!r}: {status} {conn.headers} {body[:200]!r}"
             if 400 <= status < 500 and is_error_body(body):
                 return spec, "rejected", status
-            if spec["name"] == HUGE and status == 200:
+            if spec["name"] in ACCEPTABLE_200 and status == 200:
                 v = json.loads(body)
                 check_answer({}, "", v["choices"][0]["finish_reason"], v["usage"])
                 return spec, "capped", status
@@ -457,7 +516,7 @@ def soak(args, proc, log_path, key, methods, check):
         f"{count('stream', 'done')} streamed done, "
         f"{count('drop', 'dropped')} dropped by their client ({count('drop', 'done')} finished first), "
         f"{count('whole', 'done')} whole done, {count('slow', 'done')} slow readers done, "
-        f"{count('hostile', 'rejected')} hostile rejected with a 4xx, {count('hostile', 'capped')} capped, "
+        f"{count('hostile', 'rejected')} hostile rejected with a 4xx, {count('hostile', 'capped')} extreme but valid done, "
         f"{len(fails)} failed, {count(None, 'skipped')} skipped"
     )
     for kind, what in [

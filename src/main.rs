@@ -81,6 +81,8 @@ fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     specgate::logging::init(cli.log_format)?;
+    // A panic, like everything else, is one line in the log's format.
+    specgate::logging::log_panics();
     let result = match cli.command {
         Command::Generate(args) => specgate::generate::run(&args),
         Command::Serve(args) => serve(args),

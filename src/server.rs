@@ -352,7 +352,7 @@ async fn next_hangup(h: &mut Hangups) {
 }
 
 /// Re-applies `[speculative]` on SIGHUP and when the file's modification
-/// time changes (checked every 2 s). `file` is the file as last accepted,
+/// time or contents change (checked every 2 s; see [`FileStamp`]). `file` is the file as last accepted,
 /// `in_force` the `[speculative]` running now. An edit that does not parse
 /// whole, changes another section or looks truncated is refused and
 /// logged; the settings in force stay. An accepted one logs what changed.
@@ -363,8 +363,7 @@ async fn watch_config(
     engine: EngineHandle,
     mut hup: Hangups,
 ) {
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let mut seen = mtime(&path);
+    let mut seen = FileStamp::of(&path);
     loop {
         tokio::select! {
             _ = next_hangup(&mut hup) => {
@@ -375,7 +374,7 @@ async fn watch_config(
                 }
             }
             _ = tokio::time::sleep(Duration::from_secs(2)) => {
-                let now = mtime(&path);
+                let now = FileStamp::of(&path);
                 if now == seen {
                     continue;
                 }
@@ -404,6 +403,34 @@ async fn watch_config(
                 error = %e,
                 "refused the config edit; keeping the settings in force"
             ),
+        }
+    }
+}
+
+/// What the config watcher last saw of the file: its modification time
+/// and a hash of its contents (`None` for what could not be read). The
+/// contents count because a file written in two parts within one tick of
+/// the file system's clock keeps the first part's time: an edit read half
+/// written (and refused as cut short) must be read again when the rest
+/// lands.
+#[derive(Debug, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<std::time::SystemTime>,
+    contents: Option<u64>,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Self {
+        use std::hash::{Hash, Hasher};
+        let contents = std::fs::read(path).ok().map(|bytes| {
+            // Fixed keys: the same bytes always hash the same.
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            h.finish()
+        });
+        Self {
+            modified: std::fs::metadata(path).and_then(|m| m.modified()).ok(),
+            contents,
         }
     }
 }

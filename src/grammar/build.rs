@@ -131,6 +131,15 @@ pub(super) const JSON_OBJECT: &str = "response_format json_object";
 pub(super) const JSON_SCHEMA: &str = "response_format json_schema";
 pub(super) const TOOLS: &str = "tools";
 
+/// How errors name `spec`.
+pub(super) fn label(spec: &GrammarSpec) -> &'static str {
+    match spec {
+        GrammarSpec::JsonObject => JSON_OBJECT,
+        GrammarSpec::JsonSchema(_) => JSON_SCHEMA,
+        GrammarSpec::ToolCalls { .. } => TOOLS,
+    }
+}
+
 /// How errors name a tool's argument schema.
 pub(super) fn tool_label(name: &str) -> String {
     format!("{TOOLS}: parameters of tool {name:?}")
@@ -142,21 +151,22 @@ pub(super) fn tool_label(name: &str) -> String {
 /// [`tool_calls_lark`]; llguidance's own checks run when the grammar is
 /// compiled for the tokenizer.
 pub(super) fn top_level(spec: &GrammarSpec) -> Result<(TopLevelGrammar, String), GrammarError> {
+    let label = label(spec).to_owned();
     Ok(match spec {
         GrammarSpec::JsonObject => (
             TopLevelGrammar::from_json_schema(with_layout(
                 &json!({"type": "object"}),
                 JSON_OBJECT,
             )?),
-            JSON_OBJECT.to_owned(),
+            label,
         ),
         GrammarSpec::JsonSchema(schema) => (
             TopLevelGrammar::from_json_schema(with_layout(schema, JSON_SCHEMA)?),
-            JSON_SCHEMA.to_owned(),
+            label,
         ),
         GrammarSpec::ToolCalls { tools, parallel } => (
             TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel)?),
-            TOOLS.to_owned(),
+            label,
         ),
     })
 }

@@ -10,6 +10,11 @@
 //! grammar (`build`) and checks that it can start; each request then gets its
 //! own matcher from the returned source (`constraint`).
 //!
+//! Every spec is measured against [`limits`] before llguidance sees it and
+//! compiled on a thread of its own under a time budget ([`worker`]), so no
+//! request's schema can overflow a stack, exhaust memory or hold the
+//! caller without a bound.
+//!
 //! Output layout is deterministic so that jump-forward has something to
 //! force: JSON is written with `", "` between items, `": "` between keys and
 //! values and no other whitespace (what Python's `json.dumps` writes and what
@@ -18,7 +23,9 @@
 
 mod build;
 mod constraint;
+pub mod limits;
 mod tokenv;
+pub mod worker;
 
 #[cfg(test)]
 mod tests;
@@ -59,8 +66,14 @@ pub enum GrammarError {
     /// The request's schema or tools are unusable (the API answers 400): a
     /// schema that is not an object, uses a feature llguidance does not
     /// support, or can match nothing; an empty or duplicate tool name.
+    /// Also a spec beyond [`limits`], or one whose compile took longer
+    /// than [`worker::BUDGET`] or failed inside the compiler.
     #[error("{0}")]
     Invalid(String),
+    /// Every compile slot stayed taken for the whole budget (the API
+    /// answers 429: retry later).
+    #[error("{0}")]
+    Busy(String),
     /// Building for the tokenizer failed (at startup): a vocabulary wider
     /// than the model's logits, no end-of-sequence id, a token without bytes.
     #[error("grammar setup: {0}")]
@@ -88,6 +101,7 @@ struct Inner {
     factory: ParserFactory,
     vocab_size: usize,
     eos: Arc<[u32]>,
+    slots: Arc<worker::Slots>,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -132,13 +146,13 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| GrammarError::Setup(format!("llguidance parser factory: {e}")))?;
         factory.quiet();
-        // Errors reach clients as 400s: the reason, not the parser's state.
-        factory.limits_mut().verbose_errors = false;
+        *factory.limits_mut() = limits::parser_limits();
         Ok(Self {
             inner: Arc::new(Inner {
                 factory,
                 vocab_size,
                 eos,
+                slots: Default::default(),
             }),
             jump_forward: true,
         })
@@ -164,9 +178,27 @@ impl Grammars {
     /// ~15 µs). Compiling checks that the grammar builds and that its first
     /// token can be chosen.
     ///
+    /// The spec is checked against [`limits`] first, then compiled on a
+    /// compile thread ([`worker`]); this call blocks for at most
+    /// [`worker::BUDGET`].
+    ///
     /// Errors: [`GrammarError::Invalid`] with llguidance's reason for a
-    /// schema or tool list it rejects (see [`GrammarSpec`]).
+    /// schema or tool list it rejects (see [`GrammarSpec`]), or the bound
+    /// the spec breaks, or a compile over the budget;
+    /// [`GrammarError::Busy`] when no compile slot frees up in time.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
+        limits::check(spec)?;
+        let (this, owned) = (self.clone(), spec.clone());
+        worker::run(
+            &self.inner.slots,
+            build::label(spec),
+            worker::BUDGET,
+            move || this.compile_here(&owned),
+        )
+    }
+
+    /// [`compile`](Self::compile)'s work, on the calling thread.
+    fn compile_here(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
         let (grammar, label) = build::top_level(spec)?;
         match self.source(grammar, label) {
             Ok(source) => Ok(Arc::new(source)),

@@ -12,15 +12,19 @@ use super::ResBody;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{
-    HeaderMap, HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
-    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE, ORIGIN,
-    VARY,
+    HeaderMap, HeaderName, HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
+    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE,
+    ACCESS_CONTROL_REQUEST_HEADERS, ORIGIN, VARY,
 };
 use hyper::{Method, Response, StatusCode};
 
-/// Request headers a page may send: the key, the JSON body's type, and its
-/// own request id.
+/// Request headers a page may always send: the key, the JSON body's type,
+/// and its own request id. A preflight also allows the headers it asks for
+/// (see [`preflight`]).
 pub const ALLOW_HEADERS: &str = "Authorization, Content-Type, X-Request-Id";
+/// The most headers a preflight's `Access-Control-Request-Headers` may add
+/// (the OpenAI JS SDK asks for about ten `x-stainless-*`).
+pub const MAX_REQUESTED_HEADERS: usize = 64;
 /// Response headers a page may read besides the CORS-safelisted ones.
 pub const EXPOSE_HEADERS: &str = "X-Request-Id";
 /// How long a browser may reuse a preflight answer, in seconds (Chromium
@@ -103,10 +107,17 @@ impl CorsPolicy {
 }
 
 /// The 204 answer to an `OPTIONS` preflight for a route served with
-/// `method`: the methods and request headers allowed, and how long to
-/// cache that. The allowed origin is added by [`CorsPolicy::apply`] like
-/// on any response. Needs no API key: browsers send preflights without one.
-pub(super) fn preflight(method: &Method) -> Response<ResBody> {
+/// `method`, whose request headers are `request`: the methods and request
+/// headers allowed, and how long to cache that. The allowed origin is
+/// added by [`CorsPolicy::apply`] like on any response. Needs no API key:
+/// browsers send preflights without one.
+///
+/// The headers allowed are [`ALLOW_HEADERS`] and those the preflight asks
+/// for (valid header names, at most [`MAX_REQUESTED_HEADERS`]), as client
+/// SDKs send their own (`x-stainless-*`). That grants nothing: the key is
+/// still checked on the request itself, and CORS only decides which
+/// origins may read the answer.
+pub(super) fn preflight(method: &Method, request: &HeaderMap) -> Response<ResBody> {
     let mut r = Response::new(ResBody::Full(Full::new(Bytes::new())));
     *r.status_mut() = StatusCode::NO_CONTENT;
     let h = r.headers_mut();
@@ -115,12 +126,50 @@ pub(super) fn preflight(method: &Method) -> Response<ResBody> {
         ACCESS_CONTROL_ALLOW_METHODS,
         HeaderValue::from_str(&methods).expect("method names are header-safe"),
     );
-    h.insert(
-        ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static(ALLOW_HEADERS),
-    );
+    h.insert(ACCESS_CONTROL_ALLOW_HEADERS, allowed_headers(request));
     h.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from(MAX_AGE_SECS));
+    // The answer depends on what was asked for: a cache must not reuse it
+    // for another list.
+    h.append(
+        VARY,
+        HeaderValue::from_static("Access-Control-Request-Headers"),
+    );
     r
+}
+
+/// [`ALLOW_HEADERS`] and the valid names `request` asks for in
+/// `Access-Control-Request-Headers` (lowercase, each once).
+fn allowed_headers(request: &HeaderMap) -> HeaderValue {
+    let always: Vec<String> = ALLOW_HEADERS
+        .split(", ")
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let mut extra: Vec<HeaderName> = Vec::new();
+    let asked = request
+        .get_all(ACCESS_CONTROL_REQUEST_HEADERS)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','));
+    for name in asked {
+        // Not a header name (a browser never sends one): left out, so the
+        // browser refuses the request.
+        let Ok(name) = HeaderName::from_bytes(name.trim().as_bytes()) else {
+            continue;
+        };
+        if extra.len() == MAX_REQUESTED_HEADERS {
+            break;
+        }
+        if !always.iter().any(|a| a == name.as_str()) && !extra.contains(&name) {
+            extra.push(name);
+        }
+    }
+    let mut list = ALLOW_HEADERS.to_owned();
+    for name in &extra {
+        list.push_str(", ");
+        list.push_str(name.as_str());
+    }
+    // Header names are visible ASCII tokens.
+    HeaderValue::from_str(&list).expect("header names make a valid header value")
 }
 
 /// An origin as browsers serialize it: lowercase, no trailing `/`.
@@ -138,6 +187,10 @@ mod tests {
         h
     }
 
+    fn varies_on_origin(r: &Response<ResBody>) -> bool {
+        r.headers().get_all(VARY).iter().any(|v| v == "Origin")
+    }
+
     fn policy(list: &[&str]) -> CorsPolicy {
         CorsPolicy::new(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
@@ -148,10 +201,10 @@ mod tests {
         let off = CorsPolicy::default();
         assert!(!off.is_enabled());
         assert_eq!(off.allow_origin(&with_origin("https://a.example")), None);
-        let mut r = preflight(&Method::GET);
+        let mut r = preflight(&Method::GET, &HeaderMap::new());
         off.apply(None, &mut r);
         assert!(r.headers().get(ACCESS_CONTROL_ALLOW_ORIGIN).is_none());
-        assert!(r.headers().get(VARY).is_none());
+        assert!(!varies_on_origin(&r));
     }
 
     #[test]
@@ -180,23 +233,80 @@ mod tests {
         }
         assert_eq!(p.allow_origin(&HeaderMap::new()), None);
         // The answer depends on the origin, allowed or not: Vary says so.
-        let mut r = preflight(&Method::POST);
+        let mut r = preflight(&Method::POST, &HeaderMap::new());
         p.apply(p.allow_origin(&h), &mut r);
-        assert_eq!(r.headers()[VARY], "Origin");
+        assert!(varies_on_origin(&r));
         assert_eq!(r.headers()[ACCESS_CONTROL_EXPOSE_HEADERS], EXPOSE_HEADERS);
-        let mut r = preflight(&Method::POST);
+        let mut r = preflight(&Method::POST, &HeaderMap::new());
         p.apply(None, &mut r);
-        assert_eq!(r.headers()[VARY], "Origin");
+        assert!(varies_on_origin(&r));
         assert!(r.headers().get(ACCESS_CONTROL_ALLOW_ORIGIN).is_none());
     }
 
     #[test]
     fn preflight_lists_method_headers_and_age() {
-        let r = preflight(&Method::POST);
+        let r = preflight(&Method::POST, &HeaderMap::new());
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
         let h = r.headers();
         assert_eq!(h[ACCESS_CONTROL_ALLOW_METHODS], "POST, OPTIONS");
         assert_eq!(h[ACCESS_CONTROL_ALLOW_HEADERS], ALLOW_HEADERS);
         assert_eq!(h[ACCESS_CONTROL_MAX_AGE], "7200");
+        assert_eq!(h[VARY], "Access-Control-Request-Headers");
+    }
+
+    /// The OpenAI JS SDK's preflight asks for its `x-stainless-*` headers;
+    /// a browser refuses the request unless each is allowed.
+    #[test]
+    fn preflight_allows_the_headers_an_sdk_asks_for() {
+        let mut req = HeaderMap::new();
+        req.insert(
+            ACCESS_CONTROL_REQUEST_HEADERS,
+            HeaderValue::from_static(
+                "authorization,content-type,x-stainless-arch,x-stainless-lang, \
+                 X-Stainless-OS,x-stainless-retry-count,x-stainless-timeout",
+            ),
+        );
+        req.append(
+            ACCESS_CONTROL_REQUEST_HEADERS,
+            HeaderValue::from_static("x-stainless-package-version, bad header, x-stainless-os"),
+        );
+        let r = preflight(&Method::POST, &req);
+        let allowed: Vec<String> = r.headers()[ACCESS_CONTROL_ALLOW_HEADERS]
+            .to_str()
+            .unwrap()
+            .split(", ")
+            .map(str::to_ascii_lowercase)
+            .collect();
+        for want in [
+            "authorization",
+            "content-type",
+            "x-request-id",
+            "x-stainless-arch",
+            "x-stainless-lang",
+            "x-stainless-os",
+            "x-stainless-retry-count",
+            "x-stainless-timeout",
+            "x-stainless-package-version",
+        ] {
+            assert_eq!(
+                allowed.iter().filter(|a| *a == want).count(),
+                1,
+                "{want} in {allowed:?}"
+            );
+        }
+        assert!(!allowed.iter().any(|a| a.contains(' ')), "{allowed:?}");
+        // A flood of names is capped.
+        let many: Vec<String> = (0..500).map(|i| format!("x-h{i}")).collect();
+        req.insert(
+            ACCESS_CONTROL_REQUEST_HEADERS,
+            HeaderValue::from_str(&many.join(",")).unwrap(),
+        );
+        let r = preflight(&Method::POST, &req);
+        let n = r.headers()[ACCESS_CONTROL_ALLOW_HEADERS]
+            .to_str()
+            .unwrap()
+            .split(", ")
+            .count();
+        assert_eq!(n, 3 + MAX_REQUESTED_HEADERS);
     }
 }

@@ -309,6 +309,9 @@ fn build_request(
     v: &ValidRequest,
 ) -> Result<(GenRequest, &'static str), ApiError> {
     let tok = &backend.tokenizer;
+    // First: a spec over the grammar bounds is refused before its tools
+    // are rendered into a prompt (which a huge schema would also make huge).
+    let grammar = grammar(backend, v)?;
     // Chat: only the template's own markup becomes control tokens; special
     // token text inside a message is encoded as plain text (no role
     // injection). A chat template writes its own BOS where the model wants
@@ -402,7 +405,7 @@ fn build_request(
             logprobs: v.logprobs,
             // Only `echo` shows the prompt's log-probabilities.
             prompt_logprobs: v.logprobs.filter(|_| v.echo),
-            grammar: grammar(backend, v)?,
+            grammar,
             // Set by the caller, which has the request's headers.
             tenant: 0,
         },
@@ -448,6 +451,7 @@ fn grammar(
         Err(GrammarError::Invalid(e)) => {
             Err(ApiError::invalid(param, format!("Invalid '{param}': {e}.")))
         }
+        Err(GrammarError::Busy(e)) => Err(ApiError::rate_limited(format!("{e}."))),
         Err(GrammarError::Setup(e)) => Err(ApiError::internal(format!(
             "Building the grammar failed: {e}."
         ))),

@@ -326,11 +326,17 @@ fn tenant(state: &AppState, req: &Request<Incoming>) -> u64 {
 }
 
 /// The key of an `Authorization: Bearer <key>` header, if there is one.
+/// The scheme is matched without case and may be followed by more than
+/// one space (RFC 9110 11.4), as clients differ there.
 fn bearer(req: &Request<Incoming>) -> Option<&str> {
-    req.headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    bearer_key(req.headers().get(AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The key of an `Authorization` value of the `Bearer` scheme.
+fn bearer_key(value: &str) -> Option<&str> {
+    let (scheme, key) = value.split_once(' ')?;
+    let key = key.trim_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
 }
 
 /// The whole body within the size limit (413) and the body deadline (408:
@@ -385,7 +391,7 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResB
         return error_response(&ApiError::not_found(format!("No route for {path}.")));
     };
     if method == Method::OPTIONS && state.settings.cors.is_enabled() {
-        return cors::preflight(want);
+        return cors::preflight(want, req.headers());
     }
     if method != *want {
         let mut r = error_response(&ApiError::method_not_allowed(method.as_str(), &path));

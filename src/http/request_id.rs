@@ -9,13 +9,18 @@
 //! replica, so one id names the request in both logs.
 
 use super::request_log::RequestLog;
-use super::{route, AppState, ResBody};
+use super::{error_response, route, AppState, ResBody};
+use crate::api::ApiError;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response};
+use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 
 /// The header a request id comes in and goes out with.
 pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -24,17 +29,25 @@ pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
 /// copied into every log line and response id).
 pub const MAX_LEN: usize = 128;
 
-/// A request's id. Invariant: 1..=[`MAX_LEN`] bytes, each visible ASCII
-/// (`!`..=`~`), so it is a valid header value, needs no quoting in a
-/// `key=value` log line and cannot forge a log line or a header.
+/// A request's id. Invariant: 1..=[`MAX_LEN`] bytes, each an ASCII letter,
+/// digit or one of [`ID_PUNCTUATION`], so it is a valid header value, needs
+/// no quoting in a `key=value` log line (no `"`, `=`, space or control) and
+/// cannot forge a log line or a header.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RequestId(String);
 
+/// The punctuation a request id may hold besides letters and digits: what
+/// UUIDs, ULIDs, trace ids and `service:host/n`-style ids use.
+pub const ID_PUNCTUATION: &[u8] = b"-_.:/+@~";
+
 impl RequestId {
     /// The client's id, if it keeps the invariant (`None` otherwise: empty,
-    /// too long, spaces, control or non-ASCII bytes).
+    /// too long, spaces, quotes, `=`, control or non-ASCII bytes).
     pub fn from_client(raw: &[u8]) -> Option<RequestId> {
-        let ok = (1..=MAX_LEN).contains(&raw.len()) && raw.iter().all(|b| b.is_ascii_graphic());
+        let ok = (1..=MAX_LEN).contains(&raw.len())
+            && raw
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || ID_PUNCTUATION.contains(b));
         // Visible ASCII is valid UTF-8.
         ok.then(|| RequestId(String::from_utf8_lossy(raw).into_owned()))
     }
@@ -95,14 +108,54 @@ fn mix(mut z: u64) -> u64 {
 /// it, stamps the id on the response, and notes the status. The log line
 /// itself is written when the last holder of the record lets go: here for a
 /// whole response, at the end of the stream for a streamed one.
+///
+/// A handler that panics is answered with a 500 JSON error (with the id),
+/// not a reset connection; the panic is logged by the process's panic hook
+/// and the request line says so.
 pub(super) async fn handle(state: Arc<AppState>, mut req: Request<Incoming>) -> Response<ResBody> {
     let id = RequestId::for_headers(req.headers());
     let log = RequestLog::new(id.clone(), req.method(), req.uri().path());
     req.extensions_mut().insert(log.clone());
-    let mut res = route(state, req).await;
+    let mut res = answer_or_500(route(state, req), &log).await;
     log.set_status(res.status().as_u16());
     res.headers_mut().insert(HEADER, id.header_value());
     res
+}
+
+/// `handler`'s response, or a 500 JSON error when polling it panics.
+async fn answer_or_500(
+    handler: impl Future<Output = Response<ResBody>>,
+    log: &RequestLog,
+) -> Response<ResBody> {
+    match CatchPanic(Box::pin(handler)).await {
+        Some(res) => res,
+        None => {
+            log.panicked();
+            error_response(&ApiError::internal(
+                "The server failed while handling this request; the failure is logged \
+                 under this request's x-request-id.",
+            ))
+        }
+    }
+}
+
+/// A future's output, or `None` when a poll of it panicked (it is not
+/// polled again). The future is boxed, so this wrapper is `Unpin`.
+struct CatchPanic<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The panicked future is dropped with this wrapper and never polled
+        // again, so no broken state of it is observed.
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Ready(v)) => Poll::Ready(Some(v)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => Poll::Ready(None),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -125,6 +178,10 @@ mod tests {
             b"tab\there",
             b"line\nbreak",
             b"del\x7f",
+            b"quote\"d",
+            b"k=v",
+            b"a,b;c",
+            b"back\\slash",
             "caf\u{e9}".as_bytes(),
             &[b'x'; MAX_LEN + 1],
         ] {
@@ -156,6 +213,41 @@ mod tests {
         let id = RequestId::for_headers(&h);
         assert_ne!(id.as_str(), "two words");
         assert_eq!(id.header_value(), id.as_str());
+    }
+
+    #[test]
+    fn a_panicking_handler_is_a_500_json_error_and_a_logged_line() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let got = crate::http::request_log::tests::lines("info", || {
+            let log = RequestLog::new(RequestId::generate(), &hyper::Method::GET, "/p");
+            let res = rt.block_on(answer_or_500(
+                async {
+                    tokio::task::yield_now().await;
+                    let v: Vec<u8> = Vec::new();
+                    // A request-controlled index past the end.
+                    let i = std::hint::black_box(3);
+                    error_response(&ApiError::bad_request(format!("{}", v[i])))
+                },
+                &log,
+            ));
+            assert_eq!(res.status(), 500);
+            log.set_status(res.status().as_u16());
+            let super::ResBody::Full(body) = res.into_body() else {
+                panic!("not a whole body")
+            };
+            let body = rt
+                .block_on(http_body_util::BodyExt::collect(body))
+                .unwrap()
+                .to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert!(v["error"]["message"].is_string(), "{v}");
+        });
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0]["status"], 500);
+        assert_eq!(got[0]["error"], "the handler panicked");
     }
 
     #[test]

@@ -20,17 +20,33 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The longest route logged (a hostile client may send a very long path).
+/// The longest route logged, in bytes as logged (a hostile client may send
+/// a very long path).
 const MAX_ROUTE: usize = 256;
 
-/// `path` as logged: cut to [`MAX_ROUTE`] bytes (then `...` follows). Also
-/// the router's `route` field.
+/// `path` as logged, also the router's `route` field: every byte that is
+/// not visible ASCII, and `"`, `\`, `=` and `%`, written as `%XX`, so the
+/// field has no space, quote, control or bidirectional character that could
+/// make a text line ambiguous or forge one, and it percent-decodes to
+/// exactly the path's bytes. Past [`MAX_ROUTE`] bytes it is cut (never
+/// inside an escape) and `...` follows.
 pub(crate) fn loggable_route(path: &str) -> String {
-    let mut route = path.to_owned();
-    if route.len() > MAX_ROUTE {
-        // A URI path is ASCII, so any byte index is a char boundary.
-        route.truncate(MAX_ROUTE);
-        route.push_str("...");
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut route = String::with_capacity(path.len().min(MAX_ROUTE) + 3);
+    for &b in path.as_bytes() {
+        let plain = b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'=' | b'%');
+        let width = if plain { 1 } else { 3 };
+        if route.len() + width > MAX_ROUTE {
+            route.push_str("...");
+            break;
+        }
+        if plain {
+            route.push(b as char);
+        } else {
+            route.push('%');
+            route.push(HEX[usize::from(b >> 4)] as char);
+            route.push(HEX[usize::from(b & 15)] as char);
+        }
     }
     route
 }
@@ -210,6 +226,11 @@ impl RequestLog {
         f.completion_tokens = Some(completion_tokens);
     }
 
+    /// The handler panicked (the client got a 500).
+    pub fn panicked(&self) {
+        self.fields().error = Some("the handler panicked".to_owned());
+    }
+
     /// The answer ended with an error (after its head, for a stream).
     pub fn failed(&self, error: &str, completion_tokens: usize) {
         let mut f = self.fields();
@@ -357,5 +378,71 @@ pub(crate) mod tests {
             RequestLog::new(id("r4"), &Method::GET, &path);
         });
         assert_eq!(got[0]["route"].as_str().unwrap().len(), MAX_ROUTE + 3);
+    }
+
+    /// A multi-byte character across the cut used to panic (`truncate` off
+    /// a char boundary).
+    #[test]
+    fn a_character_across_the_cut_neither_panics_nor_is_split() {
+        for pad in 250..260 {
+            let path = format!("/{}\u{e9}\u{2028}b", "a".repeat(pad));
+            let r = loggable_route(&path);
+            assert!(r.len() <= MAX_ROUTE + 3, "{r}");
+            let kept = r.trim_end_matches("...");
+            assert!(kept.is_ascii(), "{r}");
+            // Never half an escape at the end.
+            let tail = kept.rsplit('%').next().unwrap();
+            assert!(!kept.contains('%') || tail.len() >= 2, "{r}");
+        }
+    }
+
+    /// In the text format a field is `key=value` up to the next space: a
+    /// route or id with a quote, `=`, a line or paragraph separator or a
+    /// bidi override could forge fields or lines there.
+    #[test]
+    fn a_hostile_route_and_id_stay_one_unambiguous_text_line() {
+        use crate::logging::{tests::capture, LogFormat};
+        // Refused as a client id: the line gets a generated one instead.
+        assert!(RequestId::from_client(b"x\" status=200 a=\"").is_none());
+        let path = "/v1/x\" status=200 y=\"\u{2028}\u{202e}\r\nINFO forged";
+        let out = capture(LogFormat::Text, "info", || {
+            let log = RequestLog::new(id("r-5"), &Method::GET, path);
+            log.set_status(404);
+        });
+        assert_eq!(out.lines().count(), 1, "{out:?}");
+        assert!(
+            !out.contains('\u{2028}') && !out.contains('\u{202e}'),
+            "{out:?}"
+        );
+        let route = out
+            .split(' ')
+            .find_map(|f| f.strip_prefix("route="))
+            .unwrap_or_else(|| panic!("no route field: {out}"));
+        assert!(!route.contains(['"', '=']), "{route}");
+        assert!(out.contains("request_id=r-5 "), "{out}");
+        assert_eq!(out.matches("status=").count(), 1, "{out}");
+    }
+
+    #[test]
+    fn a_route_that_could_break_a_text_line_is_escaped_and_decodes_back() {
+        let path = "/v1/a\"b c=d%e\\f\u{2028}\u{202e}\n\u{7f}";
+        let r = loggable_route(path);
+        assert_eq!(r, "/v1/a%22b%20c%3Dd%25e%5Cf%E2%80%A8%E2%80%AE%0A%7F");
+        let mut decoded = Vec::new();
+        let mut bytes = r.bytes();
+        while let Some(b) = bytes.next() {
+            if b == b'%' {
+                let hex: String = bytes.by_ref().take(2).map(char::from).collect();
+                decoded.push(u8::from_str_radix(&hex, 16).unwrap());
+            } else {
+                decoded.push(b);
+            }
+        }
+        assert_eq!(decoded, path.as_bytes());
+        // A plain route is unchanged.
+        assert_eq!(
+            loggable_route("/v1/chat/completions"),
+            "/v1/chat/completions"
+        );
     }
 }

@@ -1,0 +1,308 @@
+//! Bounds on a request's grammar, checked before llguidance sees it.
+//!
+//! llguidance checks its own size limits only after it has built the
+//! grammar, and building it may recurse once per property or build tables
+//! quadratic in an object's properties: a 560 KB schema of 40,000 empty
+//! properties overflowed a 2 MiB stack, and 20,000 optional properties under
+//! `minProperties` asked for ~9.6 GB. So a spec is measured here first, by
+//! a walk that uses no recursion, and refused with the bound it breaks.
+//!
+//! The walk is blind to JSON Schema's meaning (a property *named*
+//! `properties` counts as a `properties` keyword), so it may overcount,
+//! never undercount. What passes is then compiled by `compile` on its own
+//! thread under a time budget, with llguidance's own limits set
+//! ([`parser_limits`]).
+
+use llguidance::api::ParserLimits;
+use serde_json::Value;
+
+use super::{GrammarError, GrammarSpec};
+
+/// The longest spec, as compact JSON (all of a request's tool schemas
+/// together).
+pub const MAX_SPEC_BYTES: usize = 128 * 1024;
+/// Keys of all `properties` objects in a spec together.
+pub const MAX_PROPERTIES: usize = 2_000;
+/// The deepest JSON nesting inside one schema (each level of a JSON
+/// Schema object is two: `properties`, then the property's schema).
+pub const MAX_DEPTH: usize = 64;
+/// Values of all `enum` lists in a spec together.
+pub const MAX_ENUM_VALUES: usize = 2_000;
+/// The longest regular expression (`pattern`, a `patternProperties` key,
+/// `x-guidance.whitespace_pattern`), in bytes.
+pub const MAX_PATTERN_BYTES: usize = 1_000;
+/// The most properties in one object that also sets `minProperties` or
+/// `maxProperties`: llguidance lists one alternative per optional
+/// property, each naming every property (n x n).
+pub const MAX_COUNTED_PROPERTIES: usize = 128;
+/// Alternatives (`anyOf`, `oneOf`, `allOf` elements) in a spec together.
+pub const MAX_ALTERNATIVES: usize = 1_000;
+/// Tools in one forced tool-call grammar.
+pub const MAX_TOOLS: usize = 128;
+
+/// llguidance's own limits for every grammar compiled here: its defaults,
+/// but fewer lexer states (each ~1-2 kB; the default 250,000 could hold
+/// ~500 MB for one request) and a grammar-size cap that a spec within
+/// [`MAX_SPEC_BYTES`] stays far below. Errors reach clients as 400s, so
+/// they say the reason, not the parser's state.
+pub(super) fn parser_limits() -> ParserLimits {
+    ParserLimits {
+        max_lexer_states: 50_000,
+        max_grammar_size: 200_000,
+        verbose_errors: false,
+        ..ParserLimits::default()
+    }
+}
+
+/// Checks `spec` against every bound above.
+///
+/// Errors: [`GrammarError::Invalid`] naming the part of the spec (as
+/// [`super::build::top_level`] does) and the bound it breaks.
+pub(super) fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
+    match spec {
+        GrammarSpec::JsonObject => Ok(()),
+        GrammarSpec::JsonSchema(schema) => {
+            let mut tally = Tally::default();
+            tally.bytes(schema);
+            tally.walk(schema);
+            tally.verdict(super::build::JSON_SCHEMA)
+        }
+        GrammarSpec::ToolCalls { tools, .. } => {
+            let label = super::build::TOOLS;
+            if tools.len() > MAX_TOOLS {
+                return Err(GrammarError::Invalid(format!(
+                    "{label}: {} tools; at most {MAX_TOOLS} can be forced",
+                    tools.len()
+                )));
+            }
+            let mut tally = Tally::default();
+            for (name, schema) in tools {
+                tally.spec_bytes += name.len();
+                tally.bytes(schema);
+                tally.walk(schema);
+            }
+            tally.verdict(label)
+        }
+    }
+}
+
+/// What the walk counted; `broken` is the first bound found broken inside
+/// one value (depth, a pattern, an object's counted properties).
+#[derive(Default)]
+struct Tally {
+    spec_bytes: usize,
+    properties: usize,
+    enum_values: usize,
+    alternatives: usize,
+    broken: Option<String>,
+}
+
+impl Tally {
+    fn bytes(&mut self, v: &Value) {
+        // Compact JSON of a parsed value cannot fail to serialize.
+        self.spec_bytes += serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+    }
+
+    fn fail(&mut self, why: String) {
+        self.broken.get_or_insert(why);
+    }
+
+    /// Visits every value of `root` with an explicit stack (a request's
+    /// JSON is at most 128 deep, but nothing here relies on that).
+    fn walk(&mut self, root: &Value) {
+        let mut stack: Vec<(&Value, usize)> = vec![(root, 1)];
+        while let Some((v, depth)) = stack.pop() {
+            if depth > MAX_DEPTH {
+                self.fail(format!(
+                    "the schema is nested more than {MAX_DEPTH} levels deep"
+                ));
+                continue;
+            }
+            match v {
+                Value::Array(items) => stack.extend(items.iter().map(|i| (i, depth + 1))),
+                Value::Object(map) => {
+                    self.keywords(map);
+                    stack.extend(map.values().map(|i| (i, depth + 1)));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Counts the keywords of one object that the bounds are about.
+    fn keywords(&mut self, map: &serde_json::Map<String, Value>) {
+        if let Some(Value::Object(props)) = map.get("properties") {
+            self.properties += props.len();
+            let counted = map.contains_key("minProperties") || map.contains_key("maxProperties");
+            if counted && props.len() > MAX_COUNTED_PROPERTIES {
+                self.fail(format!(
+                    "an object with minProperties or maxProperties lists {} properties; \
+                     at most {MAX_COUNTED_PROPERTIES} are allowed there",
+                    props.len()
+                ));
+            }
+        }
+        if let Some(Value::Array(values)) = map.get("enum") {
+            self.enum_values += values.len();
+        }
+        for key in ["anyOf", "oneOf", "allOf"] {
+            if let Some(Value::Array(alts)) = map.get(key) {
+                self.alternatives += alts.len();
+            }
+        }
+        for key in ["pattern", "whitespace_pattern"] {
+            if let Some(Value::String(p)) = map.get(key) {
+                self.pattern(p);
+            }
+        }
+        if let Some(Value::Object(pp)) = map.get("patternProperties") {
+            pp.keys().for_each(|p| self.pattern(p));
+        }
+    }
+
+    fn pattern(&mut self, p: &str) {
+        if p.len() > MAX_PATTERN_BYTES {
+            self.fail(format!(
+                "a pattern of {} bytes; at most {MAX_PATTERN_BYTES} are allowed",
+                p.len()
+            ));
+        }
+    }
+
+    fn verdict(mut self, label: &str) -> Result<(), GrammarError> {
+        let over = |what: &str, n: usize, max: usize| {
+            (n > max).then(|| format!("{n} {what}; at most {max} are allowed"))
+        };
+        let why = over("bytes of schema", self.spec_bytes, MAX_SPEC_BYTES)
+            .or_else(|| over("properties", self.properties, MAX_PROPERTIES))
+            .or_else(|| over("enum values", self.enum_values, MAX_ENUM_VALUES))
+            .or_else(|| {
+                over(
+                    "anyOf/oneOf/allOf alternatives",
+                    self.alternatives,
+                    MAX_ALTERNATIVES,
+                )
+            })
+            .or_else(|| self.broken.take());
+        match why {
+            None => Ok(()),
+            Some(why) => Err(GrammarError::Invalid(format!(
+                "{label}: too large to compile: {why}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Map};
+
+    fn props(n: usize) -> Map<String, Value> {
+        (0..n).map(|i| (format!("p{i}"), json!({}))).collect()
+    }
+
+    fn refused(spec: &GrammarSpec) -> String {
+        match check(spec) {
+            Err(GrammarError::Invalid(m)) => m,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_issue_schemas_are_refused_by_count_and_a_fair_one_passes() {
+        let wide = json!({"type": "object", "properties": props(40_000)});
+        let m = refused(&GrammarSpec::JsonSchema(wide.clone()));
+        assert!(
+            m.starts_with("response_format json_schema: too large"),
+            "{m}"
+        );
+        let square = json!({"type": "object", "properties": props(20_000),
+            "minProperties": 1, "additionalProperties": false});
+        refused(&GrammarSpec::JsonSchema(square));
+        let tools = GrammarSpec::ToolCalls {
+            tools: vec![("f".into(), wide)],
+            parallel: false,
+        };
+        assert!(refused(&tools).starts_with("tools: "));
+        // Just under each bound passes.
+        let fair = json!({"type": "object", "properties": props(MAX_COUNTED_PROPERTIES),
+            "minProperties": 1, "additionalProperties": false,
+            "enum": vec![json!(1); 10]});
+        check(&GrammarSpec::JsonSchema(fair)).unwrap();
+    }
+
+    /// The widest and the deepest schemas the bounds allow compile, from a
+    /// caller whose stack (64 KiB) would not hold llguidance's recursion:
+    /// compiles run on their own thread.
+    #[test]
+    fn what_the_bounds_allow_compiles_from_a_small_stack() {
+        use crate::grammar::Grammars;
+        use crate::tokenizer::testing::tiny_metadata;
+        use crate::tokenizer::TextTokenizer;
+        let tok = TextTokenizer::from_gguf_metadata(&tiny_metadata()).unwrap();
+        let grammars = Grammars::new(&tok, tok.vocab_size()).unwrap();
+        let wide = json!({"type": "object", "properties": props(MAX_PROPERTIES)});
+        let square = json!({"type": "object", "properties": props(MAX_COUNTED_PROPERTIES),
+            "minProperties": 1, "additionalProperties": false});
+        let mut deep = json!({"type": "integer"});
+        for _ in 0..MAX_DEPTH / 2 - 1 {
+            deep = json!({"type": "array", "items": deep});
+        }
+        let t = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                [wide, square, deep]
+                    .into_iter()
+                    .map(|s| grammars.compile(&GrammarSpec::JsonSchema(s)).map(|_| ()))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap();
+        for (i, r) in t.join().unwrap().into_iter().enumerate() {
+            assert!(r.is_ok(), "schema {i}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn each_bound_is_enforced() {
+        let square = json!({"properties": props(MAX_COUNTED_PROPERTIES + 1), "maxProperties": 3});
+        assert!(refused(&GrammarSpec::JsonSchema(square)).contains("minProperties"));
+        let mut deep = json!({"type": "string"});
+        for _ in 0..MAX_DEPTH {
+            deep = json!({"type": "array", "items": deep});
+        }
+        assert!(refused(&GrammarSpec::JsonSchema(deep)).contains("nested"));
+        let enums = json!({"enum": vec![json!("x"); MAX_ENUM_VALUES + 1]});
+        assert!(refused(&GrammarSpec::JsonSchema(enums)).contains("enum"));
+        let pattern = json!({"type": "string", "pattern": "a".repeat(MAX_PATTERN_BYTES + 1)});
+        assert!(refused(&GrammarSpec::JsonSchema(pattern)).contains("pattern"));
+        let ws = json!({"x-guidance": {"whitespace_pattern": "b".repeat(MAX_PATTERN_BYTES + 1)}});
+        assert!(refused(&GrammarSpec::JsonSchema(ws)).contains("pattern"));
+        let pp = json!({"patternProperties": {"c".repeat(MAX_PATTERN_BYTES + 1): {}}});
+        assert!(refused(&GrammarSpec::JsonSchema(pp)).contains("pattern"));
+        let alts = json!({"anyOf": vec![json!({}); MAX_ALTERNATIVES + 1]});
+        assert!(refused(&GrammarSpec::JsonSchema(alts)).contains("alternatives"));
+        let big = json!({"description": "d".repeat(MAX_SPEC_BYTES)});
+        assert!(refused(&GrammarSpec::JsonSchema(big)).contains("bytes"));
+        let many = GrammarSpec::ToolCalls {
+            tools: (0..=MAX_TOOLS)
+                .map(|i| (format!("t{i}"), Value::Null))
+                .collect(),
+            parallel: true,
+        };
+        assert!(refused(&many).contains("tools"));
+        // Counted over all tools together.
+        let split = GrammarSpec::ToolCalls {
+            tools: (0..4)
+                .map(|i| {
+                    (
+                        format!("t{i}"),
+                        json!({"properties": props(MAX_PROPERTIES / 2)}),
+                    )
+                })
+                .collect(),
+            parallel: true,
+        };
+        assert!(refused(&split).contains("properties"));
+    }
+}

@@ -1,0 +1,255 @@
+//! Hostile requests of the second round, on the tiny server with the
+//! default 1 MiB body limit. First those that used to end the process or
+//! reset their connection: a `json_schema` of 40,000 empty properties
+//! (llguidance recursed once per property and overflowed its thread's
+//! stack: the process aborted), the variant under `minProperties` (an
+//! n x n table of ~9.6 GB), both through `response_format` and through
+//! forced tools; and a URI path with a UTF-8 character across byte 256
+//! (the request line's route was cut inside the character: a panic, a
+//! reset connection). Each must be a clean 4xx, the server must serve
+//! normally afterwards, and the process must not grow. Then clients that
+//! were refused for no good reason: a lower-case `bearer` scheme, and a
+//! CORS preflight asking for an SDK's own headers.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Map, Value};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "sk-no-abort";
+
+/// The named kB field of /proc/self/status (Linux), e.g. `VmRSS`.
+fn status_kb(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .ok()
+}
+
+fn props(n: usize) -> Map<String, Value> {
+    (0..n)
+        .map(|i| (format!("prop_{i:05}"), json!({})))
+        .collect()
+}
+
+/// Sends `raw` and reads the answer to the end of the connection: the
+/// status, the head and the body, or why there was none.
+fn exchange(addr: SocketAddr, raw: &[u8]) -> Result<(u16, String, String), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(raw).map_err(|e| format!("write: {e}"))?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got)
+        .map_err(|e| format!("read: {e} after {} bytes", got.len()))?;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no whole response: {text:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status: {head:?}"))?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, head.to_owned(), body))
+}
+
+fn post_chat(addr: SocketAddr, body: &Value) -> Result<(u16, String, String), String> {
+    let body = body.to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    exchange(addr, raw.as_bytes())
+}
+
+fn server() -> Server {
+    Server::start(config(|c| c.server.api_keys = vec![KEY.into()]), None)
+}
+
+#[test]
+fn huge_schemas_are_400s_naming_the_field_and_the_server_lives() {
+    let s = server();
+    let ok = post_chat(s.addr, &chat(json!({"max_tokens": 2}))).unwrap();
+    assert_eq!(ok.0, 200, "{ok:?}");
+    let rss_before = status_kb("VmRSS");
+
+    let wide = json!({"type": "object", "properties": props(40_000)});
+    let square = json!({"type": "object", "properties": props(20_000),
+        "minProperties": 1, "additionalProperties": false});
+    let by_format = |schema: &Value| {
+        chat(
+            json!({"max_tokens": 4, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "big", "schema": schema}}}),
+        )
+    };
+    let by_tools = |schema: &Value| {
+        chat(
+            json!({"max_tokens": 4, "tool_choice": "required", "tools": [{"type": "function",
+            "function": {"name": "big", "parameters": schema}}]}),
+        )
+    };
+    let cases = [
+        (
+            "40,000 properties by response_format",
+            by_format(&wide),
+            "response_format",
+        ),
+        (
+            "n x n by response_format",
+            by_format(&square),
+            "response_format",
+        ),
+        (
+            "40,000 properties by forced tools",
+            by_tools(&wide),
+            "tools",
+        ),
+        ("n x n by forced tools", by_tools(&square), "tools"),
+    ];
+    let mut failures = Vec::new();
+    for (name, body, param) in &cases {
+        let bytes = body.to_string().len();
+        assert!(
+            bytes < 1 << 20,
+            "{name}: {bytes} bytes is over the body limit"
+        );
+        let t = Instant::now();
+        let got = post_chat(s.addr, body);
+        let took = t.elapsed();
+        match got {
+            Ok((400, _, b)) => {
+                let v: Value = serde_json::from_str(&b).unwrap_or_default();
+                let msg = v["error"]["message"].as_str().unwrap_or_default();
+                if v["error"]["param"] != *param || !msg.contains("too large") {
+                    failures.push(format!("{name}: a 400 but {b}"));
+                }
+            }
+            other => failures.push(format!("{name}: {other:?}")),
+        }
+        // The issue's own bound: refused before any compile starts.
+        if took > Duration::from_secs(2) {
+            failures.push(format!("{name}: answered after {took:?}"));
+        }
+        let after = post_chat(s.addr, &chat(json!({"max_tokens": 2})));
+        if !matches!(after, Ok((200, ..))) {
+            failures.push(format!("after {name}: {after:?}"));
+        }
+    }
+    // Growth past the RSS before, up to the peak reached since (an upper
+    // bound on what the four requests held at once).
+    if let (Some(before), Some(peak)) = (rss_before, status_kb("VmHWM")) {
+        let grew_mb = peak.saturating_sub(before) / 1024;
+        if grew_mb >= 200 {
+            failures.push(format!("the process grew by {grew_mb} MB"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    s.wait_idle();
+}
+
+#[test]
+fn a_utf8_character_across_the_route_cut_is_a_404_with_a_request_id() {
+    let s = server();
+    // The character starts at each byte around the 256-byte cut.
+    for pad in 250..=258 {
+        let mut raw = format!("GET /{}", "a".repeat(pad)).into_bytes();
+        raw.extend_from_slice("\u{e9}\u{2028}".as_bytes());
+        raw.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        match exchange(s.addr, &raw) {
+            Ok((404, head, body)) => {
+                let head = head.to_ascii_lowercase();
+                assert!(head.contains("\r\nx-request-id: "), "pad {pad}: {head}");
+                let v: Value = serde_json::from_str(&body).unwrap();
+                assert!(v["error"]["message"].is_string(), "pad {pad}: {body}");
+            }
+            other => panic!("pad {pad}: {other:?}"),
+        }
+    }
+    let ok = post_chat(s.addr, &chat(json!({"max_tokens": 2}))).unwrap();
+    assert_eq!(ok.0, 200, "{ok:?}");
+}
+
+/// `Authorization: bearer KEY` (any case of the scheme, RFC 9110) is the
+/// same key as `Bearer KEY`; a wrong key or another scheme is still a 401.
+#[test]
+fn the_bearer_scheme_matches_without_case() {
+    let s = server();
+    let body = chat(json!({"max_tokens": 2})).to_string();
+    let with_auth = |auth: &str| {
+        let raw = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Authorization: {auth}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        exchange(s.addr, raw.as_bytes()).unwrap().0
+    };
+    for ok in [
+        format!("bearer {KEY}"),
+        format!("BEARER {KEY}"),
+        format!("BeArEr  {KEY}"),
+    ] {
+        assert_eq!(with_auth(&ok), 200, "{ok}");
+    }
+    for bad in [
+        format!("Basic {KEY}"),
+        format!("bearer{KEY}"),
+        "bearer sk-wrong".to_owned(),
+        "bearer".to_owned(),
+    ] {
+        assert_eq!(with_auth(&bad), 401, "{bad}");
+    }
+}
+
+/// The OpenAI JS SDK's preflight from a page asks for its `x-stainless-*`
+/// headers; each must be allowed, or the browser never sends the request.
+#[test]
+fn a_cors_preflight_allows_the_headers_the_sdk_asks_for() {
+    let s = Server::start(
+        config(|c| {
+            c.server.api_keys = vec![KEY.into()];
+            c.server.cors_allow_origins = vec!["https://app.example".into()];
+        }),
+        None,
+    );
+    let asked = "authorization,content-type,x-stainless-arch,x-stainless-lang,\
+                 x-stainless-os,x-stainless-package-version,x-stainless-retry-count,\
+                 x-stainless-runtime,x-stainless-runtime-version,x-stainless-timeout";
+    let raw = format!(
+        "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Origin: https://app.example\r\nAccess-Control-Request-Method: POST\r\n\
+         Access-Control-Request-Headers: {asked}\r\n\r\n"
+    );
+    let (status, head, _) = exchange(s.addr, raw.as_bytes()).unwrap();
+    assert_eq!(status, 204, "{head}");
+    let head = head.to_ascii_lowercase();
+    let allowed = head
+        .lines()
+        .find_map(|l| l.strip_prefix("access-control-allow-headers:"))
+        .unwrap_or_else(|| panic!("no allow-headers: {head}"));
+    let allowed: Vec<&str> = allowed.split(',').map(str::trim).collect();
+    for want in asked.split(',') {
+        assert!(allowed.contains(&want), "{want} not in {allowed:?}");
+    }
+    assert!(
+        head.contains("access-control-allow-origin: https://app.example"),
+        "{head}"
+    );
+}
