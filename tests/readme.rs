@@ -1,0 +1,77 @@
+//! The README's first request, as written, on the config it serves
+//! (configs/default.toml, the real Qwen2.5-Coder pair): its curl body is
+//! POSTed unchanged (no `max_tokens`, streamed) and must get a 200 whose
+//! stream carries text. Skipped when the weights are absent. (The README's
+//! Python example runs in scripts/test-openai.sh, tests/readme_example.py.)
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+/// The JSON body of the README's first `curl ... -d '...'`, verbatim.
+fn readme_curl_body() -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let at = readme
+        .find("curl -N ")
+        .expect("the README has a curl example");
+    let rest = &readme[at..];
+    let start = rest.find("-d '").expect("the curl example sends a body") + 4;
+    let len = rest[start..].find('\'').expect("the body is quoted");
+    rest[start..start + len].to_owned()
+}
+
+#[test]
+fn the_readme_curl_streams_text_on_the_default_config() {
+    let body = readme_curl_body();
+    let parsed: Value = serde_json::from_str(&body).expect("the README's body is JSON");
+    assert!(parsed.get("max_tokens").is_none(), "the example sends none");
+    let Some(_) = real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
+    if real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").is_none() {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cfg = specgate::config::Config::load(&root.join("configs/default.toml")).unwrap();
+    cfg.server.port = 0;
+    // The config names the weights relative to the repository root.
+    cfg.model.path = root.join(&cfg.model.path);
+    cfg.draft.path = cfg.draft.path.map(|p| root.join(p));
+    let s = Server::start(cfg, None);
+    let stream = send(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        &body,
+    );
+    let mut reader = BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // Read events until one carries text; the rest of the answer (up to
+    // the room the pool leaves) is cancelled by hanging up.
+    let mut text = String::new();
+    let mut line = String::new();
+    while text.is_empty() {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended early"
+        );
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue;
+        };
+        assert_ne!(data, "[DONE]", "the stream ended without text");
+        let ev: Value = serde_json::from_str(data).unwrap();
+        if let Some(c) = ev["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(c);
+        }
+    }
+    drop(reader);
+    s.wait_idle();
+}
