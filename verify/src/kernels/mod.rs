@@ -43,11 +43,11 @@ macro_rules! by_rows {
 }
 
 pub mod act;
+pub mod bytes;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-pub mod bytes;
 mod layout;
 pub mod mxfp4;
 mod scalar;
