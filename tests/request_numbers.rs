@@ -230,6 +230,26 @@ fn echoed_logprobs_are_bounded_by_the_config() {
         .as_str()
         .unwrap()
         .contains("max_echo_prompt_tokens"));
+    // The engine holds the same bound for any caller.
+    let e = s
+        .engine()
+        .submit(specgate::engine::GenRequest {
+            prompt: vec![1, 2, 3, 4, 5, 6, 7],
+            max_new_tokens: 2,
+            prompt_logprobs: Some(1),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            specgate::engine::EngineError::Rejected {
+                part: specgate::engine::RequestPart::PromptLogprobs,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     // Echo alone and logprobs alone cost nothing per prompt token.
     for extra in [json!({"echo": true}), json!({"logprobs": 1})] {
         let r = post(s.addr, "/v1/completions", completion(long.clone(), extra));

@@ -21,6 +21,7 @@
 
 mod error;
 mod messages;
+mod prompt;
 mod request;
 #[cfg(test)]
 mod request_tests;

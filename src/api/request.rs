@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::messages::parse_messages;
 use super::sampling::{parse_controls, parse_logprobs, parse_sampling, parse_stop_token_ids};
 use super::tools::{parse_response_format, parse_tools, ResponseFormat, ToolSetup};
+use super::prompt::parse_prompt;
 use crate::tokenizer::ChatMessage;
 use specgate_verify::Controls;
 
@@ -588,61 +589,6 @@ fn parse_model(map: &Map<String, Value>) -> Result<String, ApiError> {
         Some(v) => Ok(as_str(v, "model")?.to_owned()),
         None => Err(missing("model")),
     }
-}
-
-/// `prompt`: a string, a list of one string, or token ids (`[int]`, or
-/// `[[int]]` of one list), as OpenAI and vLLM take it.
-fn parse_prompt(map: &Map<String, Value>) -> Result<Input, ApiError> {
-    let one = || {
-        ApiError::invalid(
-            "prompt",
-            "Invalid 'prompt': exactly one prompt is supported (a string, a list of one \
-             string, a list of token ids, or a list of one list of token ids).",
-        )
-    };
-    match get(map, "prompt") {
-        Some(Value::String(s)) => Ok(Input::Prompt(s.clone())),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [Value::String(s)] => Ok(Input::Prompt(s.clone())),
-            [Value::Array(ids)] => prompt_ids(ids),
-            [Value::Number(_), ..] => prompt_ids(items),
-            [] => Err(ApiError::invalid("prompt", "Invalid 'prompt': the list is empty.")),
-            [other] => Err(ApiError::invalid(
-                "prompt",
-                format!(
-                    "Invalid 'prompt': a list prompt must hold one string or token ids, but got {} instead.",
-                    kind_of(other)
-                ),
-            )),
-            _ => Err(one()),
-        },
-        Some(other) => Err(type_err("prompt", "a string or a list of token ids", other)),
-        None => Err(missing("prompt")),
-    }
-}
-
-/// A prompt of token ids: each an integer in `0..2^32` (the vocabulary is
-/// checked once the model is known), at least one.
-fn prompt_ids(items: &[Value]) -> Result<Input, ApiError> {
-    if items.is_empty() {
-        return Err(ApiError::invalid(
-            "prompt",
-            "Invalid 'prompt': the list of token ids is empty.",
-        ));
-    }
-    items
-        .iter()
-        .map(|item| {
-            let n = as_int(item, "prompt")?;
-            u32::try_from(n).map_err(|_| {
-                ApiError::invalid(
-                    "prompt",
-                    format!("Invalid 'prompt': {n} is not a token id."),
-                )
-            })
-        })
-        .collect::<Result<Vec<u32>, _>>()
-        .map(Input::Tokens)
 }
 
 fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
