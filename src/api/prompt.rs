@@ -61,4 +61,3 @@ fn prompt_ids(items: &[Value]) -> Result<Input, ApiError> {
         .collect::<Result<Vec<u32>, _>>()
         .map(Input::Tokens)
 }
-

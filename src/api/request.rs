@@ -19,9 +19,9 @@ use specgate_verify::SamplingParams;
 
 use super::error::ApiError;
 use super::messages::parse_messages;
+use super::prompt::parse_prompt;
 use super::sampling::{parse_controls, parse_logprobs, parse_sampling, parse_stop_token_ids};
 use super::tools::{parse_response_format, parse_tools, ResponseFormat, ToolSetup};
-use super::prompt::parse_prompt;
 use crate::tokenizer::ChatMessage;
 use specgate_verify::Controls;
 
