@@ -1,8 +1,10 @@
 //! The README's first request, as written, on the config it serves
 //! (configs/default.toml, the real Qwen2.5-Coder pair): its curl body is
 //! POSTed unchanged (no `max_tokens`, streamed) and must get a 200 whose
-//! stream carries text. Skipped when the weights are absent. (The README's
-//! Python example runs in scripts/test-openai.sh, tests/readme_example.py.)
+//! stream carries text; then the README's Python example (the official
+//! `openai` client, tests/readme_example.py) on the same server, when a
+//! Python with `openai` is at hand (scripts/test-openai.sh always runs it).
+//! Skipped when the weights are absent.
 
 mod common;
 
@@ -74,4 +76,40 @@ fn the_readme_curl_streams_text_on_the_default_config() {
     }
     drop(reader);
     s.wait_idle();
+    readme_python(&format!("http://{}/v1", s.addr));
+    s.wait_idle();
+}
+
+/// Runs the README's Python example (tests/readme_example.py) against
+/// `url` when a Python with the `openai` package is at hand (`$SPECGATE_PYTHON`,
+/// else the venv scripts/test-openai.sh installs); otherwise says so and
+/// leaves it to that script, which always runs it.
+fn readme_python(url: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var_os("SPECGATE_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target/openai-venv/bin/python"));
+    let has_openai = std::process::Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        eprintln!(
+            "skipping the README's Python example here: no `openai` in {} \
+             (scripts/test-openai.sh runs it)",
+            python.display()
+        );
+        return;
+    }
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests/readme_example.py"))
+        .env("SPECGATE_URL", url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the README's Python example failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
