@@ -32,3 +32,8 @@ done
 [ -n "$ready" ] || { cat "$log"; echo "specgate serve did not become ready" >&2; exit 1; }
 echo "openai client against $url"
 SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/openai_client.py
+# The README's own Python example, as written (only its address changed),
+# on the config the README serves.
+if [ -z "${SPECGATE_CONFIG:-}" ]; then
+  SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/readme_example.py
+fi

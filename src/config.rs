@@ -186,6 +186,10 @@ impl Default for KvConfig {
 pub struct SchedulerSection {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Longest prompt whose log-probabilities a request may ask for
+    /// (completions' `echo` with `logprobs`): each prompt token costs a
+    /// log-softmax and a top-k over the vocabulary inside the forward.
+    pub max_echo_prompt_tokens: usize,
 }
 
 impl Default for SchedulerSection {
@@ -193,6 +197,7 @@ impl Default for SchedulerSection {
         Self {
             max_num_seqs: 32,
             max_num_batched_tokens: 512,
+            max_echo_prompt_tokens: 2048,
         }
     }
 }
@@ -718,6 +723,7 @@ impl Config {
     /// | `kv.memory_mib` | 1..=1048576 (0 when `num_blocks` is set) | 1 TiB |
     /// | `scheduler.max_num_seqs` | 1..=4096 | |
     /// | `scheduler.max_num_batched_tokens` | max_num_seqs..=1048576 | every running sequence can decode a row each step (as vLLM requires) |
+    /// | `scheduler.max_echo_prompt_tokens` | 1..=16777216 | |
     /// | `[speculative]` | see [`SpeculativeConfig::validate`] | |
     /// | `[router]` | see `RouterConfig::validate` | |
     ///
@@ -812,6 +818,11 @@ impl Config {
             "scheduler.max_num_batched_tokens",
             sch.max_num_batched_tokens,
             sch.max_num_seqs..=1 << 20,
+        )?;
+        in_range(
+            "scheduler.max_echo_prompt_tokens",
+            sch.max_echo_prompt_tokens,
+            1..=MAX_MODEL_LEN,
         )?;
 
         self.speculative.validate()?;

@@ -268,6 +268,17 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Gramma
             .context("model.max_model_len")?,
         None => engine,
     };
+    let engine = engine.with_max_prompt_logprobs(cfg.scheduler.max_echo_prompt_tokens);
+    if engine.pool_below_context() {
+        tracing::warn!(
+            context = engine.max_position(),
+            kv_tokens = engine.kv_slots(),
+            max_request_tokens = engine.max_request_tokens(),
+            "the KV pool holds less than one full context: one request may hold at most \
+             max_request_tokens tokens (raise kv.memory_mib or kv.num_blocks, or lower \
+             model.max_model_len)"
+        );
+    }
     Ok((engine, tokenizer, grammars))
 }
 

@@ -18,10 +18,12 @@
 //! ones), every verified row is processed with the drafts before it as
 //! history, and only the emitted tokens are committed to it.
 
+use candle_core::{Storage, Tensor};
 use specgate_draft::{DraftPolicy, PolicyState, Proposal, ProposeRequest, Proposer};
 use specgate_verify::accept::{accept_sampled, Verdict};
+use specgate_verify::process::rows_logprobs;
 use specgate_verify::{
-    ConstraintError, KvPool, LogitsWanted, Model, Sampler, SeqInput, VerifyError,
+    ConstraintError, KvPool, LogitsWanted, Model, Sampler, SeqInput, TokenLogprob, VerifyError,
 };
 
 /// A sequence being decoded speculatively.
@@ -128,7 +130,16 @@ pub fn spec_round<P: Proposer + ?Sized>(
         let all = vec![true; batch.len()];
         propose(p, batch, &all, &mut proposals)?;
     }
-    let out = verify_round(target, pool, policy, batch, &proposals, prefills, stats)?;
+    let out = verify_round(
+        target,
+        pool,
+        policy,
+        batch,
+        &proposals,
+        prefills,
+        &[],
+        stats,
+    )?;
     out.verdicts
         .into_iter()
         .map(|v| v.map(|v| v.tokens).map_err(SpecError::Constraint))
@@ -184,20 +195,40 @@ pub struct RoundOutput {
     /// Per sequence of the batch: its verdict (the tokens are appended to
     /// it already), or the grammar error that ends it (nothing appended).
     pub verdicts: Vec<Result<Verdict, ConstraintError>>,
-    /// Per prefill chunk, the raw logits rows it asked for (empty for
-    /// `LogitsWanted::None`).
-    pub prefill_logits: Vec<Vec<Vec<f32>>>,
+    /// Per prefill chunk, the prompt log-probabilities of the rows its
+    /// [`PromptScoring`] named (empty without one).
+    pub prompt_logprobs: Vec<Vec<TokenLogprob>>,
+}
+
+/// What a prompt chunk wants scored (`echo` with `logprobs`): its row `r`
+/// (at position `start_pos + r`) scores the prompt token after it. The
+/// chunk asks for `LogitsWanted::All`.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptScoring<'a> {
+    /// Rows before this one are not scored (already scored when a chunk
+    /// runs again after a preemption).
+    pub skip: usize,
+    /// The token row `skip + i` scores is `targets[i]`; rows past its end
+    /// are not scored.
+    pub targets: &'a [u32],
+    /// Alternatives reported per token.
+    pub top: usize,
 }
 
 /// Verifies `proposals` (aligned with `batch`) in ONE target forward that
-/// also carries `prefills` (prompt chunks of other sequences; those asking
-/// for logits get their raw rows back, for prompt logprobs), accepts per
-/// sequence, appends the new tokens to each sequence and returns the
-/// verdicts.
+/// also carries `prefills` (prompt chunks of other sequences; those with a
+/// [`PromptScoring`] in `scoring`, aligned with `prefills`, get their
+/// prompt log-probabilities back, computed where the logits are: no
+/// prompt row is copied out), accepts per sequence, appends the new
+/// tokens to each sequence and returns the verdicts.
 ///
 /// Errors: a failing target forward (nothing is appended then). A
 /// sequence's grammar error is that sequence's verdict, not an error of
 /// the round.
+// The round's inputs are separate borrows of the engine's state (the model,
+// the pool, the policy, the batch, the prompt chunks): bundling them would
+// only move the same list into a struct.
+#[allow(clippy::too_many_arguments)]
 pub fn verify_round(
     target: &Model,
     pool: &mut KvPool,
@@ -205,6 +236,7 @@ pub fn verify_round(
     batch: &mut [RoundInput],
     proposals: &[Proposal],
     prefills: &[SeqInput],
+    scoring: &[Option<PromptScoring>],
     stats: &mut SpecStats,
 ) -> Result<RoundOutput, SpecError> {
     let rows_in: Vec<Vec<u32>> = batch
@@ -230,18 +262,39 @@ pub fn verify_round(
     if inputs.is_empty() {
         return Ok(RoundOutput::default());
     }
-    let logits = target.forward_rows(pool, &inputs)?;
+    let logits = target.forward(pool, &inputs)?;
     let recurrent = target.has_recurrent_state();
-    let mut rows = logits.into_iter();
     let mut out = RoundOutput::default();
-    for p in prefills {
+    let mut row = 0;
+    for (i, p) in prefills.iter().enumerate() {
         let n = match p.logits {
             LogitsWanted::None => 0,
             LogitsWanted::Last => usize::from(!p.tokens.is_empty()),
             LogitsWanted::All => p.tokens.len(),
         };
-        out.prefill_logits.push(rows.by_ref().take(n).collect());
+        let lps = match scoring.get(i).copied().flatten() {
+            Some(sc) if n > sc.skip => {
+                let m = sc.targets.len().min(n - sc.skip);
+                let targets = &sc.targets[..m];
+                with_rows(&logits, row + sc.skip, m, |rows, vocab| {
+                    rows_logprobs(rows, vocab, targets, sc.top)
+                })?
+            }
+            _ => Vec::new(),
+        };
+        out.prompt_logprobs.push(lps);
+        row += n;
     }
+    // Only the decode rows leave as whole rows: acceptance needs them.
+    let total = logits.dim(0).map_err(VerifyError::from)?;
+    let decode_rows = match total.checked_sub(row) {
+        Some(0) | None => Vec::new(),
+        Some(n) => logits
+            .narrow(0, row, n)
+            .and_then(|t| t.to_vec2::<f32>())
+            .map_err(VerifyError::from)?,
+    };
+    let mut rows = decode_rows.into_iter();
     for (r, p) in batch.iter_mut().zip(proposals) {
         let mut mine: Vec<Vec<f32>> = rows.by_ref().take(p.tokens.len() + 1).collect();
         let grammar = r.seq.sampler.processor().has_constraint();
@@ -259,6 +312,31 @@ pub fn verify_round(
         out.verdicts.push(v);
     }
     Ok(out)
+}
+
+/// Runs `f(rows, vocab)` on rows `start..start + n` of a `[rows, vocab]`
+/// logits tensor as one row-major slice: borrowed in place when the tensor
+/// is in host memory and contiguous, else those rows only copied out.
+fn with_rows<R>(
+    t: &Tensor,
+    start: usize,
+    n: usize,
+    f: impl FnOnce(&[f32], usize) -> R,
+) -> Result<R, VerifyError> {
+    let vocab = t.dim(1)?;
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (Storage::Cpu(cpu), Some((offset, _))) = (&*storage, layout.contiguous_offsets()) {
+            if let Ok(data) = cpu.as_slice::<f32>() {
+                let from = offset + start * vocab;
+                if let Some(rows) = data.get(from..from + n * vocab) {
+                    return Ok(f(rows, vocab));
+                }
+            }
+        }
+    }
+    let copied = t.narrow(0, start, n)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(f(&copied, vocab))
 }
 
 /// Errors of a speculative round.

@@ -44,7 +44,8 @@ fn ids(v: &Value) -> Vec<u64> {
 #[test]
 fn tokenize_then_detokenize_returns_the_text() {
     let s = keyed(|_| {});
-    let ctx = s.engine().max_position();
+    // vLLM's `max_model_len`: what one request may hold (context and pool).
+    let ctx = s.engine().max_request_tokens();
 
     // Prompt form, without BOS: the ids decode back to the text exactly.
     let text = "hello world, the quick brown fox";
@@ -214,7 +215,11 @@ fn models_card_carries_the_context_and_method() {
     );
     let m = json_of(&request(s.addr, "GET", "/v1/models", &[], ""));
     assert_eq!(m["data"][0]["speculative"]["method"], "draft");
-    assert_eq!(m["data"][0]["max_model_len"], s.engine().max_position());
+    // The smaller of the context and what the KV pool holds for one request.
+    assert_eq!(
+        m["data"][0]["max_model_len"],
+        s.engine().max_request_tokens()
+    );
 }
 
 #[test]

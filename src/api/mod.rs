@@ -21,6 +21,7 @@
 
 mod error;
 mod messages;
+mod prompt;
 mod request;
 #[cfg(test)]
 mod request_tests;
@@ -46,7 +47,10 @@ pub use response::{
     CompletionLogprobs, Delta, FinishReason, FunctionCall, FunctionDelta, ModelCard, ModelList,
     ModelSpeculative, ToolCall, ToolCallDelta, TopLogprob, TopMap, Usage, VersionInfo,
 };
-pub use sampling::{MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY, MAX_STOP_TOKEN_IDS};
+pub use sampling::{
+    GREEDY_TEMPERATURE, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY,
+    MAX_REPETITION_PENALTY, MAX_STOP_TOKEN_IDS, MIN_REPETITION_PENALTY,
+};
 pub use tokenize::{
     parse_detokenize, parse_tokenize, DetokenizeRequest, DetokenizeResponse, TokenizeInput,
     TokenizeRequest, TokenizeResponse,

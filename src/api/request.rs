@@ -19,6 +19,7 @@ use specgate_verify::SamplingParams;
 
 use super::error::ApiError;
 use super::messages::parse_messages;
+use super::prompt::parse_prompt;
 use super::sampling::{parse_controls, parse_logprobs, parse_sampling, parse_stop_token_ids};
 use super::tools::{parse_response_format, parse_tools, ResponseFormat, ToolSetup};
 use crate::tokenizer::ChatMessage;
@@ -85,6 +86,10 @@ pub enum Input {
     Chat(Vec<ChatMessage>),
     /// Raw prompt text (`/v1/completions`), used as is.
     Prompt(String),
+    /// A prompt given as token ids (`/v1/completions`, `[int]` or
+    /// `[[int]]` of one), used as is: no BOS added. Invariant: non-empty.
+    /// Whether the ids are the model's is the caller's check.
+    Tokens(Vec<u32>),
 }
 
 /// The `speculative` request extension:
@@ -218,9 +223,9 @@ pub struct ValidRequest {
     /// The `model` field as given (not checked against the served models).
     pub model: String,
     pub input: Input,
-    /// Generation limit: `max_completion_tokens` if given, else
-    /// `max_tokens`, else `None` for chat (up to the context) and
-    /// [`COMPLETION_DEFAULT_MAX_TOKENS`] for completions. Always >= 1.
+    /// Generation limit the client gave: `max_completion_tokens` if given,
+    /// else `max_tokens`, else `None` (see [`ValidRequest::max_new_tokens`]
+    /// for the default). Always >= 1.
     pub max_tokens: Option<usize>,
     /// Temperature (default [`DEFAULT_TEMPERATURE`]), top-p (default 1),
     /// top-k (`top_k` 0 or -1 -> 0 = off), min-p (0 = off) and seed; meets
@@ -255,6 +260,21 @@ pub struct ValidRequest {
     /// `user`, `safety_identifier`, `metadata`: for the log only.
     pub meta: RequestMeta,
     pub speculative: Option<SpecOverride>,
+}
+
+impl ValidRequest {
+    /// How many tokens to generate when `room` fit after the prompt (in the
+    /// context and in the KV pool): the client's limit when it gave one
+    /// (which may exceed `room`; the caller refuses that), else all of
+    /// `room` for chat and [`COMPLETION_DEFAULT_MAX_TOKENS`] (at most
+    /// `room`) for completions. A missing limit never makes a request fail.
+    pub fn max_new_tokens(&self, room: usize) -> usize {
+        match (self.max_tokens, &self.input) {
+            (Some(n), _) => n,
+            (None, Input::Chat(_)) => room,
+            (None, _) => COMPLETION_DEFAULT_MAX_TOKENS.min(room),
+        }
+    }
 }
 
 /// Most alternatives per token (`top_logprobs`, completions' `logprobs`):
@@ -303,7 +323,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ValidRequest, ApiError> {
         }
     };
     let tools = parse_tools(&map)?;
-    let mut v = parse_common(&map, model, Input::Chat(messages), None)?;
+    let mut v = parse_common(&map, model, Input::Chat(messages))?;
     v.logprobs = logprobs.then(|| top.unwrap_or(0));
     if v.response_format != ResponseFormat::Text && tools.forces_a_call() {
         return Err(ApiError::invalid(
@@ -408,8 +428,9 @@ fn reject_unknown(map: &Map<String, Value>, known: &[&str]) -> Result<(), ApiErr
 ///
 /// Errors (all 400, `param` naming the field): body not JSON or not an
 /// object; a field not in [`KNOWN_COMPLETION_FIELDS`]; `model` missing or
-/// not a string; `prompt` missing or not a string or a list of exactly one
-/// string; `logprobs` not an integer in `0..=20` (`false` is absent);
+/// not a string; `prompt` missing, or not a string, a list of one string,
+/// a non-empty list of token ids (integers in `0..2^32`) or a list of one
+/// such list; `logprobs` not an integer in `0..=20` (`false` is absent);
 /// `echo` not a boolean; `best_of` > 1; a non-empty `suffix`; plus every
 /// check of the shared fields (see [`ValidRequest`]).
 pub fn parse_completion(body: &[u8]) -> Result<ValidRequest, ApiError> {
@@ -440,12 +461,7 @@ pub fn parse_completion(body: &[u8]) -> Result<ValidRequest, ApiError> {
             ));
         }
     }
-    let mut v = parse_common(
-        &map,
-        model,
-        Input::Prompt(prompt),
-        Some(COMPLETION_DEFAULT_MAX_TOKENS),
-    )?;
+    let mut v = parse_common(&map, model, prompt)?;
     v.logprobs = logprobs;
     v.echo = echo;
     Ok(v)
@@ -471,11 +487,10 @@ fn parse_common(
     map: &Map<String, Value>,
     model: String,
     input: Input,
-    default_max_tokens: Option<usize>,
 ) -> Result<ValidRequest, ApiError> {
     let max_tokens = opt_positive(map, "max_tokens")?;
     let max_completion_tokens = opt_positive(map, "max_completion_tokens")?;
-    let max_tokens = max_completion_tokens.or(max_tokens).or(default_max_tokens);
+    let max_tokens = max_completion_tokens.or(max_tokens);
 
     if let Some(v) = get(map, "n") {
         let n = as_int(v, "n")?;
@@ -573,31 +588,6 @@ fn parse_model(map: &Map<String, Value>) -> Result<String, ApiError> {
     match get(map, "model") {
         Some(v) => Ok(as_str(v, "model")?.to_owned()),
         None => Err(missing("model")),
-    }
-}
-
-fn parse_prompt(map: &Map<String, Value>) -> Result<String, ApiError> {
-    match get(map, "prompt") {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [Value::String(s)] => Ok(s.clone()),
-            [other] => Err(ApiError::invalid(
-                "prompt",
-                format!(
-                    "Invalid 'prompt': a list prompt must hold one string, but got {} instead.",
-                    kind_of(other)
-                ),
-            )),
-            _ => Err(ApiError::invalid(
-                "prompt",
-                format!(
-                    "Invalid 'prompt': a list of exactly one string is supported, but got {} items.",
-                    items.len()
-                ),
-            )),
-        },
-        Some(other) => Err(type_err("prompt", "a string", other)),
-        None => Err(missing("prompt")),
     }
 }
 

@@ -82,7 +82,9 @@ fn minimal_chat_defaults() {
 fn minimal_completion_defaults() {
     let r = completion(completion_with(json!({}))).unwrap();
     assert_eq!(r.input, Input::Prompt("hi".into()));
-    assert_eq!(r.max_tokens, Some(COMPLETION_DEFAULT_MAX_TOKENS));
+    assert_eq!(r.max_tokens, None);
+    assert_eq!(r.max_new_tokens(1000), COMPLETION_DEFAULT_MAX_TOKENS);
+    assert_eq!(r.max_new_tokens(3), 3, "a default never exceeds the room");
 }
 
 #[test]
@@ -296,11 +298,21 @@ fn prompt_forms() {
         "prompt",
     );
     assert_rejects(completion(json!({"model": "m", "prompt": []})), "prompt");
-    assert_rejects(
-        completion(json!({"model": "m", "prompt": [1, 2, 3]})),
-        "prompt",
-    );
-    assert_rejects(completion(json!({"model": "m", "prompt": [[1]]})), "prompt");
+    // Token ids, as OpenAI and vLLM take them: `[int]` or `[[int]]` of one.
+    for ids in [json!([1, 2, 3]), json!([[1, 2, 3]])] {
+        let r = completion(json!({"model": "m", "prompt": ids})).unwrap();
+        assert_eq!(r.input, Input::Tokens(vec![1, 2, 3]));
+    }
+    for bad in [
+        json!([-1]),
+        json!([4_294_967_296u64]),
+        json!([1, "a"]),
+        json!([[]]),
+        json!([[1], [2]]),
+        json!([[1], "a"]),
+    ] {
+        assert_rejects(completion(json!({"model": "m", "prompt": bad})), "prompt");
+    }
     assert_rejects(completion(json!({"model": "m", "prompt": 5})), "prompt");
     assert_rejects(
         completion(json!({"model": "m", "prompt": {"a": 1}})),
@@ -619,11 +631,10 @@ fn min_p_min_tokens_stop_token_ids() {
     for bad in [json!(-1), json!(1.5), json!("1")] {
         rejects_both("min_tokens", bad, "min_tokens");
     }
-    // Above max_tokens (completions default to 16).
-    assert_rejects(
-        completion(completion_with(json!({"min_tokens": 17}))),
-        "min_tokens",
-    );
+    // Above the completions default (16): checked once the room is known,
+    // like chat's.
+    let r = completion(completion_with(json!({"min_tokens": 17}))).unwrap();
+    assert!(r.max_new_tokens(1000) < r.controls.min_tokens);
     assert_rejects(
         chat(chat_with(
             json!({"min_tokens": 6, "max_completion_tokens": 5}),

@@ -16,11 +16,22 @@ use super::request::{
 pub const MAX_PENALTY: f64 = 2.0;
 /// Largest `|bias|` of a `logit_bias` entry (OpenAI's).
 pub const MAX_LOGIT_BIAS: f64 = 100.0;
+/// Temperatures below this are greedy (stored as 0): `1/t` of a smaller
+/// (or subnormal) `t` overflows f32, and `0 * inf` turns the warp into
+/// NaNs. The sampler's own bound.
+pub const GREEDY_TEMPERATURE: f64 = specgate_verify::sample::GREEDY_TEMPERATURE as f64;
+/// Range of `repetition_penalty`: dividing or multiplying a logit by a
+/// factor inside it stays finite for any logit a model produces (vLLM
+/// only asks for > 0, which lets `1e-39` overflow every logit to inf).
+pub const MIN_REPETITION_PENALTY: f64 = 0.01;
+pub const MAX_REPETITION_PENALTY: f64 = 100.0;
 /// Most `logit_bias` entries (OpenAI's limit), and most `stop_token_ids`.
 pub const MAX_LOGIT_BIAS_ENTRIES: usize = 300;
 pub const MAX_STOP_TOKEN_IDS: usize = 300;
 
 /// Temperature, top-p, top-k, min-p and seed.
+///
+/// A `temperature` below [`GREEDY_TEMPERATURE`] is stored as 0 (greedy).
 ///
 /// Errors (400 naming the field): `temperature` outside `0..=2`, `top_p`
 /// outside `(0, 1]`, `top_k` below -1, `seed` outside `0..2^64`, `min_p`
@@ -40,7 +51,11 @@ pub(super) fn parse_sampling(map: &Map<String, Value>) -> Result<SamplingParams,
                 ),
             ));
         }
-        s.temperature = t as f32;
+        s.temperature = if t < GREEDY_TEMPERATURE {
+            0.0
+        } else {
+            t as f32
+        };
     }
     if let Some(v) = get(map, "top_p") {
         let p = as_number(v, "top_p")?;
@@ -91,9 +106,10 @@ pub(super) fn parse_sampling(map: &Map<String, Value>) -> Result<SamplingParams,
 /// limit when it gave one (`min_tokens` may not exceed it).
 ///
 /// Errors (400 naming the field): a penalty outside `-2..=2`;
-/// `repetition_penalty` not a finite number > 0; `logit_bias` not an
+/// `repetition_penalty` outside `0.01..=100`; `logit_bias` not an
 /// object, a key that is not a token id (a non-negative integer in
-/// decimal), a bias outside `-100..=100`, more than 300 entries;
+/// decimal), two keys naming the same id (`"5"` and `"05"`), a bias
+/// outside `-100..=100`, more than 300 entries;
 /// `min_tokens` negative or above `max_tokens`.
 pub(super) fn parse_controls(
     map: &Map<String, Value>,
@@ -119,10 +135,13 @@ pub(super) fn parse_controls(
     }
     if let Some(v) = get(map, "repetition_penalty") {
         let p = as_number(v, "repetition_penalty")?;
-        if !(p > 0.0 && (p as f32).is_finite()) {
+        if !(MIN_REPETITION_PENALTY..=MAX_REPETITION_PENALTY).contains(&p) {
             return Err(ApiError::invalid(
                 "repetition_penalty",
-                format!("Invalid 'repetition_penalty': expected a value > 0 (1 is off), but got {p} instead."),
+                format!(
+                    "Invalid 'repetition_penalty': expected a value between \
+                     {MIN_REPETITION_PENALTY} and {MAX_REPETITION_PENALTY} (1 is off), but got {p} instead."
+                ),
             ));
         }
         c.repetition_penalty = p as f32;
@@ -163,7 +182,7 @@ fn parse_logit_bias(v: &Value) -> Result<Vec<(u32, f32)>, ApiError> {
             ),
         ));
     }
-    let mut out = Vec::with_capacity(obj.len());
+    let mut out: Vec<(u32, f32)> = Vec::with_capacity(obj.len());
     for (k, b) in obj {
         let id = k
             .parse::<u32>()
@@ -185,6 +204,14 @@ fn parse_logit_bias(v: &Value) -> Result<Vec<(u32, f32)>, ApiError> {
             return Err(ApiError::invalid(
                 "logit_bias",
                 format!("Invalid 'logit_bias': the bias of token {id} must be between -100 and 100, but is {bias}."),
+            ));
+        }
+        // Keys are compared by the id they name: `"5"` and `"05"` would
+        // otherwise add two biases to one token.
+        if out.iter().any(|&(seen, _)| seen == id) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("Invalid 'logit_bias': token id {id} is given more than once (as '{k}' and another key)."),
             ));
         }
         out.push((id, bias as f32));
@@ -244,5 +271,55 @@ pub(super) fn parse_logprobs(map: &Map<String, Value>) -> Result<Option<usize>, 
             }
             Ok(Some(n as usize))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    fn param_of(e: ApiError) -> String {
+        e.param.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_temperature_too_small_to_divide_by_is_greedy() {
+        for t in [1e-39, 1e-20, 9e-6, 0.0] {
+            let s = parse_sampling(&map(json!({ "temperature": t }))).unwrap();
+            assert_eq!(s.temperature, 0.0, "{t}");
+            assert!(s.is_greedy());
+        }
+        let s = parse_sampling(&map(json!({"temperature": 1e-5}))).unwrap();
+        assert_eq!(s.temperature, 1e-5);
+        assert!(!s.is_greedy());
+    }
+
+    #[test]
+    fn repetition_penalty_stays_where_the_arithmetic_is_finite() {
+        for bad in [1e-39, 0.009, 100.5, 1e30, 0.0, -1.0] {
+            let e = parse_controls(&map(json!({ "repetition_penalty": bad })), None).unwrap_err();
+            assert_eq!(param_of(e), "repetition_penalty", "{bad}");
+        }
+        for ok in [0.01, 1.0, 100.0] {
+            let c = parse_controls(&map(json!({ "repetition_penalty": ok })), None).unwrap();
+            assert_eq!(c.repetition_penalty, ok as f32);
+        }
+    }
+
+    #[test]
+    fn logit_bias_keys_are_compared_by_value() {
+        for keys in [json!({"5": 1, "05": 2}), json!({"0": 1, "00": 1})] {
+            let e = parse_controls(&map(json!({ "logit_bias": keys })), None).unwrap_err();
+            assert_eq!(param_of(e), "logit_bias", "{keys}");
+        }
+        let c = parse_controls(&map(json!({"logit_bias": {"05": 2, "6": 1}})), None).unwrap();
+        let mut b = c.logit_bias;
+        b.sort_by_key(|x| x.0);
+        assert_eq!(b, vec![(5, 2.0), (6, 1.0)]);
     }
 }

@@ -280,9 +280,15 @@ struct Limits {
     eos: Vec<u32>,
     max_position: usize,
     max_slots: usize,
+    /// Longest prompt a request may ask log-probabilities of.
+    max_prompt_logprobs: usize,
     has_draft: bool,
     default_method: SpecMethod,
 }
+
+/// Longest prompt a request may ask log-probabilities of, unless
+/// [`EngineHandle::with_max_prompt_logprobs`] says otherwise.
+pub const DEFAULT_MAX_PROMPT_LOGPROBS: usize = 2048;
 
 /// Drafts a request may ask for at most.
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
@@ -366,6 +372,18 @@ impl EngineHandle {
                 ),
             );
         }
+        // Each prompt token scored costs a log-softmax and a top-k over the
+        // vocabulary in the forward: bounded like any other cost.
+        if req.prompt_logprobs.is_some() && req.prompt.len() > l.max_prompt_logprobs {
+            return bad(
+                RequestPart::PromptLogprobs,
+                format!(
+                    "prompt log-probabilities are limited to prompts of {} tokens, and this one has {}",
+                    l.max_prompt_logprobs,
+                    req.prompt.len()
+                ),
+            );
+        }
         for (n, part) in [
             (req.logprobs, RequestPart::Logprobs),
             (req.prompt_logprobs, RequestPart::PromptLogprobs),
@@ -443,6 +461,26 @@ impl EngineHandle {
         self.limits.max_position
     }
 
+    /// The most tokens one request may hold, prompt and output together:
+    /// the context ([`max_position`](Self::max_position)), or less when the
+    /// KV pool holds less (one slot stays free for the verify row). What
+    /// `submit` accepts, and the `max_model_len` clients are shown.
+    pub fn max_request_tokens(&self) -> usize {
+        let l = &self.limits;
+        l.max_position.min(l.max_slots.saturating_sub(1))
+    }
+
+    /// Token slots of the KV pool (blocks times block size).
+    pub fn kv_slots(&self) -> usize {
+        self.limits.max_slots
+    }
+
+    /// Whether the KV pool holds less than one full context: then a long
+    /// request is refused although the model could take it (startup warns).
+    pub fn pool_below_context(&self) -> bool {
+        self.max_request_tokens() < self.limits.max_position
+    }
+
     /// How a request drafts when it does not say: the proposer this engine
     /// was started with (fixed for its life; a reload changes only the
     /// draft length).
@@ -474,6 +512,23 @@ impl EngineHandle {
         Ok(self)
     }
 
+    /// This handle with prompt log-probabilities allowed for prompts of up
+    /// to `n` tokens (`[scheduler] max_echo_prompt_tokens`); as
+    /// [`with_max_model_len`](Self::with_max_model_len), call it before
+    /// cloning the handle.
+    pub fn with_max_prompt_logprobs(mut self, n: usize) -> Self {
+        self.limits = Arc::new(Limits {
+            max_prompt_logprobs: n,
+            ..Limits::clone(&self.limits)
+        });
+        self
+    }
+
+    /// Longest prompt a request may ask log-probabilities of.
+    pub fn max_prompt_logprobs(&self) -> usize {
+        self.limits.max_prompt_logprobs
+    }
+
     /// The latest published counters.
     pub fn stats(&self) -> EngineStats {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -501,6 +556,7 @@ pub fn spawn(
         eos: engine.eos().to_vec(),
         max_position: engine.max_position(),
         max_slots: engine.num_blocks() * cfg.block_size,
+        max_prompt_logprobs: DEFAULT_MAX_PROMPT_LOGPROBS,
         has_draft: engine.has_draft(),
         default_method: engine.default_method(),
     });

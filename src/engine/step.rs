@@ -25,7 +25,9 @@ use super::{
 use crate::config::MAX_NGRAM;
 use crate::kv::{BlockManager, SeqId};
 use crate::metrics as names;
-use crate::spec::{propose, verify_round, RoundInput, RoundOutput, SpecError, SpecStats};
+use crate::spec::{
+    propose, verify_round, PromptScoring, RoundInput, RoundOutput, SpecError, SpecStats,
+};
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
 use specgate_draft::{
@@ -33,7 +35,6 @@ use specgate_draft::{
     PolicyState, Proposal, ProposeRequest, Proposer, StepLimits, StepSeq, SuffixPool,
 };
 use specgate_verify::accept::Verdict;
-use specgate_verify::process::token_logprob;
 use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput, TokenLogprob};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
@@ -613,7 +614,7 @@ impl Engine {
         let mut ended = HashSet::new();
         for (p, r) in work.prefills.iter().zip(prefilled) {
             match r {
-                Ok(logits) => self.commit_prefill(p, &logits),
+                Ok(lps) => self.commit_prefill(p, lps),
                 Err(e) => {
                     self.fail_seq(p.idx, &e);
                     ended.insert(self.running[p.idx].spec.id);
@@ -1018,7 +1019,7 @@ impl Engine {
             .map(|(d, &l)| l || self.running[d.idx].method == SpecMethod::Ngram)
             .collect();
         if by_lookup.contains(&true) {
-            let (_, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
+            let (_, _, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
             let mut lookups = Lookups(&self.lookups);
             // Lookups do not fail; a grammar cut is part of shaping.
             if let Err(e) = propose(&mut lookups, &mut rounds, &by_lookup, &mut out) {
@@ -1073,7 +1074,7 @@ impl Engine {
         sel: &[bool],
         out: &mut [Proposal],
     ) -> Result<(), StepError> {
-        let (_, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
+        let (_, _, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
         let Some(d) = self.draft.as_mut() else {
             return Ok(());
         };
@@ -1087,7 +1088,7 @@ impl Engine {
         match self.try_verify(&work.prefills, &work.decodes, proposals) {
             Ok(out) => (
                 out.verdicts.into_iter().map(verdict).collect(),
-                out.prefill_logits.into_iter().map(Ok).collect(),
+                out.prompt_logprobs.into_iter().map(Ok).collect(),
             ),
             // A forward that failed midway may have advanced some recurrent
             // states already; running those sequences again would feed
@@ -1114,7 +1115,7 @@ impl Engine {
                     .iter()
                     .map(|p| {
                         self.try_verify(std::slice::from_ref(p), &[], &[])
-                            .map(|mut out| out.prefill_logits.pop().unwrap_or_default())
+                            .map(|mut out| out.prompt_logprobs.pop().unwrap_or_default())
                     })
                     .collect();
                 let decoded = work
@@ -1163,7 +1164,8 @@ impl Engine {
             }
         }
         let slots = &self.slots;
-        let (pre, mut rounds) = inputs(&mut self.running, &self.bm, slots, prefills, decodes);
+        let (pre, scoring, mut rounds) =
+            inputs(&mut self.running, &self.bm, slots, prefills, decodes);
         let (target, pool, policy, spec) = (
             &self.target,
             &mut self.pool,
@@ -1183,6 +1185,7 @@ impl Engine {
                 &mut rounds,
                 proposals,
                 &pre,
+                &scoring,
                 spec,
             )?)
         })
@@ -1237,22 +1240,13 @@ impl Engine {
     }
 
     /// Commit a prompt chunk: its K/V is in the cache; full blocks become
-    /// shareable. `logits` (raw rows of the chunk's positions, when it
-    /// asked) extend the prompt logprobs: row r at position `start + r`
-    /// scores prompt token `start + r + 1`.
-    fn commit_prefill(&mut self, p: &Prefill, logits: &[Vec<f32>]) {
+    /// shareable. `scored` (the chunk's prompt logprobs, when it asked:
+    /// see [`PromptScoring`]) extends the sequence's prompt logprobs.
+    fn commit_prefill(&mut self, p: &Prefill, scored: Vec<TokenLogprob>) {
         self.stats.prefill_tokens += p.n as u64;
         let s = &mut self.running[p.idx];
-        let top = s.req.prompt_logprobs.unwrap_or(0);
         if let Some(lps) = s.prompt_lps.as_mut() {
-            for (r, row) in logits.iter().enumerate() {
-                let pos = p.start + r;
-                // Positions already scored (a chunk run again after a
-                // preemption) are skipped, so each token has one entry.
-                if pos == lps.len() && pos + 1 < s.req.prompt.len() {
-                    lps.push(token_logprob(row, s.req.prompt[pos + 1], top));
-                }
-            }
+            lps.extend(scored);
         }
         s.computed = p.start + p.n;
         self.bm.register(s.spec.id, &s.spec.tokens, s.computed);
@@ -1399,7 +1393,7 @@ struct Work {
 
 type Decoded = Vec<Result<Verdict, StepError>>;
 /// Per prompt chunk: the raw logits rows it asked for.
-type Prefilled = Vec<Result<Vec<Vec<f32>>, StepError>>;
+type Prefilled = Vec<Result<Vec<TokenLogprob>, StepError>>;
 
 /// A sequence's verdict, or its grammar error as a step error.
 fn verdict(v: Result<Verdict, specgate_verify::ConstraintError>) -> Result<Verdict, StepError> {
@@ -1435,16 +1429,22 @@ fn contained<T, E: Into<StepError>>(f: impl FnOnce() -> Result<T, E>) -> Result<
     }
 }
 
-/// The verifier's inputs for the selected pieces: prompt chunks, and one
-/// round per decode (in `decodes` order, which is `running` order).
+/// The verifier's inputs for the selected pieces: prompt chunks (with what
+/// each wants scored for prompt logprobs), and one round per decode (in
+/// `decodes` order, which is `running` order).
 fn inputs<'a>(
     running: &'a mut [Sequence],
     bm: &'a BlockManager,
     slots: &StateSlots,
     prefills: &[Prefill],
     decodes: &[Decode],
-) -> (Vec<SeqInput<'a>>, Vec<RoundInput<'a>>) {
+) -> (
+    Vec<SeqInput<'a>>,
+    Vec<Option<PromptScoring<'a>>>,
+    Vec<RoundInput<'a>>,
+) {
     let mut pre = Vec::with_capacity(prefills.len());
+    let mut scoring = Vec::with_capacity(prefills.len());
     let mut rounds = Vec::with_capacity(decodes.len());
     let (mut pi, mut di) = (prefills.iter().peekable(), decodes.iter().peekable());
     // A sequence the scheduler planned always holds blocks; an empty table
@@ -1453,19 +1453,22 @@ fn inputs<'a>(
         let table = bm.table(s.spec.id).unwrap_or(&[]);
         let state_slot = slots.of(s.spec.id).unwrap_or(0);
         if let Some(p) = pi.next_if(|p| p.idx == idx) {
-            // Prompt logprobs still being gathered need every row.
-            let logits = if s.prompt_lps.is_some() {
-                LogitsWanted::All
-            } else {
-                LogitsWanted::None
-            };
+            let s: &'a Sequence = s;
+            // Prompt logprobs still being gathered need the chunk's rows.
+            let scored = s.prompt_lps.as_ref().map(Vec::len);
+            let score = prompt_scoring(s, p, scored);
             pre.push(SeqInput {
                 tokens: &s.spec.tokens[p.start..p.start + p.n],
                 start_pos: p.start,
                 block_table: table,
-                logits,
+                logits: if score.is_some() {
+                    LogitsWanted::All
+                } else {
+                    LogitsWanted::None
+                },
                 state_slot,
             });
+            scoring.push(score);
         } else if let Some(d) = di.next_if(|d| d.idx == idx) {
             rounds.push(RoundInput {
                 seq: &mut s.spec,
@@ -1475,7 +1478,30 @@ fn inputs<'a>(
             });
         }
     }
-    (pre, rounds)
+    (pre, scoring, rounds)
+}
+
+/// What chunk `p` of `s` scores when `scored` prompt logprobs are already
+/// gathered (`None`: not asked): row `r` at position `start + r` scores
+/// prompt token `start + r + 1`; positions already scored (a chunk run
+/// again after a preemption) are skipped, so each token has one entry.
+fn prompt_scoring<'a>(
+    s: &'a Sequence,
+    p: &Prefill,
+    scored: Option<usize>,
+) -> Option<PromptScoring<'a>> {
+    let scored = scored?;
+    if p.start > scored {
+        return None;
+    }
+    let prompt = &s.req.prompt;
+    let from = (scored + 1).min(prompt.len());
+    let to = (p.start + p.n + 1).min(prompt.len()).max(from);
+    Some(PromptScoring {
+        skip: scored - p.start,
+        targets: &prompt[from..to],
+        top: s.req.prompt_logprobs.unwrap_or(0),
+    })
 }
 
 /// Recurrent-state slots of the target's pool, one per running sequence:

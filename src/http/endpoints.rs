@@ -13,13 +13,16 @@ use hyper::{Request, Response, StatusCode};
 use std::sync::Arc;
 
 /// `GET /v1/models`: the one served model. Once the model is loaded the
-/// card carries its context length and the server's speculative method;
+/// card carries the most tokens one request may hold (context and KV pool)
+/// and the server's speculative method;
 /// while it loads, OpenAI's fields only.
 pub(super) fn models(state: &AppState) -> Response<ResBody> {
     let mut card = ModelCard::new(&state.settings.model_name, state.created, "specgate");
     if let Some(b) = state.backend.get() {
+        // The real limit of one request: the context, or the KV pool's
+        // room when that is smaller (vLLM's `max_model_len`).
         card = card.serving(
-            b.engine.max_position(),
+            b.engine.max_request_tokens(),
             b.engine.speculative_method().into(),
         );
     }
@@ -144,7 +147,7 @@ fn encode(b: &Backend, t: &TokenizeRequest) -> Result<TokenizeResponse, ApiError
     });
     Ok(TokenizeResponse::new(
         tokens,
-        b.engine.max_position(),
+        b.engine.max_request_tokens(),
         token_strs,
     ))
 }

@@ -292,6 +292,12 @@ pub(super) async fn handle(
         tools: v.tools.active().then(|| v.tools.names()),
         echo: match &v.input {
             Input::Prompt(p) if v.echo => Some((p.clone(), first_prompt_token)),
+            // Ids are echoed as their text, special tokens shown (as
+            // `/detokenize` decodes them).
+            Input::Tokens(ids) if v.echo => Some((
+                backend.tokenizer.decode(ids, false).unwrap_or_default(),
+                first_prompt_token,
+            )),
             _ => None,
         },
     };
@@ -334,6 +340,7 @@ fn build_request(
                 .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
             "prompt",
         ),
+        Input::Tokens(ids) => (ids.clone(), "prompt"),
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "The prompt encodes to no tokens."));
@@ -348,16 +355,45 @@ fn build_request(
             ),
         ));
     }
+    // The pool may hold less than one context: a request must fit both.
+    let limit = backend.engine.max_request_tokens();
+    if prompt.len() >= limit {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "The prompt has {} tokens; one request may hold at most {limit} (the KV \
+                 cache is smaller than the context length {ctx}).",
+                prompt.len()
+            ),
+        ));
+    }
     // Compared by subtraction: `max_tokens` is the client's number and may
-    // be near usize::MAX, where a sum would wrap and pass.
-    let room = ctx - prompt.len();
-    let max_tokens = v.max_tokens.unwrap_or(room);
+    // be near usize::MAX, where a sum would wrap and pass. A request that
+    // gives none gets all the room there is (vLLM's default), not a 400.
+    let room = limit - prompt.len();
+    let max_tokens = v.max_new_tokens(room);
     if max_tokens > room {
         return Err(ApiError::invalid(
             "max_tokens",
             format!(
-                "'max_tokens' is {max_tokens}, but the prompt has {} tokens and this model's \
-                 context length is {ctx}: at most {room} tokens can be generated.",
+                "'max_tokens' is {max_tokens}, but the prompt has {} tokens and one request may \
+                 hold {limit} (context length {ctx}, KV cache {} tokens): at most {room} tokens \
+                 can be generated.",
+                prompt.len(),
+                backend.engine.kv_slots()
+            ),
+        ));
+    }
+    // `echo` with `logprobs` scores every prompt token in the forward: a
+    // cost the server bounds (`[scheduler] max_echo_prompt_tokens`).
+    let max_echo = backend.engine.max_prompt_logprobs();
+    if v.echo && v.logprobs.is_some() && prompt.len() > max_echo {
+        return Err(ApiError::invalid(
+            "echo",
+            format!(
+                "'echo' with 'logprobs' scores every prompt token, and this server does that for \
+                 prompts of at most {max_echo} tokens (scheduler.max_echo_prompt_tokens); this \
+                 prompt has {}.",
                 prompt.len()
             ),
         ));
@@ -379,6 +415,9 @@ fn build_request(
             format!("Invalid '{param}': token id {id} is outside the vocabulary (size {vocab})."),
         )
     };
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+        return Err(out_of_vocab("prompt", id));
+    }
     if let Some(&(id, _)) = v
         .controls
         .logit_bias

@@ -32,7 +32,7 @@ pub struct ServedLimits {
 /// serve one server's limits for another in the same process.
 pub(super) fn response(state: &AppState) -> Response<ResBody> {
     let limits = state.backend.get().map(|b| ServedLimits {
-        max_model_len: b.engine.max_position(),
+        max_model_len: b.engine.max_request_tokens(),
         vocab_size: b.tokenizer.vocab_size(),
     });
     let doc = document(&state.settings.model_name, limits);
@@ -88,6 +88,10 @@ pub fn document(model: &str, limits: Option<ServedLimits>) -> Value {
         }
         let ids = &mut schemas["DetokenizeRequest"]["properties"]["tokens"];
         ids["items"]["maximum"] = json!(l.vocab_size.saturating_sub(1));
+        let last_id = json!(l.vocab_size.saturating_sub(1));
+        let prompt = &mut schemas["CompletionRequest"]["properties"]["prompt"]["oneOf"];
+        prompt[2]["items"]["maximum"] = last_id.clone();
+        prompt[3]["items"]["items"]["maximum"] = last_id;
     }
     doc
 }
@@ -407,9 +411,13 @@ fn generation_schemas() -> Map<String, Value> {
     completion.insert(
         "prompt".into(),
         // An empty prompt encodes to no tokens for a model without BOS.
+        // Or token ids, as OpenAI and vLLM take them: `[int]`, `[[int]]` of one.
         json!({"oneOf": [
             {"type": "string", "minLength": 1},
             {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+            {"type": "array", "minItems": 1, "maxItems": 1,
+             "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}},
         ]}),
     );
     completion.insert(

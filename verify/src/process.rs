@@ -103,6 +103,33 @@ pub fn token_logprob(processed: &[f32], token: u32, top: usize) -> TokenLogprob 
     }
 }
 
+/// [`token_logprob`] of each row of `rows` (row-major, `vocab` floats a
+/// row): row `r` scores `targets[r]` with `top` alternatives. Rows run in
+/// parallel on the forward's helper threads ([`crate::team`]), next to
+/// where the logits were produced, so a long echoed prompt costs the
+/// engine thread a share of one parallel loop, and only these small
+/// results travel on; the numbers are exactly [`token_logprob`]'s.
+///
+/// Panics if `rows` holds fewer than `targets.len() * vocab` floats.
+pub fn rows_logprobs(rows: &[f32], vocab: usize, targets: &[u32], top: usize) -> Vec<TokenLogprob> {
+    assert!(
+        rows.len() >= targets.len() * vocab,
+        "fewer rows than targets"
+    );
+    let mut out = vec![
+        TokenLogprob {
+            token: 0,
+            logprob: LOGPROB_FLOOR,
+            top: Vec::new(),
+        };
+        targets.len()
+    ];
+    crate::team::for_each_chunk(&mut out, 1, |r, slot| {
+        slot[0] = token_logprob(&rows[r * vocab..(r + 1) * vocab], targets[r], top);
+    });
+    out
+}
+
 /// One sequence's processing state: its [`Controls`], the output so far
 /// (counts for the penalties, how many for `min_tokens`), the prompt's ids
 /// (only kept when the repetition penalty is on) and an optional grammar
@@ -338,6 +365,22 @@ mod tests {
         let mut l = logits.to_vec();
         p.process(&mut l, pending).unwrap();
         l
+    }
+
+    #[test]
+    fn rows_logprobs_are_token_logprob_per_row() {
+        let vocab = 37;
+        let rows: Vec<f32> = (0..5 * vocab)
+            .map(|i| ((i * 7919 % 101) as f32 - 50.0) / 9.0)
+            .collect();
+        let targets = [3u32, 0, 36, 12];
+        let got = rows_logprobs(&rows, vocab, &targets, 4);
+        assert_eq!(got.len(), targets.len());
+        for (r, (g, &t)) in got.iter().zip(&targets).enumerate() {
+            let want = token_logprob(&rows[r * vocab..(r + 1) * vocab], t, 4);
+            assert_eq!(*g, want, "row {r}");
+        }
+        assert!(rows_logprobs(&rows, vocab, &[], 4).is_empty());
     }
 
     #[test]

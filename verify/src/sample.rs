@@ -10,9 +10,14 @@ use crate::process::LogitsProcessor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Temperatures below this choose greedily: dividing by a smaller (or
+/// subnormal) one overflows f32, and `0 * inf` would turn the warp to NaN.
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
+
 /// How a request wants tokens chosen.
 ///
-/// Invariants: `temperature >= 0` (0 means greedy), `0 < top_p <= 1`,
+/// Invariants: `temperature >= 0` (below [`GREEDY_TEMPERATURE`], 0
+/// included, means greedy), `0 < top_p <= 1`,
 /// `top_k == 0` means no top-k cut, `0 <= min_p <= 1` (0 means no min-p
 /// cut).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,7 +46,7 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Whether tokens are chosen by argmax.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
+        self.temperature < GREEDY_TEMPERATURE
     }
 
     /// The warped distribution over the vocabulary: softmax(logits / T)
@@ -252,6 +257,18 @@ mod tests {
     fn greedy_is_one_hot_argmax() {
         let p = params(0.0, 0, 1.0).warp(&[0.1, 3.0, 3.0, -1.0]);
         assert_eq!(p, vec![0.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_temperature_too_small_to_divide_by_is_greedy() {
+        let logits = [0.1, 3.0, 2.9, -1.0];
+        for t in [1e-39f32, 1e-30, 9e-6] {
+            let mut s = Sampler::new(params(t, 0, 1.0));
+            assert_eq!(params(t, 0, 1.0).warp(&logits), vec![0.0, 1.0, 0.0, 0.0]);
+            assert_eq!(s.sample(&logits), 1, "{t}");
+        }
+        let p = params(GREEDY_TEMPERATURE, 0, 1.0).warp(&logits);
+        assert!(p.iter().all(|x| x.is_finite()) && p[1] > 0.99, "{p:?}");
     }
 
     #[test]

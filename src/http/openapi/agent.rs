@@ -5,8 +5,8 @@
 use serde_json::{json, Map, Value};
 
 use crate::api::{
-    MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY, MAX_STOP_TOKEN_IDS, MAX_TOOLS,
-    MAX_TOP_LOGPROBS,
+    MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY, MAX_REPETITION_PENALTY,
+    MAX_STOP_TOKEN_IDS, MAX_TOOLS, MAX_TOP_LOGPROBS, MIN_REPETITION_PENALTY,
 };
 
 fn into_map(v: Value) -> Map<String, Value> {
@@ -21,7 +21,7 @@ pub(super) fn control_fields() -> Map<String, Value> {
     into_map(json!({
         "presence_penalty": {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
         "frequency_penalty": {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
-        "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "description": "vLLM's; 1 is off."},
+        "repetition_penalty": {"type": "number", "minimum": MIN_REPETITION_PENALTY, "maximum": MAX_REPETITION_PENALTY, "description": "vLLM's; 1 is off."},
         "logit_bias": {
             "type": "object",
             "maxProperties": MAX_LOGIT_BIAS_ENTRIES,

@@ -1,0 +1,63 @@
+//! Completions' `prompt`: text (a string, or a list of one string) or
+//! token ids (`[int]`, or `[[int]]` of one list), as OpenAI and vLLM take
+//! it. Each bad shape is a 400 naming `prompt`.
+
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use super::request::{as_int, get, kind_of, missing, type_err, Input};
+
+/// `prompt`: a string, a list of one string, or token ids (`[int]`, or
+/// `[[int]]` of one list), as OpenAI and vLLM take it.
+pub(super) fn parse_prompt(map: &Map<String, Value>) -> Result<Input, ApiError> {
+    let one = || {
+        ApiError::invalid(
+            "prompt",
+            "Invalid 'prompt': exactly one prompt is supported (a string, a list of one \
+             string, a list of token ids, or a list of one list of token ids).",
+        )
+    };
+    match get(map, "prompt") {
+        Some(Value::String(s)) => Ok(Input::Prompt(s.clone())),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [Value::String(s)] => Ok(Input::Prompt(s.clone())),
+            [Value::Array(ids)] => prompt_ids(ids),
+            [Value::Number(_), ..] => prompt_ids(items),
+            [] => Err(ApiError::invalid("prompt", "Invalid 'prompt': the list is empty.")),
+            [other] => Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "Invalid 'prompt': a list prompt must hold one string or token ids, but got {} instead.",
+                    kind_of(other)
+                ),
+            )),
+            _ => Err(one()),
+        },
+        Some(other) => Err(type_err("prompt", "a string or a list of token ids", other)),
+        None => Err(missing("prompt")),
+    }
+}
+
+/// A prompt of token ids: each an integer in `0..2^32` (the vocabulary is
+/// checked once the model is known), at least one.
+fn prompt_ids(items: &[Value]) -> Result<Input, ApiError> {
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "Invalid 'prompt': the list of token ids is empty.",
+        ));
+    }
+    items
+        .iter()
+        .map(|item| {
+            let n = as_int(item, "prompt")?;
+            u32::try_from(n).map_err(|_| {
+                ApiError::invalid(
+                    "prompt",
+                    format!("Invalid 'prompt': {n} is not a token id."),
+                )
+            })
+        })
+        .collect::<Result<Vec<u32>, _>>()
+        .map(Input::Tokens)
+}
