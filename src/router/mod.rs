@@ -97,7 +97,10 @@ pub async fn start(cfg: RouterConfig) -> Result<RunningRouter> {
         fall: cfg.health_failure_threshold,
         rise: cfg.health_success_threshold,
     };
-    let pool = Arc::new(Pool::new(&cfg.replicas, balancer, hysteresis));
+    let pool = Arc::new(
+        Pool::new(&cfg.replicas, balancer, hysteresis)
+            .with_metrics_key(cfg.replica_metrics_key.as_deref()),
+    );
     let client = client(&cfg);
     let timeout = Duration::from_millis(cfg.health_timeout_ms);
     if let Some(dns) = &cfg.discovery_dns {
