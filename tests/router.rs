@@ -2,8 +2,8 @@
 //! model) on loopback behind an in-process router. Load spreads over all
 //! three, a repeated long prompt stays on one replica (only its prefix-cache
 //! hits move), a replica killed mid-traffic is taken out with no failed
-//! request that had not begun streaming, and when restarted on its port it
-//! is taken back and serves again.
+//! request but those it was running (a 502, never replayed), and when
+//! restarted on its port it is taken back and serves again.
 //!
 //! Then faulty replicas, each a fake written here: a black-holing one gets
 //! the client a 504 (not a hang), a stream that stalls or dies mid-way ends
@@ -315,7 +315,9 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
     );
 
     // 3. A replica killed under traffic: requests keep succeeding; only
-    // answers already under way on it may be cut.
+    // answers already under way on it may be cut, or, not yet begun, fail
+    // with a 502: a request a replica was running is never replayed (it
+    // may be what killed it).
     let stop = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..4)
@@ -351,8 +353,11 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
         .collect();
     let failed: Vec<&Outcome> = out
         .iter()
+        .filter(|(after, o)| match o {
+            Outcome::Failed(why) => *after || !why.starts_with("status 502"),
+            _ => false,
+        })
         .map(|(_, o)| o)
-        .filter(|o| matches!(o, Outcome::Failed(_)))
         .collect();
     let cut = out
         .iter()
@@ -365,7 +370,7 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
     );
     assert!(
         failed.is_empty(),
-        "requests failed before streaming: {failed:?}"
+        "requests failed other than by the replica dying under them: {failed:?}"
     );
     // Requests begun after the kill never reached the dead replica's
     // answer: all complete (retried elsewhere when routed to it).
