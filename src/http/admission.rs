@@ -20,10 +20,28 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// The address a connection came from, put in each request's extensions
-/// by the accept loop.
+/// The client a connection came from, put in each request's extensions
+/// by the accept loop: its address as [`ClientAddr::of`] groups it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub IpAddr);
+
+impl ClientAddr {
+    /// The client of a peer address: an IPv4 address (a v4-mapped IPv6
+    /// one included) as itself, an IPv6 address by its /64, the block one
+    /// host is usually handed, so one host cannot pass for many.
+    pub fn of(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(_) => Self(ip),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Self(IpAddr::V4(v4)),
+                None => {
+                    let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                    Self(IpAddr::V6(prefix.into()))
+                }
+            },
+        }
+    }
+}
 
 /// Counts per key, each at most a limit; the entry goes when its count
 /// reaches 0, so the map holds only clients with something open.
@@ -93,9 +111,10 @@ impl ClientConns {
         Self(Arc::new(Counts::new(limit)))
     }
 
-    /// A slot for a connection from `ip`; `None` when that address has
+    /// A slot for a connection from `client`; `None` when that client has
     /// its limit open already (the connection is then closed).
-    pub fn open(&self, ip: IpAddr) -> Option<ConnSlot> {
+    pub fn open(&self, client: ClientAddr) -> Option<ConnSlot> {
+        let ip = client.0;
         self.0.take(&ip).then(|| ConnSlot {
             _held: Held {
                 counts: self.0.clone(),
@@ -255,11 +274,26 @@ mod tests {
     #[test]
     fn counts_forget_clients_with_nothing_open() {
         let c = ClientConns::new(1);
-        let s = c.open(ip(1).unwrap()).unwrap();
-        assert!(c.open(ip(1).unwrap()).is_none());
+        let one = ClientAddr::of(ip(1).unwrap());
+        let s = c.open(one).unwrap();
+        assert!(c.open(one).is_none());
         drop(s);
         assert_eq!(c.0.tracked(), 0);
-        assert!(c.open(ip(1).unwrap()).is_some());
+        assert!(c.open(one).is_some());
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_by_their_64() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(ClientAddr::of(a), ClientAddr::of(b));
+        assert_ne!(ClientAddr::of(a), ClientAddr::of(other));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(
+            ClientAddr::of(mapped),
+            ClientAddr("10.0.0.1".parse().unwrap())
+        );
     }
 
     /// The caller of a blocking job going away (its client hung up) must

@@ -294,11 +294,11 @@ where
         };
         logged_accept_error = false;
         // Over its address's limit: closed at once, freeing the global slot.
-        let Some(client_slot) = per_client.open(peer.ip()) else {
+        let client = admission::ClientAddr::of(peer.ip());
+        let Some(client_slot) = per_client.open(client) else {
             drop(stream);
             continue;
         };
-        let client = admission::ClientAddr(peer.ip());
         // Streams are many small writes (one SSE event per token).
         let _ = stream.set_nodelay(true);
         let state = state.clone();
