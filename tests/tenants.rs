@@ -233,7 +233,7 @@ fn cached_tokens(s: &Server, key: &str, extra: Value) -> u64 {
         "POST",
         "/v1/chat/completions",
         &[
-            ("Authorization", &auth),
+            ("Authorization", auth.as_str()),
             ("Content-Type", "application/json"),
         ],
         &body.to_string(),
