@@ -267,8 +267,9 @@ mod tests {
         assert_eq!(a.admit(ip(4), 9).err().unwrap().status(), 429);
         drop(one);
         let _three = a.admit(ip(1), 0).unwrap();
+        let _four = a.admit(ip(5), 0).unwrap();
         // Global limit (5) reached.
-        assert_eq!(a.admit(ip(5), 0).err().unwrap().status(), 429);
+        assert_eq!(a.admit(ip(6), 0).err().unwrap().status(), 429);
     }
 
     #[test]
