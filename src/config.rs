@@ -77,6 +77,21 @@ pub struct ServerConfig {
     pub body_read_timeout_secs: u64,
     /// Open connections at most; further clients wait in the OS backlog.
     pub max_connections: usize,
+    /// Open connections at most from one client address; more are closed
+    /// at once, so one client cannot hold every slot (and starve /health).
+    pub max_connections_per_client: usize,
+    /// Requests admitted at once from one client address, and at once with
+    /// one API key (429 beyond); capped by `max_concurrent_requests`.
+    pub max_requests_per_client: usize,
+    /// Blocking jobs (templating, tokenizing, grammar compilation) running
+    /// at once; the rest wait their turn, holding their admission.
+    pub max_blocking_jobs: usize,
+    /// Require an API key on `/metrics` too (when `api_keys` are set).
+    pub metrics_auth: bool,
+    /// With `api_keys` set, one prefix cache for every key; by default
+    /// each key's prompts are cached apart, so hit counters and time to
+    /// first token tell no tenant what another sent.
+    pub share_prefix_cache: bool,
     /// A response write (one SSE event) the client does not take within this
     /// long ends the request and frees its sequence (slow readers).
     pub stream_write_timeout_secs: u64,
@@ -101,6 +116,11 @@ impl Default for ServerConfig {
             header_read_timeout_secs: 10,
             body_read_timeout_secs: 30,
             max_connections: 1024,
+            max_connections_per_client: 256,
+            max_requests_per_client: 128,
+            max_blocking_jobs: 16,
+            metrics_auth: false,
+            share_prefix_cache: false,
             stream_write_timeout_secs: 30,
             cors_allow_origins: Vec::new(),
         }
@@ -708,6 +728,9 @@ impl Config {
     /// | `server.max_body_bytes` | 1 KiB..=64 MiB | a chat request fits in 1 KiB; 64 MiB is far above any context |
     /// | `server.max_concurrent_requests` | 1..=65536 | |
     /// | `server.max_connections` | 1..=262144 | file descriptors |
+    /// | `server.max_connections_per_client` | 1..=262144 | |
+    /// | `server.max_requests_per_client` | 1..=65536 (above `max_concurrent_requests` acts as it) | |
+    /// | `server.max_blocking_jobs` | 1..=1024 | threads of CPU work at once |
     /// | `server.request_timeout_secs` | 1..=86400 | |
     /// | `server.drain_timeout_secs` | 0..=3600 | 0 = cut at once |
     /// | `server.keep_alive_secs` | 1..=600 | proxies drop idle streams after about a minute |
@@ -755,6 +778,17 @@ impl Config {
             1..=65_536,
         )?;
         in_range("server.max_connections", s.max_connections, 1..=262_144)?;
+        in_range(
+            "server.max_connections_per_client",
+            s.max_connections_per_client,
+            1..=262_144,
+        )?;
+        in_range(
+            "server.max_requests_per_client",
+            s.max_requests_per_client,
+            1..=65_536,
+        )?;
+        in_range("server.max_blocking_jobs", s.max_blocking_jobs, 1..=1024)?;
         in_range(
             "server.request_timeout_secs",
             s.request_timeout_secs,

@@ -64,6 +64,10 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
         api_keys: s.api_keys.clone(),
         max_body_bytes: s.max_body_bytes,
         max_concurrent_requests: s.max_concurrent_requests,
+        max_requests_per_client: s.max_requests_per_client,
+        max_blocking_jobs: s.max_blocking_jobs,
+        metrics_auth: s.metrics_auth,
+        share_prefix_cache: s.share_prefix_cache,
         request_timeout: Duration::from_secs(s.request_timeout_secs),
         drain_timeout: Duration::from_secs(s.drain_timeout_secs),
         keep_alive: Duration::from_secs(s.keep_alive_secs),
@@ -72,6 +76,7 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
             header_read: Duration::from_secs(s.header_read_timeout_secs),
             write_stall: Duration::from_secs(s.stream_write_timeout_secs),
             max_connections: s.max_connections,
+            max_per_client: s.max_connections_per_client,
         },
         cors: CorsPolicy::new(&s.cors_allow_origins),
     };

@@ -2,15 +2,17 @@
 //! model) on loopback behind an in-process router. Load spreads over all
 //! three, a repeated long prompt stays on one replica (only its prefix-cache
 //! hits move), a replica killed mid-traffic is taken out with no failed
-//! request that had not begun streaming, and when restarted on its port it
-//! is taken back and serves again.
+//! request but those it was running (a 502, never replayed), and when
+//! restarted on its port it is taken back and serves again.
 //!
 //! Then faulty replicas, each a fake written here: a black-holing one gets
 //! the client a 504 (not a hang), a stream that stalls or dies mid-way ends
 //! with an SSE error event and `[DONE]`, a plain body that stalls closes the
-//! connection, only connection failures and 503s are retried (a 500 or 504
-//! is passed through, counted by the fake's hits), and health changes only
-//! after consecutive polls (a poll-by-poll scripted fake).
+//! connection, only refusals a replica marks as before admission are
+//! retried (nothing a replica ran is replayed: its 500, 504, unmarked 503
+//! or a connection cut after sending, counted by the fakes' hits), a body
+//! that never arrives is a 408, and health changes only after consecutive
+//! polls (a poll-by-poll scripted fake).
 
 mod common;
 
@@ -313,7 +315,9 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
     );
 
     // 3. A replica killed under traffic: requests keep succeeding; only
-    // answers already under way on it may be cut.
+    // answers already under way on it may be cut, or, not yet begun, fail
+    // with a 502: a request a replica was running is never replayed (it
+    // may be what killed it).
     let stop = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..4)
@@ -349,8 +353,11 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
         .collect();
     let failed: Vec<&Outcome> = out
         .iter()
+        .filter(|(after, o)| match o {
+            Outcome::Failed(why) => *after || !why.starts_with("status 502"),
+            _ => false,
+        })
         .map(|(_, o)| o)
-        .filter(|o| matches!(o, Outcome::Failed(_)))
         .collect();
     let cut = out
         .iter()
@@ -363,7 +370,7 @@ fn router_spreads_load_keeps_affinity_and_survives_a_replica_loss() {
     );
     assert!(
         failed.is_empty(),
-        "requests failed before streaming: {failed:?}"
+        "requests failed other than by the replica dying under them: {failed:?}"
     );
     // Requests begun after the kill never reached the dead replica's
     // answer: all complete (retried elsewhere when routed to it).
@@ -418,8 +425,11 @@ use std::task::{Context, Poll};
 enum Fake {
     /// Reads the request and never answers.
     BlackHole,
-    /// Answers this status with an OpenAI error body.
+    /// Answers this status with an OpenAI error body (after running the
+    /// request, as a replica's timeout or drain cut does).
     Status(u16),
+    /// Answers this status marked as a refusal before admission.
+    Refused(u16),
     /// A whole JSON chat completion.
     Ok,
     /// Closes the connection without a response.
@@ -544,6 +554,14 @@ async fn fake_answer(
     match mode {
         Fake::BlackHole => std::future::pending().await,
         Fake::Status(s) => error(s),
+        Fake::Refused(s) => {
+            let mut r = error(s)?;
+            r.headers_mut().insert(
+                specgate::http::NOT_ADMITTED_HEADER,
+                hyper::header::HeaderValue::from_static("1"),
+            );
+            Ok(r)
+        }
         Fake::Ok => {
             let body = Bytes::from_static(br#"{"object":"chat.completion","choices":[]}"#);
             Ok(reply(200, &json, vec![Ok(body)], Duration::ZERO, false))
@@ -815,24 +833,35 @@ fn a_plain_body_that_stalls_closes_the_connection() {
     assert!(!r.whole, "a cut body must not look complete: {:?}", r.body);
 }
 
+/// Nothing is replayed after a replica ran a request: its 500, 504, an
+/// unmarked 503 (a request timeout, a grammar failure, a drain cut) and a
+/// connection cut after the request was sent (a replica dying under it)
+/// all reach the client from the one replica that got it, counted by the
+/// fakes' hits. Only refusals the replica marks as before admission (503
+/// loading or draining, 429 over a limit) go to another replica.
 #[test]
-fn only_connection_failures_and_503s_are_retried() {
+fn the_router_replays_nothing_after_a_replica_ran_a_request() {
     let mut h = Harness::new();
-    // A replica's 500 or 504 means it computed: passed through, never resent.
-    for status in [500u16, 504] {
-        let a = h.fake(Fake::Status(status), None);
-        let b = h.fake(Fake::Status(status), None);
+    for (mode, want) in [
+        (Fake::Status(500), 500u16),
+        (Fake::Status(504), 504),
+        (Fake::Status(503), 503),
+        (Fake::Reset, 502),
+    ] {
+        let a = h.fake(mode.clone(), None);
+        let b = h.fake(mode, None);
         let addr = h.route(&[&a, &b], |_| {});
-        let r = fetch(addr, false);
-        assert_eq!(r.status, status, "{}", r.body);
-        let hits = a.hits.load(Ordering::SeqCst) + b.hits.load(Ordering::SeqCst);
-        assert_eq!(hits, 1, "a {status} was retried");
+        for i in 0..3 {
+            let r = fetch(addr, false);
+            assert_eq!(r.status, want, "{}", r.body);
+            let hits = a.hits.load(Ordering::SeqCst) + b.hits.load(Ordering::SeqCst);
+            assert_eq!(hits, i + 1, "a {want} was replayed on another replica");
+        }
         drop(h);
         h = Harness::new();
     }
-    // A 503 (draining, loading) and a connection closed before any answer
-    // go to another replica.
-    for mode in [Fake::Status(503), Fake::Reset] {
+    // Refusals before admission go to another replica.
+    for mode in [Fake::Refused(503), Fake::Refused(429)] {
         let bad = h.fake(mode, None);
         let good = h.fake(Fake::Ok, None);
         let addr = h.route(&[&bad, &good], |_| {});
@@ -842,16 +871,40 @@ fn only_connection_failures_and_503s_are_retried() {
         }
         assert!(
             bad.hits.load(Ordering::SeqCst) >= 1,
-            "the bad replica was never tried"
+            "the refusing replica was never tried"
         );
+        assert_eq!(good.hits.load(Ordering::SeqCst), 4);
         drop(h);
         h = Harness::new();
     }
-    // The last replica's 503 is passed through.
-    let only = h.fake(Fake::Status(503), None);
+    // The last replica's refusal is passed through.
+    let only = h.fake(Fake::Refused(503), None);
     let addr = h.route(&[&only], |_| {});
     assert_eq!(fetch(addr, false).status, 503);
     assert_eq!(only.hits.load(Ordering::SeqCst), 1);
+}
+
+/// A client whose body trickles (or never comes whole) gets a 408 at the
+/// router's body deadline; no replica sees anything.
+#[test]
+fn a_body_that_never_arrives_gets_a_408() {
+    let mut h = Harness::new();
+    let r = h.fake(Fake::Ok, None);
+    use std::io::Write as _;
+    let addr = h.route(&[&r], |c| c.body_read_timeout_ms = 500);
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"model\"",
+    )
+    .unwrap();
+    // The head comes in the first read (the connection may stay open).
+    let mut raw = [0u8; 4096];
+    let n = s.read(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw[..n]);
+    assert!(raw.starts_with("HTTP/1.1 408"), "{raw}");
+    assert_eq!(r.hits.load(Ordering::SeqCst), 0);
 }
 
 #[test]

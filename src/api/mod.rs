@@ -39,7 +39,8 @@ pub use error::{ApiError, ErrorKind};
 pub use request::{
     parse_chat, parse_completion, Input, RequestMeta, SpecMethod, SpecOverride, ValidRequest,
     COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, KNOWN_CHAT_FIELDS, KNOWN_COMPLETION_FIELDS,
-    MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS,
+    MAX_CACHE_SALT, MAX_SPECULATIVE_TOKENS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
+    MAX_TOP_LOGPROBS,
 };
 pub use response::{
     unix_now, AssistantMessage, BuildInfo, ChatChoice, ChatCompletion, ChatCompletionChunk,

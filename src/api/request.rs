@@ -171,6 +171,7 @@ pub const KNOWN_CHAT_FIELDS: &[&str] = &[
     "min_tokens",
     "ignore_eos",
     "speculative",
+    "cache_salt",
 ];
 
 /// Top-level fields of `POST /v1/completions` this server reads (OpenAI's
@@ -204,6 +205,7 @@ pub const KNOWN_COMPLETION_FIELDS: &[&str] = &[
     "min_tokens",
     "ignore_eos",
     "speculative",
+    "cache_salt",
 ];
 
 /// Who sent a request, for the log only (never sent to the model):
@@ -260,6 +262,26 @@ pub struct ValidRequest {
     /// `user`, `safety_identifier`, `metadata`: for the log only.
     pub meta: RequestMeta,
     pub speculative: Option<SpecOverride>,
+    /// vLLM's `cache_salt`: requests share prefix-cache blocks only with
+    /// requests of the same salt (1..=[`MAX_CACHE_SALT`] bytes).
+    pub cache_salt: Option<String>,
+}
+
+/// Longest `cache_salt` accepted, in bytes.
+pub const MAX_CACHE_SALT: usize = 1024;
+
+fn parse_cache_salt(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(v) = get(map, "cache_salt") else {
+        return Ok(None);
+    };
+    let salt = as_str(v, "cache_salt")?;
+    if salt.is_empty() || salt.len() > MAX_CACHE_SALT {
+        return Err(ApiError::invalid(
+            "cache_salt",
+            format!("Invalid 'cache_salt': must be 1 to {MAX_CACHE_SALT} bytes."),
+        ));
+    }
+    Ok(Some(salt.to_owned()))
 }
 
 impl ValidRequest {
@@ -538,6 +560,7 @@ fn parse_common(
         tools: ToolSetup::default(),
         meta: parse_meta(map)?,
         speculative: parse_speculative(map)?,
+        cache_salt: parse_cache_salt(map)?,
     })
 }
 

@@ -54,6 +54,10 @@ pub struct GenRequest {
     /// Who sent it, for the cross-request proposer's scope: an opaque
     /// hash of the API key (0 when the server has none).
     pub tenant: u64,
+    /// The prefix-cache scope: only requests of the same scope share cached
+    /// blocks (0 = the shared scope). Set from the API key (unless the
+    /// server shares its cache) and the request's `cache_salt`.
+    pub cache_scope: u64,
 }
 
 /// Most alternatives a request may ask for per token (OpenAI's limit).

@@ -21,6 +21,11 @@ pub trait Schedulable {
     fn cacheable(&self) -> usize {
         self.tokens().len() - 1
     }
+    /// The prefix-cache scope it looks up and registers blocks in (see
+    /// [`BlockManager::allocate_scoped`]); 0, the shared one, by default.
+    fn cache_scope(&self) -> u64 {
+        0
+    }
 }
 
 /// The draft lengths of the sequences ready to decode, planned together:
@@ -171,7 +176,8 @@ impl Scheduler {
             if bm.num_free() < bm.blocks_for(len) + headroom && !running.is_empty() {
                 break;
             }
-            match bm.allocate_cached(next.id(), next.tokens(), next.cacheable()) {
+            let scope = next.cache_scope();
+            match bm.allocate_scoped(next.id(), next.tokens(), next.cacheable(), scope) {
                 Ok(hit) => {
                     next.set_computed(hit);
                     plan.cached_tokens += hit;

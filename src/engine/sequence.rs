@@ -127,6 +127,9 @@ impl super::scheduler::Schedulable for Sequence {
     fn id(&self) -> SeqId {
         self.spec.id
     }
+    fn cache_scope(&self) -> u64 {
+        self.req.cache_scope
+    }
     fn tokens(&self) -> &[u32] {
         &self.spec.tokens
     }

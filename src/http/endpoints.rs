@@ -3,6 +3,7 @@
 //! shapes), `GET /version`. Tokenizing here uses exactly the encoding the
 //! generation routes use, so `/tokenize` counts what a request would cost.
 
+use super::admission::Admit;
 use super::{json_response, read_body, AppState, Backend, ResBody};
 use crate::api::{
     self, ApiError, DetokenizeResponse, ModelCard, ModelList, TokenizeInput, TokenizeRequest,
@@ -37,36 +38,43 @@ pub(super) fn version() -> Response<ResBody> {
 /// `POST /tokenize`: a prompt or chat turns -> token ids, encoded as the
 /// completion or chat route would encode them.
 ///
+/// Runs under `admit`, as generation does (encoding a long prompt costs
+/// the same CPU).
+///
 /// Errors: 400 (body, fields, a prompt the tokenizer cannot encode), 404 for
 /// a `model` that is not the served one, 503 while loading.
 pub(super) async fn tokenize(
     state: Arc<AppState>,
     req: Request<Incoming>,
+    admit: Admit,
 ) -> Result<Response<ResBody>, ApiError> {
     state.backend()?;
     let body = read_body(&state, req.into_body()).await?;
     let t = api::parse_tokenize(&body)?;
     drop(body);
     check_model(&state, t.model.as_deref())?;
-    let answer = off_runtime(state, move |b| encode(b, &t)).await?;
+    let answer = off_runtime(state, admit, move |b| encode(b, &t)).await?;
     Ok(ok_json(&answer))
 }
 
 /// `POST /detokenize`: token ids -> text (special tokens included, as
 /// vLLM decodes them).
 ///
+/// Runs under `admit`.
+///
 /// Errors: 400 (body, fields, an id outside the vocabulary, naming its
 /// index), 404 for a `model` that is not the served one, 503 while loading.
 pub(super) async fn detokenize(
     state: Arc<AppState>,
     req: Request<Incoming>,
+    admit: Admit,
 ) -> Result<Response<ResBody>, ApiError> {
     state.backend()?;
     let body = read_body(&state, req.into_body()).await?;
     let d = api::parse_detokenize(&body)?;
     drop(body);
     check_model(&state, d.model.as_deref())?;
-    let answer = off_runtime(state, move |b| {
+    let answer = off_runtime(state, admit, move |b| {
         let tok = &b.tokenizer;
         let vocab = tok.vocab_size();
         if let Some((i, id)) = d
@@ -100,16 +108,21 @@ fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// Runs `work` on the blocking pool: encoding a large prompt or rendering a
-/// template takes milliseconds of CPU, which the runtime's few threads
-/// should spend moving other connections.
+/// Runs `work` as a bounded blocking job holding `admit` (see
+/// `admission`): encoding a large prompt or rendering a template takes
+/// milliseconds of CPU, which the runtime's few threads should spend moving
+/// other connections.
 async fn off_runtime<T: Send + 'static>(
     state: Arc<AppState>,
+    admit: Admit,
     work: impl FnOnce(&Backend) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(move || state.backend().and_then(work))
-        .await
-        .map_err(|e| ApiError::internal(format!("Tokenizing failed: {e}.")))?
+    let st = state.clone();
+    let (out, _admit) = state
+        .admission
+        .run_blocking(admit, move || st.backend().and_then(work))
+        .await?;
+    out
 }
 
 /// The ids of `t`, as generation would build its prompt: a raw prompt gets

@@ -15,6 +15,7 @@
 //! `tool_calls` when the turn made calls and ended on its own (EOS, stop
 //! token or stop string); `length` stays `length`.
 
+use super::admission::Admit;
 use super::convert::EngineFailure;
 use super::output::{chat_body, echo_logprobs, sse, Labels, StreamShape, TokenWire};
 use super::request_log::RequestLog;
@@ -32,10 +33,9 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use specgate_verify::TokenLogprob;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tokio::sync::mpsc;
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 /// One step of a response, after stop strings.
@@ -203,26 +203,18 @@ async fn until_cut(cut: &mut tokio::sync::watch::Receiver<bool>) {
     }
 }
 
-/// Handles a generation request end to end.
+/// Handles a generation request end to end, under `admit` (taken before
+/// the body is read, parsed, templated and tokenized: load is shed before
+/// any work), which it holds until the answer ends.
 pub(super) async fn handle(
     state: Arc<AppState>,
     req: Request<Incoming>,
     chat: bool,
+    admit: Admit,
 ) -> Result<Response<ResBody>, ApiError> {
     let arrived = Instant::now();
     let log = RequestLog::of(&req);
-    if state.draining.load(Ordering::SeqCst) {
-        return Err(ApiError::unavailable("The server is shutting down."));
-    }
     let backend = state.backend()?;
-    // Shed load before doing any work for the request: the permit is taken
-    // before the body is read, parsed, templated and tokenized.
-    let permit = state.admission.clone().try_acquire_owned().map_err(|_| {
-        ApiError::rate_limited(format!(
-            "Too many requests in flight (limit {}); retry later.",
-            state.settings.max_concurrent_requests
-        ))
-    })?;
     let tenant = super::tenant(&state, &req);
     let body = read_body(&state, req.into_body()).await?;
     let v = if chat {
@@ -246,17 +238,21 @@ pub(super) async fn handle(
     if v.model != state.settings.model_name {
         return Err(ApiError::model_not_found(&v.model));
     }
-    // Templating and tokenizing a large prompt takes milliseconds of CPU:
-    // off the runtime's few threads, so other connections keep moving.
+    // Templating, tokenizing and compiling a grammar take CPU: off the
+    // runtime's few threads, so other connections keep moving. The job
+    // holds the admission: a client hanging up meanwhile frees nothing
+    // while the job still runs.
     let st = state.clone();
-    let (v, built) = tokio::task::spawn_blocking(move || {
-        let built = st.backend().and_then(|b| build_request(b, &v));
-        (v, built)
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("Tokenizing the request failed: {e}.")))?;
+    let ((v, built), permit) = state
+        .admission
+        .run_blocking(admit, move || {
+            let built = st.backend().and_then(|b| build_request(b, &v));
+            (v, built)
+        })
+        .await?;
     let (mut gen, param) = built?;
     gen.tenant = tenant;
+    gen.cache_scope = super::cache_scope(&state, tenant, v.cache_salt.as_deref());
     let prompt_tokens = gen.prompt.len();
     let first_prompt_token = gen.prompt.first().copied();
     let method = gen.method;
@@ -447,6 +443,7 @@ fn build_request(
             grammar,
             // Set by the caller, which has the request's headers.
             tenant: 0,
+            cache_scope: 0,
         },
         param,
     ))
@@ -501,7 +498,7 @@ fn grammar(
 async fn whole(
     mut driver: Driver,
     l: Labels,
-    _permit: OwnedSemaphorePermit,
+    _permit: Admit,
 ) -> Result<Response<ResBody>, ApiError> {
     let mut text = String::new();
     let mut lps: Vec<TokenLogprob> = Vec::new();
@@ -553,7 +550,7 @@ fn stream(
     mut driver: Driver,
     l: Labels,
     include_usage: bool,
-    permit: OwnedSemaphorePermit,
+    permit: impl Send + 'static,
 ) -> Response<ResBody> {
     let (tx, rx) = mpsc::channel::<StreamFrame>(32);
     let keep_alive = state.settings.keep_alive;
@@ -628,6 +625,10 @@ mod tests {
             api_keys: Vec::new(),
             max_body_bytes: 1 << 20,
             max_concurrent_requests: 1,
+            max_requests_per_client: 1,
+            max_blocking_jobs: 1,
+            metrics_auth: false,
+            share_prefix_cache: false,
             request_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(15),

@@ -5,6 +5,7 @@
 //! Errors become HTTP responses in exactly one place, [`error_response`],
 //! from `api::ApiError`.
 
+pub mod admission;
 mod convert;
 pub mod cors;
 mod endpoints;
@@ -42,6 +43,14 @@ pub struct HttpSettings {
     pub api_keys: Vec<String>,
     pub max_body_bytes: usize,
     pub max_concurrent_requests: usize,
+    /// Requests admitted at once per client address and per API key.
+    pub max_requests_per_client: usize,
+    /// Blocking jobs (templating, tokenizing, grammars) at once.
+    pub max_blocking_jobs: usize,
+    /// Require an API key on `/metrics` (when there are keys).
+    pub metrics_auth: bool,
+    /// With keys, one prefix cache for all of them (else one per key).
+    pub share_prefix_cache: bool,
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub keep_alive: Duration,
@@ -68,6 +77,9 @@ pub struct ConnLimits {
     pub write_stall: Duration,
     /// Connections open at once; further ones wait in the OS backlog.
     pub max_connections: usize,
+    /// Connections open at once from one client address; more are closed
+    /// at once (so one client cannot hold every slot).
+    pub max_per_client: usize,
 }
 
 impl Default for ConnLimits {
@@ -76,6 +88,7 @@ impl Default for ConnLimits {
             header_read: Duration::from_secs(10),
             write_stall: Duration::from_secs(30),
             max_connections: 1024,
+            max_per_client: 256,
         }
     }
 }
@@ -98,7 +111,7 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     pub created: u64,
     draining: AtomicBool,
-    admission: Arc<Semaphore>,
+    admission: admission::Admission,
     /// Turns true when the drain timeout has passed: open responses end
     /// with an error event instead of being cut mid-stream.
     cut: tokio::sync::watch::Sender<bool>,
@@ -109,7 +122,11 @@ impl AppState {
     /// [`AppState::set_ready`] hands it the loaded backend.
     pub fn new(settings: HttpSettings, metrics: PrometheusHandle) -> Arc<Self> {
         Arc::new(Self {
-            admission: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
+            admission: admission::Admission::new(
+                settings.max_concurrent_requests,
+                settings.max_requests_per_client,
+                settings.max_blocking_jobs,
+            ),
             backend: OnceLock::new(),
             settings,
             metrics,
@@ -229,8 +246,10 @@ pub async fn serve(
 /// server and the router.
 ///
 /// Every connection is bounded by `limits`: at most `max_connections` at
-/// once (the rest wait in the OS backlog), a deadline for each request
-/// head (slowloris, idle keep-alive sockets) and for each stalled write.
+/// once (the rest wait in the OS backlog), at most `max_per_client` of
+/// them from one address (more are closed at once), a deadline for each
+/// request head (slowloris, idle keep-alive sockets) and for each stalled
+/// write. Each request carries its connection's [`admission::ClientAddr`].
 /// An accept error (EMFILE, ENFILE) pauses accepting briefly instead of
 /// spinning.
 pub(crate) async fn accept_with<S, H, Fut, B>(
@@ -249,6 +268,7 @@ where
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let per_client = admission::ClientConns::new(limits.max_per_client);
     let mut logged_accept_error = false;
     tokio::pin!(shutdown);
     loop {
@@ -262,8 +282,8 @@ where
         let (Ok(permit), accepted) = accepted else {
             break;
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 if !std::mem::replace(&mut logged_accept_error, true) {
                     tracing::warn!(error = %e, "accept failed; pausing accepts briefly");
@@ -273,11 +293,18 @@ where
             }
         };
         logged_accept_error = false;
+        // Over its address's limit: closed at once, freeing the global slot.
+        let client = admission::ClientAddr::of(peer.ip());
+        let Some(client_slot) = per_client.open(client) else {
+            drop(stream);
+            continue;
+        };
         // Streams are many small writes (one SSE event per token).
         let _ = stream.set_nodelay(true);
         let state = state.clone();
-        let svc = hyper::service::service_fn(move |req| {
+        let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let state = state.clone();
+            req.extensions_mut().insert(client);
             async move { Ok::<_, Infallible>(handle(state, req).await) }
         });
         let io =
@@ -288,7 +315,7 @@ where
             .serve_connection(io, svc);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            let _permit = permit;
+            let _permit = (permit, client_slot);
             let _ = conn.await;
         });
     }
@@ -323,6 +350,28 @@ fn tenant(state: &AppState, req: &Request<Incoming>) -> u64 {
     }
     let given = bearer(req).unwrap_or_default();
     KEY.get_or_init(Default::default).hash_one(given).max(1)
+}
+
+/// The prefix-cache scope of a request (see `kv::BlockManager::allocate_scoped`):
+/// its sender's `tenant` unless the server shares its cache across keys,
+/// mixed with its `cache_salt` when it sends one; 0 (shared) when neither
+/// applies. Keyed per process like [`tenant`].
+fn cache_scope(state: &AppState, tenant: u64, salt: Option<&str>) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let tenant = if state.settings.share_prefix_cache {
+        0
+    } else {
+        tenant
+    };
+    match salt {
+        None => tenant,
+        Some(salt) => KEY
+            .get_or_init(Default::default)
+            .hash_one((tenant, salt))
+            .max(1),
+    }
 }
 
 /// The key of an `Authorization: Bearer <key>` header, if there is one.
@@ -406,21 +455,62 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResB
         }
         return r;
     }
+    let metrics_open = !state.settings.metrics_auth;
     let result = match path.as_str() {
         "/health" => Ok(health(&state)),
-        "/metrics" => Ok(metrics(&state)),
+        "/metrics" if metrics_open => Ok(metrics(&state)),
         "/version" => Ok(endpoints::version()),
         "/openapi.json" => Ok(openapi::response(&state)),
         _ if !authorized(&state, &req) => Err(ApiError::authentication(
             "Missing or invalid API key (send 'Authorization: Bearer <key>').",
         )),
+        "/metrics" => Ok(metrics(&state)),
         "/v1/models" => Ok(endpoints::models(&state)),
-        "/tokenize" => endpoints::tokenize(state.clone(), req).await,
-        "/detokenize" => endpoints::detokenize(state.clone(), req).await,
-        "/v1/chat/completions" => generate::handle(state.clone(), req, true).await,
-        _ => generate::handle(state.clone(), req, false).await,
+        _ => {
+            // Every route that works for a request is admitted first; a
+            // refusal here comes before the replica did anything for it.
+            let admit = match admit(&state, &req, path.starts_with("/v1/")) {
+                Ok(a) => a,
+                Err(e) => return not_admitted(&e),
+            };
+            match path.as_str() {
+                "/tokenize" => endpoints::tokenize(state.clone(), req, admit).await,
+                "/detokenize" => endpoints::detokenize(state.clone(), req, admit).await,
+                "/v1/chat/completions" => generate::handle(state.clone(), req, true, admit).await,
+                _ => generate::handle(state.clone(), req, false, admit).await,
+            }
+        }
     };
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// Marks a response as sent before the request was admitted (refused while
+/// loading or draining, or over an admission limit): nothing ran for it,
+/// so a router may send it to another replica. A refusal without the mark
+/// may come after the work began, and is never replayed.
+pub const NOT_ADMITTED_HEADER: &str = "x-specgate-not-admitted";
+
+/// `e` as a response carrying [`NOT_ADMITTED_HEADER`].
+fn not_admitted(e: &ApiError) -> Response<ResBody> {
+    let mut r = error_response(e);
+    r.headers_mut()
+        .insert(NOT_ADMITTED_HEADER, HeaderValue::from_static("1"));
+    r
+}
+
+/// Admits `req` (see [`admission`]): 503 while loading, and for a
+/// generation (`generation`) while draining; 429 over a limit.
+fn admit(
+    state: &AppState,
+    req: &Request<Incoming>,
+    generation: bool,
+) -> Result<admission::Admit, ApiError> {
+    if generation && state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::unavailable("The server is shutting down."));
+    }
+    state.backend()?;
+    let addr = req.extensions().get::<admission::ClientAddr>().map(|c| c.0);
+    state.admission.admit(addr, tenant(state, req))
 }
 
 /// 200 only while the model is loaded, the engine thread is alive and the

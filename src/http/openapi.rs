@@ -394,6 +394,12 @@ fn common_request_fields() -> Map<String, Value> {
         "ignore_eos": {"type": "boolean"},
         "user": {"type": "string", "description": "Kept for the log only."},
         "speculative": {"$ref": "#/components/schemas/Speculative"},
+        "cache_salt": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": crate::api::MAX_CACHE_SALT,
+            "description": "vLLM's: the prefix cache is shared only among requests with the same salt (and, with API keys, the same key).",
+        },
     });
     let mut m = into_map(v);
     m.extend(agent::control_fields());

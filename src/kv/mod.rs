@@ -23,6 +23,13 @@
 //! never K/V computed from another user's text. The hash is also keyed per
 //! manager (std's `RandomState`), so a client cannot craft colliding
 //! prompts to make other users miss.
+//!
+//! Each sequence carries a cache scope (see [`BlockManager::allocate_scoped`]):
+//! a block is found only by sequences of the scope that registered it, so
+//! neither the hit counters nor the time to first token tell one tenant
+//! (API key, or `cache_salt`) which prompts another sent. The scope seeds
+//! the chain hash and is compared on every lookup, so even a colliding hash
+//! never crosses scopes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -63,6 +70,8 @@ struct SeqBlocks {
     blocks: Vec<u32>,
     /// `links[i]` for `blocks[i]`, for each block registration has seen.
     links: Vec<Link>,
+    /// The cache scope its blocks are found in and registered under.
+    scope: u64,
 }
 
 /// What a registered block holds.
@@ -76,6 +85,8 @@ struct Cached {
     parent: u64,
     /// This registration's number, unique for the manager's lifetime.
     reg: u64,
+    /// The cache scope of the sequence that registered it.
+    scope: u64,
 }
 
 /// Prefix-cache counters, in tokens (as vLLM counts them).
@@ -222,6 +233,7 @@ impl<S: BuildHasher> BlockManager<S> {
             SeqBlocks {
                 blocks,
                 links: Vec::new(),
+                scope: 0,
             },
         );
         Ok(())
@@ -238,18 +250,14 @@ impl<S: BuildHasher> BlockManager<S> {
     }
 
     /// The registered block under `hash` if it holds `tokens` after the
-    /// registration `parent`, with its registration.
-    fn lookup(&self, hash: u64, tokens: &[u32], parent: u64) -> Option<(u32, u64)> {
+    /// registration `parent` in `scope`, with its registration.
+    fn lookup(&self, hash: u64, tokens: &[u32], parent: u64, scope: u64) -> Option<(u32, u64)> {
         let &b = self.by_hash.get(&hash)?;
         let c = self.cached[b as usize].as_ref()?;
-        (*c.tokens == *tokens && c.parent == parent).then_some((b, c.reg))
+        (*c.tokens == *tokens && c.parent == parent && c.scope == scope).then_some((b, c.reg))
     }
 
-    /// Like [`BlockManager::allocate`] for a sequence whose first tokens are
-    /// `tokens`, reusing registered blocks for its longest cached prefix of
-    /// full blocks within `tokens[..cacheable]`. Returns how many tokens that
-    /// prefix covers (their K/V is already in the pool). Counts the lookup in
-    /// [`PrefixStats`].
+    /// [`BlockManager::allocate_scoped`] in the shared scope 0.
     ///
     /// Errors: as `allocate`; nothing changes then.
     pub fn allocate_cached(
@@ -258,16 +266,34 @@ impl<S: BuildHasher> BlockManager<S> {
         tokens: &[u32],
         cacheable: usize,
     ) -> Result<usize, KvError> {
+        self.allocate_scoped(seq, tokens, cacheable, 0)
+    }
+
+    /// Like [`BlockManager::allocate`] for a sequence whose first tokens are
+    /// `tokens`, reusing blocks registered in `scope` for its longest cached
+    /// prefix of full blocks within `tokens[..cacheable]`; the blocks it
+    /// registers later are found only in `scope` too. Returns how many
+    /// tokens that prefix covers (their K/V is already in the pool). Counts
+    /// the lookup in [`PrefixStats`].
+    ///
+    /// Errors: as `allocate`; nothing changes then.
+    pub fn allocate_scoped(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        cacheable: usize,
+        scope: u64,
+    ) -> Result<usize, KvError> {
         if self.tables.contains_key(&seq) {
             return Err(KvError::AlreadyAllocated(seq));
         }
         let bs = self.block_size;
         let cacheable = if self.prefix_caching { cacheable } else { 0 };
         let (mut matched, mut links) = (Vec::new(), Vec::new());
-        let (mut parent_hash, mut parent) = (0, ROOT);
+        let (mut parent_hash, mut parent) = (scope, ROOT);
         for chunk in tokens[..cacheable.min(tokens.len())].chunks_exact(bs) {
             let hash = self.chain_hash(parent_hash, chunk);
-            let Some((b, reg)) = self.lookup(hash, chunk, parent) else {
+            let Some((b, reg)) = self.lookup(hash, chunk, parent, scope) else {
                 break;
             };
             matched.push(b);
@@ -297,7 +323,14 @@ impl<S: BuildHasher> BlockManager<S> {
         let mut blocks = matched;
         let hit_tokens = blocks.len() * bs;
         blocks.extend((0..fresh).map(|_| self.take_free()));
-        self.tables.insert(seq, SeqBlocks { blocks, links });
+        self.tables.insert(
+            seq,
+            SeqBlocks {
+                blocks,
+                links,
+                scope,
+            },
+        );
         self.stats.queries += cacheable as u64;
         self.stats.hits += hit_tokens as u64;
         Ok(hit_tokens)
@@ -319,13 +352,16 @@ impl<S: BuildHasher> BlockManager<S> {
             return;
         }
         let mut links = std::mem::take(&mut t.links);
+        let scope = t.scope;
         let fresh = t.blocks[links.len()..full].to_vec();
         for b in fresh {
             let i = links.len();
             let chunk = &tokens[i * bs..(i + 1) * bs];
-            let (parent_hash, parent) = links.last().map_or((0, Some(ROOT)), |l| (l.hash, l.reg));
+            let (parent_hash, parent) = links
+                .last()
+                .map_or((scope, Some(ROOT)), |l| (l.hash, l.reg));
             let hash = self.chain_hash(parent_hash, chunk);
-            let reg = parent.and_then(|p| self.link(b, hash, chunk, p));
+            let reg = parent.and_then(|p| self.link(b, hash, chunk, p, scope));
             links.push(Link { hash, reg });
         }
         self.tables.get_mut(&seq).expect("found above").links = links;
@@ -336,14 +372,15 @@ impl<S: BuildHasher> BlockManager<S> {
     /// free), or an identical block's registered first (two sequences that
     /// prefilled the same prompt at once). `None` when the hash is held by
     /// a block with other tokens or another parent.
-    fn link(&mut self, b: u32, hash: u64, tokens: &[u32], parent: u64) -> Option<u64> {
+    fn link(&mut self, b: u32, hash: u64, tokens: &[u32], parent: u64, scope: u64) -> Option<u64> {
         if let Some(c) = &self.cached[b as usize] {
             // Already registered: a prefix hit, or this sequence's own.
-            let same = c.hash == hash && *c.tokens == *tokens && c.parent == parent;
+            let same =
+                c.hash == hash && *c.tokens == *tokens && c.parent == parent && c.scope == scope;
             return same.then_some(c.reg);
         }
         if self.by_hash.contains_key(&hash) {
-            return self.lookup(hash, tokens, parent).map(|(_, reg)| reg);
+            return self.lookup(hash, tokens, parent, scope).map(|(_, reg)| reg);
         }
         self.last_reg += 1;
         self.cached[b as usize] = Some(Cached {
@@ -351,6 +388,7 @@ impl<S: BuildHasher> BlockManager<S> {
             tokens: tokens.into(),
             parent,
             reg: self.last_reg,
+            scope,
         });
         self.by_hash.insert(hash, b);
         Some(self.last_reg)

@@ -308,3 +308,46 @@ fn colliding_hashes_never_share_a_block_computed_from_another_prefix() {
         }
     }
 }
+
+/// Blocks registered in one cache scope (an API key, a `cache_salt`) are
+/// found only in that scope, even when the two scopes' chain hashes
+/// collide; within a scope they are shared as before.
+#[test]
+fn cache_scopes_share_nothing_across_and_everything_within() {
+    let mut m = BlockManager::with_hasher(16, 2, FourBits);
+    let prompt: Vec<u32> = (0..7).collect();
+    // Two scopes whose first-block hashes collide (4-bit hashes).
+    let a = 11;
+    let b = (12..10_000)
+        .find(|&s| m.chain_hash(s, &prompt[..2]) == m.chain_hash(a, &prompt[..2]))
+        .expect("4-bit hashes collide");
+    assert_eq!(m.allocate_scoped(1, &prompt, 6, a).unwrap(), 0);
+    m.register(1, &prompt, 6);
+    assert_eq!(
+        m.allocate_scoped(2, &prompt, 6, b).unwrap(),
+        0,
+        "crossed scopes"
+    );
+    assert_eq!(
+        m.allocate_cached(3, &prompt, 6).unwrap(),
+        0,
+        "reached scope 0"
+    );
+    assert_eq!(
+        m.allocate_scoped(4, &prompt, 6, a).unwrap(),
+        6,
+        "same scope"
+    );
+    m.register(2, &prompt, 6);
+    m.check_invariants().unwrap();
+    for id in 1..=4 {
+        m.free(id);
+    }
+    m.check_invariants().unwrap();
+    // Scope `a`'s blocks stay cached for `a` alone.
+    assert_eq!(m.allocate_scoped(5, &prompt, 6, b).unwrap(), 0);
+    assert_eq!(m.allocate_scoped(6, &prompt, 6, a).unwrap(), 6);
+    m.free(5);
+    m.free(6);
+    assert_eq!(m.num_free(), m.num_blocks());
+}

@@ -68,8 +68,10 @@ impl Balancer {
     }
 
     /// Picks one of `candidates` (all healthy and eligible) for a request
-    /// whose prompt has `hashes` (from [`prefix_hashes`]), and remembers the
-    /// choice for every prefix of it. `None` when there is no candidate.
+    /// whose prompt has `hashes` (from [`prefix_hashes`]). `None` when there
+    /// is no candidate. Nothing is remembered until the replica accepts
+    /// the request ([`Balancer::remember`]): a refused request's prefix is
+    /// not in that replica's cache.
     pub fn pick(&mut self, hashes: &[u64], candidates: &[Candidate]) -> Option<(usize, Reason)> {
         let min = candidates
             .iter()
@@ -91,10 +93,15 @@ impl Balancer {
                 (tied[self.turn % tied.len()], Reason::LeastLoaded)
             }
         };
-        for &h in hashes {
-            self.affinity.put(h, candidates[i].id.clone());
-        }
         Some((i, reason))
+    }
+
+    /// Remembers replica `id` for every prefix of a prompt with `hashes`
+    /// (it accepted the request, so its cache will hold them).
+    pub fn remember(&mut self, hashes: &[u64], id: &Arc<str>) {
+        for &h in hashes {
+            self.affinity.put(h, id.clone());
+        }
     }
 
     /// Prefixes remembered now.
@@ -118,6 +125,30 @@ mod tests {
             .collect()
     }
 
+    /// Picks and remembers, as for a request the replica accepted.
+    fn keep(b: &mut Balancer, h: &[u64], c: &[Candidate]) -> Option<(usize, Reason)> {
+        let r = b.pick(h, c);
+        if let Some((i, _)) = r {
+            b.remember(h, &c[i].id);
+        }
+        r
+    }
+
+    /// A refused request leaves no affinity behind.
+    #[test]
+    fn only_accepted_requests_are_remembered() {
+        let mut b = bal();
+        let h = prefix_hashes(b"0123456789abcdef", 4);
+        assert_eq!(b.pick(&h, &cands(&[1.0, 0.0])).unwrap().0, 1);
+        assert_eq!(b.remembered(), 0);
+        let c = cands(&[0.0, 1.0]);
+        assert_eq!(keep(&mut b, &h, &c).unwrap(), (0, Reason::LeastLoaded));
+        assert_eq!(
+            b.pick(&h, &cands(&[0.5, 0.0])).unwrap(),
+            (0, Reason::Affinity)
+        );
+    }
+
     fn bal() -> Balancer {
         Balancer::new(NonZeroUsize::new(64).unwrap(), 2.0)
     }
@@ -137,12 +168,12 @@ mod tests {
     #[test]
     fn least_loaded_wins_and_ties_rotate() {
         let mut b = bal();
-        assert_eq!(b.pick(&[], &cands(&[3.0, 1.0, 2.0])).unwrap().0, 1);
+        assert_eq!(keep(&mut b, &[], &cands(&[3.0, 1.0, 2.0])).unwrap().0, 1);
         let c = cands(&[0.0, 0.0, 0.0]);
-        let mut seen: Vec<usize> = (0..3).map(|_| b.pick(&[], &c).unwrap().0).collect();
+        let mut seen: Vec<usize> = (0..3).map(|_| keep(&mut b, &[], &c).unwrap().0).collect();
         seen.sort();
         assert_eq!(seen, vec![0, 1, 2]);
-        assert!(b.pick(&[], &[]).is_none());
+        assert!(keep(&mut b, &[], &[]).is_none());
         assert_eq!(b.remembered(), 0, "no prefix, nothing remembered");
     }
 
@@ -150,27 +181,27 @@ mod tests {
     fn a_shared_prefix_sticks_unless_clearly_more_loaded() {
         let mut b = bal();
         let long = prefix_hashes(b"system prompt, long and shared by all", 8);
-        let first = b.pick(&long, &cands(&[5.0, 0.0, 1.0])).unwrap();
+        let first = keep(&mut b, &long, &cands(&[5.0, 0.0, 1.0])).unwrap();
         assert_eq!(first, (1, Reason::LeastLoaded));
         // A little busier than the others: affinity holds.
         assert_eq!(
-            b.pick(&long, &cands(&[0.0, 2.0, 0.0])).unwrap(),
+            keep(&mut b, &long, &cands(&[0.0, 2.0, 0.0])).unwrap(),
             (1, Reason::Affinity)
         );
         // A request extending the prefix follows its longest known part.
         let longer = prefix_hashes(b"system prompt, long and shared by all + question", 8);
         assert_eq!(
-            b.pick(&longer, &cands(&[0.0, 1.0, 0.0])).unwrap(),
+            keep(&mut b, &longer, &cands(&[0.0, 1.0, 0.0])).unwrap(),
             (1, Reason::Affinity)
         );
         // Clearly more loaded: the least-loaded replica takes it over and
         // becomes the remembered one.
         assert_eq!(
-            b.pick(&long, &cands(&[0.0, 2.5, 1.0])).unwrap(),
+            keep(&mut b, &long, &cands(&[0.0, 2.5, 1.0])).unwrap(),
             (0, Reason::LeastLoaded)
         );
         assert_eq!(
-            b.pick(&long, &cands(&[0.0, 0.0, 0.0])).unwrap(),
+            keep(&mut b, &long, &cands(&[0.0, 0.0, 0.0])).unwrap(),
             (0, Reason::Affinity)
         );
     }
@@ -179,10 +210,10 @@ mod tests {
     fn a_replica_that_left_loses_its_prefixes() {
         let mut b = bal();
         let h = prefix_hashes(b"0123456789abcdef", 4);
-        assert_eq!(b.pick(&h, &cands(&[1.0, 0.0])).unwrap().0, 1);
+        assert_eq!(keep(&mut b, &h, &cands(&[1.0, 0.0])).unwrap().0, 1);
         // r1 is gone (unhealthy or undiscovered): only r0 remains.
         let only = vec![cands(&[0.0, 0.0])[0].clone()];
-        assert_eq!(b.pick(&h, &only).unwrap(), (0, Reason::LeastLoaded));
+        assert_eq!(keep(&mut b, &h, &only).unwrap(), (0, Reason::LeastLoaded));
     }
 
     #[test]
@@ -190,7 +221,7 @@ mod tests {
         let mut b = Balancer::new(NonZeroUsize::new(4).unwrap(), 1.0);
         let c = cands(&[0.0]);
         for i in 0..10u8 {
-            b.pick(&prefix_hashes(&[i; 8], 4), &c);
+            keep(&mut b, &prefix_hashes(&[i; 8], 4), &c);
         }
         assert_eq!(b.remembered(), 4);
     }

@@ -57,6 +57,10 @@ pub struct RouterConfig {
     /// runs, so this is tens of seconds, above the replicas'
     /// `server.keep_alive_secs`; total stream time is not limited.
     pub body_idle_timeout_ms: u64,
+    /// A client's request body must arrive whole within this long (408
+    /// beyond): the router holds the body before any replica sees it, so
+    /// a trickling client must not hold a connection and task for ever.
+    pub body_read_timeout_ms: u64,
     /// Prompt bytes per affinity chunk; prompts shorter than one chunk are
     /// placed by load only.
     pub prefix_chunk_bytes: usize,
@@ -70,6 +74,9 @@ pub struct RouterConfig {
     pub max_attempts: usize,
     /// Largest request body accepted (413 beyond); bodies are held to retry.
     pub max_body_bytes: usize,
+    /// The API key sent on polls of the replicas' /metrics, for replicas
+    /// that set `server.metrics_auth` (unset: sent without one).
+    pub replica_metrics_key: Option<String>,
 }
 
 impl Default for RouterConfig {
@@ -88,11 +95,13 @@ impl Default for RouterConfig {
             head_timeout_ms: 600_000,
             stream_head_timeout_ms: 30_000,
             body_idle_timeout_ms: 60_000,
+            body_read_timeout_ms: 30_000,
             prefix_chunk_bytes: 256,
             affinity_entries: 65536,
             affinity_slack: 4.0,
             max_attempts: 3,
             max_body_bytes: 1 << 20,
+            replica_metrics_key: None,
         }
     }
 }
@@ -132,6 +141,7 @@ impl RouterConfig {
             ("head_timeout_ms", self.head_timeout_ms),
             ("stream_head_timeout_ms", self.stream_head_timeout_ms),
             ("body_idle_timeout_ms", self.body_idle_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
         ] {
             if v == 0 || v > MAX_MS {
                 return Err(invalid(
@@ -185,6 +195,14 @@ impl RouterConfig {
                 "affinity_slack",
                 &format!("{} is out of range; allowed 0 or more", self.affinity_slack),
             ));
+        }
+        if let Some(k) = &self.replica_metrics_key {
+            if k.is_empty() || k.len() > 512 || !k.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "replica_metrics_key",
+                    "must be 1..=512 visible ASCII characters",
+                ));
+            }
         }
         for r in &self.replicas {
             let ok = r

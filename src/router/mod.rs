@@ -77,7 +77,10 @@ fn client(cfg: &RouterConfig) -> Client {
     conn.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
     conn.set_nodelay(true);
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
+        // Below a replica's idle limit (`server.header_read_timeout_secs`,
+        // 10 s by default): a pooled socket the replica closed could fail a
+        // request after sending it, which is never retried.
+        .pool_idle_timeout(Duration::from_secs(5))
         .build(conn)
 }
 
@@ -97,7 +100,10 @@ pub async fn start(cfg: RouterConfig) -> Result<RunningRouter> {
         fall: cfg.health_failure_threshold,
         rise: cfg.health_success_threshold,
     };
-    let pool = Arc::new(Pool::new(&cfg.replicas, balancer, hysteresis));
+    let pool = Arc::new(
+        Pool::new(&cfg.replicas, balancer, hysteresis)
+            .with_metrics_key(cfg.replica_metrics_key.as_deref()),
+    );
     let client = client(&cfg);
     let timeout = Duration::from_millis(cfg.health_timeout_ms);
     if let Some(dns) = &cfg.discovery_dns {

@@ -3,27 +3,30 @@
 //! hop-by-hop ones, body bytes as they arrive through a [`Relay`], so SSE
 //! streams flow).
 //!
-//! What is retried on another replica is only what cannot have cost a
-//! replica any compute, and only while nothing of the answer has reached
-//! the client: a connection failure before any response head (refused,
-//! reset, closed), and a replica's 503 (draining, loading, engine stopped).
-//! Any other status, 5xx included, is passed through: a 500 or 504 means
-//! the replica already ran (part of) the generation, and resending it would
-//! multiply the work a failing request costs. A response head that does
-//! not come within the head timeout is a 504 to the client, not a retry,
-//! for the same reason.
+//! What is retried on another replica is only what never reached a
+//! replica's work, and only while nothing of the answer has reached the
+//! client: a failed connect, and a 503 or 429 the replica marks with
+//! [`NOT_ADMITTED_HEADER`] (it refused the request before admitting it:
+//! loading, draining, over a limit). Anything else is passed through, never
+//! replayed: a connection cut after the request was sent (the replica may
+//! have died running it), an unmarked 503 (a request timeout, a drain cut,
+//! an engine that stopped under it), a 500 or 504 all mean the replica ran
+//! (part of) the request, and resending it would multiply what a failing,
+//! or poisonous, request costs. A response head that does not come within
+//! the head timeout is a 504 to the client, not a retry, for the same
+//! reason. Prefix affinity remembers only requests a replica accepted.
 
 use super::balancer::{prefix_hashes, Reason};
 use super::relay::{Relay, RelayError};
 use super::request_log::RouteLog;
 use super::RouterState;
 use crate::api::ApiError;
-use crate::http::{error_response, ResBody};
+use crate::http::{error_response, ResBody, NOT_ADMITTED_HEADER};
 use crate::metrics as names;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderName, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderMap, HeaderName, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper::{Request, Response, StatusCode, Uri};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -83,7 +86,8 @@ pub fn local_error(e: &ApiError) -> Response<RouterBody> {
 
 /// Headers that belong to one connection, not to the message (RFC 9110
 /// 7.6.1), plus `host` (set from the replica URL). `content-length` stays:
-/// the body passes through byte for byte.
+/// the body passes through byte for byte. The headers a message's own
+/// `Connection` names are hop-by-hop too (see [`copy_headers`]).
 fn hop_by_hop(name: &HeaderName) -> bool {
     const HOP: [&str; 8] = [
         "connection",
@@ -98,12 +102,31 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     HOP.contains(&name.as_str()) || name == HOST
 }
 
+/// Copies the end-to-end headers of `from`: neither the fixed hop-by-hop
+/// ones nor any that `from`'s `Connection` headers name (RFC 9110 7.6.1).
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let named: Vec<String> = from
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
     for (k, v) in from {
-        if !hop_by_hop(k) {
+        if !hop_by_hop(k) && !named.iter().any(|n| n == k.as_str()) {
             to.append(k.clone(), v.clone());
         }
     }
+}
+
+/// Whether `status` with `headers` is a replica's refusal from before it
+/// admitted the request (safe to send elsewhere; see the module doc).
+fn refused_before_admission(status: StatusCode, headers: &HeaderMap) -> bool {
+    matches!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+    ) && headers.contains_key(NOT_ADMITTED_HEADER)
 }
 
 /// What the router reads of a request body: the text whose prefix decides
@@ -147,11 +170,13 @@ pub fn inspect(body: &[u8]) -> Inspected {
 /// the non-streamed head timeout. What happened is noted in `log`, which the
 /// relay holds until the answer's end.
 ///
-/// Errors (as OpenAI error responses): 413 for a body over the limit, 503
-/// when no replica is healthy, 502 when every replica tried failed to
-/// answer, 504 when the chosen replica sent no response head within the
-/// head timeout; a replica's own error status is passed through (a 503
-/// only when it was the last try).
+/// Errors (as OpenAI error responses): 413 for a body over the limit, 408
+/// for one that does not arrive within the body deadline, 503 when no
+/// replica is healthy, 502 when every replica tried failed to connect or
+/// one cut the connection after the request was sent, 504 when the chosen
+/// replica sent no response head within the head timeout; a replica's own
+/// error status is passed through (a refusal before admission only when it
+/// was the last try).
 pub(crate) async fn forward(
     state: Arc<RouterState>,
     req: Request<Incoming>,
@@ -159,7 +184,15 @@ pub(crate) async fn forward(
     log: &RouteLog,
 ) -> Response<RouterBody> {
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, state.cfg.max_body_bytes).collect().await {
+    let deadline = Duration::from_millis(state.cfg.body_read_timeout_ms);
+    let read = Limited::new(body, state.cfg.max_body_bytes).collect();
+    let Ok(read) = tokio::time::timeout(deadline, read).await else {
+        return local_error(&ApiError::request_timeout(format!(
+            "The request body did not arrive within {} s.",
+            deadline.as_secs_f64()
+        )));
+    };
+    let body = match read {
         Ok(c) => c.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return local_error(&ApiError::payload_too_large(state.cfg.max_body_bytes))
@@ -190,7 +223,7 @@ pub(crate) async fn forward(
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
     let mut tried: Vec<Arc<str>> = Vec::new();
-    let mut last_503: Option<Response<RouterBody>> = None;
+    let mut last_refusal: Option<Response<RouterBody>> = None;
     let mut last_error = String::new();
     while tried.len() < state.cfg.max_attempts {
         let Some(lease) = state.pool.choose(&hashes, &tried) else {
@@ -234,22 +267,39 @@ pub(crate) async fn forward(
                     head_limit.as_millis()
                 )));
             }
-            Ok(Err(e)) => {
-                // Nothing came back: safe to send elsewhere.
+            Ok(Err(e)) if e.is_connect() => {
+                // Never connected: the replica saw nothing, safe elsewhere.
                 errors();
-                if e.is_connect() {
-                    state.pool.mark_down(&replica);
-                }
+                state.pool.mark_down(&replica);
                 last_error = format!("replica {replica}: {e}");
                 continue;
+            }
+            Ok(Err(e)) => {
+                // Sent, and the connection failed before an answer: the
+                // replica may have run it (or died running it). Not replayed.
+                errors();
+                log.answered_by(&lease.url);
+                tracing::warn!(
+                    request_id = %log.id(),
+                    %replica,
+                    error = %e,
+                    "replica failed after the request was sent; not retried"
+                );
+                return local_error(&ApiError::bad_gateway(format!(
+                    "The replica failed before answering: {e}."
+                )));
             }
             Ok(Ok(resp)) => resp,
         };
         metrics::histogram!(names::ROUTER_UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
-        // Every answer but a 503 returns below, so the last replica noted
-        // is the one whose answer the client gets.
+        // Every answer but a refusal before admission returns below, so the
+        // last replica noted is the one whose answer the client gets.
         log.answered_by(&lease.url);
         let status = resp.status();
+        let refused = refused_before_admission(status, resp.headers());
+        if status.is_success() {
+            state.pool.remember(&hashes, &lease.url);
+        }
         metrics::counter!(names::ROUTER_REQUESTS, "replica" => replica.clone(), "status" => status.as_str().to_string())
             .increment(1);
         if lease.reason == Reason::Affinity {
@@ -277,13 +327,13 @@ pub(crate) async fn forward(
         if status.is_server_error() {
             errors();
         }
-        if status != StatusCode::SERVICE_UNAVAILABLE {
+        if !refused {
             return out;
         }
-        last_error = format!("replica {replica} answered {status}");
-        last_503 = Some(out);
+        last_error = format!("replica {replica} refused it ({status})");
+        last_refusal = Some(out);
     }
-    if let Some(r) = last_503 {
+    if let Some(r) = last_refusal {
         return r;
     }
     metrics::counter!(names::ROUTER_UNROUTABLE).increment(1);
@@ -348,5 +398,42 @@ mod tests {
             names,
             vec!["authorization", "content-length", "content-type"]
         );
+    }
+
+    #[test]
+    fn headers_named_in_connection_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.append("connection", "X-Secret, keep-alive".parse().unwrap());
+        h.append("connection", "x-other".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert("x-other", "2".parse().unwrap());
+        h.insert("x-kept", "3".parse().unwrap());
+        let mut out = HeaderMap::new();
+        copy_headers(&h, &mut out);
+        let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["x-kept"]);
+    }
+
+    #[test]
+    fn only_marked_refusals_are_before_admission() {
+        let mut marked = HeaderMap::new();
+        marked.insert(NOT_ADMITTED_HEADER, "1".parse().unwrap());
+        let none = HeaderMap::new();
+        assert!(refused_before_admission(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &marked
+        ));
+        assert!(refused_before_admission(
+            StatusCode::TOO_MANY_REQUESTS,
+            &marked
+        ));
+        assert!(!refused_before_admission(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &none
+        ));
+        assert!(!refused_before_admission(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &marked
+        ));
     }
 }

@@ -100,6 +100,9 @@ struct State {
 /// The replica set shared by the request handlers and the pollers.
 pub struct Pool {
     state: Mutex<State>,
+    /// Sent as a bearer key on polls of /metrics (replicas with
+    /// `server.metrics_auth`).
+    metrics_key: Option<Arc<str>>,
 }
 
 impl Pool {
@@ -120,7 +123,15 @@ impl Pool {
                 balancer,
                 hysteresis,
             }),
+            metrics_key: None,
         }
+    }
+
+    /// The pool, sending `key` as `Authorization: Bearer` when it polls a
+    /// replica's /metrics.
+    pub fn with_metrics_key(mut self, key: Option<&str>) -> Self {
+        self.metrics_key = key.map(Arc::from);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -149,6 +160,12 @@ impl Pool {
             reason,
             inflight: r.inflight.clone(),
         })
+    }
+
+    /// Remembers `url` as the replica holding the prefixes `hashes` (it
+    /// accepted a request with that prompt).
+    pub fn remember(&self, hashes: &[u64], url: &Arc<str>) {
+        self.lock().balancer.remember(hashes, url);
     }
 
     /// Takes a replica out at once after a request could not connect to
@@ -266,9 +283,18 @@ pub fn load_from_metrics(text: &str) -> f64 {
         + metric_sum(text, names::WAITING).unwrap_or(0.0)
 }
 
-async fn get(client: &Client, url: &str, timeout: Duration) -> Option<(StatusCode, Bytes)> {
+async fn get(
+    client: &Client,
+    url: &str,
+    timeout: Duration,
+    key: Option<&str>,
+) -> Option<(StatusCode, Bytes)> {
     let uri: Uri = url.parse().ok()?;
-    let req = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+    let mut req = Request::get(uri);
+    if let Some(key) = key {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = req.body(Full::new(Bytes::new())).ok()?;
     let fetch = async {
         let resp = client.request(req).await.ok()?;
         let status = resp.status();
@@ -279,12 +305,17 @@ async fn get(client: &Client, url: &str, timeout: Duration) -> Option<(StatusCod
 }
 
 /// One health + load poll of `url`: `Some(load)` when healthy.
-async fn poll_one(client: &Client, url: &str, timeout: Duration) -> Option<f64> {
-    let (status, _) = get(client, &format!("{url}/health"), timeout).await?;
+async fn poll_one(
+    client: &Client,
+    url: &str,
+    timeout: Duration,
+    key: Option<Arc<str>>,
+) -> Option<f64> {
+    let (status, _) = get(client, &format!("{url}/health"), timeout, None).await?;
     if status != StatusCode::OK {
         return None;
     }
-    let (status, text) = get(client, &format!("{url}/metrics"), timeout).await?;
+    let (status, text) = get(client, &format!("{url}/metrics"), timeout, key.as_deref()).await?;
     if status != StatusCode::OK {
         return None;
     }
@@ -296,8 +327,9 @@ pub async fn poll_all(pool: &Pool, client: &Client, timeout: Duration) {
     let mut set = tokio::task::JoinSet::new();
     for url in pool.urls() {
         let client = client.clone();
+        let key = pool.metrics_key.clone();
         set.spawn(async move {
-            let load = poll_one(&client, &url, timeout).await;
+            let load = poll_one(&client, &url, timeout, key).await;
             (url, load)
         });
     }
