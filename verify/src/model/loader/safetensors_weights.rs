@@ -1,7 +1,7 @@
 //! [`SafetensorsWeights`]: the memory-mapped safetensors of a Hugging Face
 //! directory (one `model.safetensors`, or the sharded files that
 //! `model.safetensors.index.json` names), read one tensor, or one rank's
-//! rows or columns of it, at a time.
+//! rows of it, at a time.
 
 use crate::error::{Result, VerifyError};
 use candle_core::safetensors::MmapedSafetensors;
@@ -149,27 +149,6 @@ impl SafetensorsWeights {
             &[rows.len(), inp],
         )
     }
-
-    /// Columns `cols` of the `[out, inp]` matrix `name` as an f32
-    /// `[out, cols.len()]` tensor; only those columns' bytes are read.
-    ///
-    /// Errors: as [`rows`](Self::rows).
-    pub(crate) fn cols(
-        &self,
-        name: &str,
-        (out, inp): (usize, usize),
-        cols: Range<usize>,
-    ) -> Result<Tensor> {
-        let (data, dtype) = self.raw(name, &[out, inp])?;
-        check_range(name, &cols, inp)?;
-        let es = dtype.size_in_bytes();
-        let (from, len) = (cols.start * es, cols.len() * es);
-        let mut part = Vec::with_capacity(out * len);
-        for row in data.chunks_exact(inp * es) {
-            part.extend_from_slice(&row[from..from + len]);
-        }
-        to_f32(&part, dtype, &[out, cols.len()])
-    }
 }
 
 fn check_range(name: &str, r: &Range<usize>, n: usize) -> Result<()> {
@@ -251,8 +230,6 @@ mod tests {
             assert_eq!(v2(st.tensor(name, &[6, 10]).unwrap()), v2(full.clone()));
             let r = st.rows(name, (6, 10), 2..5).unwrap();
             assert_eq!(v2(r), v2(full.narrow(0, 2, 3).unwrap()));
-            let c = st.cols(name, (6, 10), 3..7).unwrap();
-            assert_eq!(v2(c), v2(full.narrow(1, 3, 4).unwrap()));
         }
         assert!(matches!(
             st.tensor("w.f32", &[10, 6]),
@@ -263,7 +240,6 @@ mod tests {
             Err(VerifyError::MissingTensor(n)) if n == "nope"
         ));
         assert!(st.rows("w.f32", (6, 10), 4..7).is_err());
-        assert!(st.cols("w.f32", (6, 10), 8..11).is_err());
         std::fs::remove_dir_all(&dir).ok();
     }
 
