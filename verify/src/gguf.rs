@@ -68,6 +68,25 @@ pub struct TensorInfo {
     pub offset: u64,
 }
 
+/// candle's dtype for a block-quantized ggml type id (`None`: not one).
+pub fn candle_dtype(t: u32) -> Option<candle_core::quantized::GgmlDType> {
+    use candle_core::quantized::GgmlDType as G;
+    use types::*;
+    Some(match t {
+        Q4_0 => G::Q4_0,
+        Q4_1 => G::Q4_1,
+        Q5_0 => G::Q5_0,
+        Q5_1 => G::Q5_1,
+        Q8_0 => G::Q8_0,
+        Q2_K => G::Q2K,
+        Q3_K => G::Q3K,
+        Q4_K => G::Q4K,
+        Q5_K => G::Q5K,
+        Q6_K => G::Q6K,
+        _ => return None,
+    })
+}
+
 /// A GGUF file's metadata, tensor directory and read-only mapping.
 ///
 /// Invariant: the mapping is never written; a file replaced or truncated
@@ -281,8 +300,8 @@ impl Gguf {
         Ok((info, b))
     }
 
-    /// Tensor `name` decoded to f32 (types F32, F16, BF16 and MXFP4), with
-    /// its ggml-order dims.
+    /// Tensor `name` decoded to f32 (F32, F16, BF16, MXFP4 and the ggml
+    /// block formats), with its ggml-order dims.
     ///
     /// Errors: no such tensor, another type, or a short file.
     pub fn f32_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
@@ -291,13 +310,22 @@ impl Gguf {
             .get(name)
             .ok_or_else(|| VerifyError::MissingTensor(name.to_string()))?;
         let n: usize = info.dims.iter().product();
+        if let Some(dtype) = candle_dtype(info.dtype) {
+            // Small tensors a loader needs whole (a quantized GGUF's k_b / v_b).
+            let (info, b) = self.tensor(name)?;
+            let dims: Vec<usize> = info.dims.iter().rev().copied().collect();
+            let cpu = candle_core::Device::Cpu;
+            let q = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &b, dims, &cpu)?;
+            let v = q.dequantize(&cpu)?.flatten_all()?.to_vec1::<f32>()?;
+            return Ok((info.dims, v));
+        }
         let len = match info.dtype {
             0 => n * 4,
             1 | 30 => n * 2,
             crate::kernels::mxfp4::GGML_TYPE_MXFP4 => n / 32 * crate::kernels::mxfp4::BLOCK_BYTES,
             t => {
                 return Err(VerifyError::BadConfig(format!(
-                "{}: tensor {name} has ggml type {t}; this reader decodes F32, F16, BF16 and MXFP4",
+                "{}: tensor {name} has ggml type {t}; this reader decodes F32, F16, BF16, MXFP4 and the ggml block formats",
                 self.path.display()
             )))
             }

@@ -12,7 +12,7 @@
 
 use super::linear::Linear;
 use crate::error::{Result, VerifyError};
-use crate::gguf::{block_layout, types};
+use crate::gguf::{block_layout, candle_dtype, types};
 use crate::kernels::bf16::Bf16Matrix;
 use crate::kernels::bytes::Bytes;
 use crate::kernels::f32::F32Matrix;
@@ -162,7 +162,7 @@ impl Stored {
                     .map_err(wrap)?,
             ),
             t => {
-                let dtype = ggml_dtype(t)
+                let dtype = candle_dtype(t)
                     .ok_or_else(|| wrap(format!("ggml type {t} has no matrix product here")))?;
                 let data = self.packed();
                 match Format::of(dtype) {
@@ -176,24 +176,6 @@ impl Stored {
             }
         })
     }
-}
-
-/// candle's dtype for a block-quantized ggml type id.
-fn ggml_dtype(t: u32) -> Option<candle_core::quantized::GgmlDType> {
-    use candle_core::quantized::GgmlDType as G;
-    Some(match t {
-        types::Q4_0 => G::Q4_0,
-        types::Q4_1 => G::Q4_1,
-        types::Q5_0 => G::Q5_0,
-        types::Q5_1 => G::Q5_1,
-        types::Q8_0 => G::Q8_0,
-        types::Q2_K => G::Q2K,
-        types::Q3_K => G::Q3K,
-        types::Q4_K => G::Q4K,
-        types::Q5_K => G::Q5K,
-        types::Q6_K => G::Q6K,
-        _ => return None,
-    })
 }
 
 /// The ggml type id of a safetensors element type this loader keeps as
