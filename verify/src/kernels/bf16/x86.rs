@@ -15,6 +15,11 @@
 //! Every function here requires the CPU features its `target_feature`
 //! names; callers check them ([`super::Path::available`]).
 
+// The loops index several register arrays of const-generic length at
+// once (weights by column, sums by row and column); the compiler unrolls
+// them, and iterator chains over them would hide that pairing.
+#![allow(clippy::needless_range_loop)]
+
 use super::common::{Cols, Res};
 use std::arch::x86_64::*;
 

@@ -251,6 +251,7 @@ fn run_block(isa: Isa, b: &Cols, x: &[Line], lines: usize, rows: usize, res: &mu
 }
 
 /// Column `c` of `b` dotted with one activation row.
+#[allow(clippy::needless_range_loop)] // `i` indexes the weight chunks and `x` together
 fn scalar_dot(b: &Cols, c: usize, x: &[Line]) -> f32 {
     let f = |l: &[u8], j: usize| f32::from_ne_bytes(l[4 * j..4 * j + 4].try_into().unwrap());
     let mut acc = [0f32; LANES];

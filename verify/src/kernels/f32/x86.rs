@@ -7,6 +7,11 @@
 //! Every function here requires the CPU features its `target_feature`
 //! names; callers check them.
 
+// The loops index several register arrays of const-generic length at
+// once (weights by column, sums by row and column); the compiler unrolls
+// them, and iterator chains over them would hide that pairing.
+#![allow(clippy::needless_range_loop)]
+
 use crate::kernels::bf16::common::{Cols, Res};
 use crate::kernels::bf16::x86::{by_columns, hsum256x2, hsum512, shapes};
 use std::arch::x86_64::*;

@@ -664,7 +664,7 @@ fn mla_mixer(src: &Source, cfg: &ModelConfig, sp: &Split, l: usize) -> Result<Mi
     } else {
         None
     };
-    Ok(Mixer::Mla(GatedMla {
+    Ok(Mixer::Mla(Box::new(GatedMla {
         q,
         kv_a: src.full(
             &lay(
@@ -696,7 +696,7 @@ fn mla_mixer(src: &Source, cfg: &ModelConfig, sp: &Split, l: usize) -> Result<Mi
             mheads.start * v..mheads.end * v,
         )?,
         heads: mheads.len(),
-    }))
+    })))
 }
 
 /// Layer `l`'s KDA mixer, this rank's heads.
@@ -731,7 +731,7 @@ fn kda_mixer(src: &Source, k3: &K3Config, sp: &Split, l: usize) -> Result<Mixer>
     };
     let dt = src.get(&lay(l, "self_attn.dt_bias", "ssm_dt.bias"), c)?;
     let chan_rows = |hf: &str, g: &str| src.mat(&lay(l, hf, g), (c, h), chans.clone(), 0..h);
-    Ok(Mixer::Kda(Kda {
+    Ok(Mixer::Kda(Box::new(Kda {
         q: chan_rows("self_attn.q_proj.weight", "attn_q.weight")?,
         k: chan_rows("self_attn.k_proj.weight", "attn_k.weight")?,
         v: chan_rows("self_attn.v_proj.weight", "attn_v.weight")?,
@@ -766,7 +766,7 @@ fn kda_mixer(src: &Source, k3: &K3Config, sp: &Split, l: usize) -> Result<Mixer>
             chans.clone(),
         )?,
         heads: kheads.len(),
-    }))
+    })))
 }
 
 /// Layer `l`'s latent MoE: this rank's experts (`e % world == rank`) and
@@ -818,7 +818,7 @@ fn moe_ffn(
         "block_sparse_moe.routed_expert_up_proj.weight",
         "ffn_routed_up.weight",
     );
-    Ok(Ffn::Moe(LatentMoe {
+    Ok(Ffn::Moe(Box::new(LatentMoe {
         router: src.full(
             &lay(l, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
             ne,
@@ -848,7 +848,7 @@ fn moe_ffn(
         },
         up: latent.then(|| src.full(&up_name, h, lat)).transpose()?,
         shared,
-    }))
+    })))
 }
 
 fn load_rank(
@@ -882,7 +882,7 @@ fn load_rank(
         };
         let ffn = if l < moe.first_k_dense_replace {
             let ff = cfg.intermediate_size;
-            Ffn::Dense(situ_mlp(
+            Ffn::Dense(Box::new(situ_mlp(
                 src,
                 l,
                 "mlp",
@@ -890,7 +890,7 @@ fn load_rank(
                 h,
                 ff,
                 even_split("dense MLP", ff, world, rank)?,
-            )?)
+            )?))
         } else {
             moe_ffn(src, cfg, k3, l, (rank, world))?
         };

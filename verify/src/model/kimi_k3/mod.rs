@@ -201,8 +201,8 @@ struct GatedMla {
 }
 
 enum Mixer {
-    Kda(Kda),
-    Mla(GatedMla),
+    Kda(Box<Kda>),
+    Mla(Box<GatedMla>),
 }
 
 struct LatentMoe {
@@ -218,8 +218,8 @@ struct LatentMoe {
 }
 
 enum Ffn {
-    Dense(SituMlp),
-    Moe(LatentMoe),
+    Dense(Box<SituMlp>),
+    Moe(Box<LatentMoe>),
 }
 
 struct K3Layer {
