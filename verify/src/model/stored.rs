@@ -11,6 +11,7 @@
 //! under candle's matmul. F16 is the one format widened (to f32).
 
 use super::linear::Linear;
+use super::loader::SafetensorsWeights;
 use crate::error::{Result, VerifyError};
 use crate::gguf::{block_layout, candle_dtype, types};
 use crate::kernels::bf16::Bf16Matrix;
@@ -176,6 +177,28 @@ impl Stored {
             }
         })
     }
+}
+
+/// Rows `rows` of the `[out, inp]` safetensors matrix `name`, as stored
+/// (only those rows' bytes are copied out of the mapping).
+///
+/// Errors: a missing or mis-shaped tensor, a non-float dtype, or rows
+/// outside the matrix (each naming `name`).
+pub(crate) fn from_safetensors(
+    st: &SafetensorsWeights,
+    name: &str,
+    (out, inp): (usize, usize),
+    rows: Range<usize>,
+) -> Result<Stored> {
+    let (data, dtype) = st.raw(name, &[out, inp])?;
+    let t = ggml_type_of(dtype)
+        .ok_or_else(|| bad(format!("{name}: {dtype:?} is not a weight type")))?;
+    if rows.start > rows.end || rows.end > out {
+        return Err(bad(format!("{name}: rows {rows:?} outside {out}")));
+    }
+    let row = data.len() / out.max(1);
+    let part = data[rows.start * row..rows.end * row].to_vec();
+    Stored::new(name, t, part.into(), rows.len(), inp)
 }
 
 /// The ggml type id of a safetensors element type this loader keeps as

@@ -10,7 +10,7 @@ use crate::model::dense::Dense;
 use crate::model::linear::Linear;
 use crate::model::loader::{json_usize, SafetensorsWeights};
 use crate::model::shard::{balanced, even_split};
-use crate::model::stored::{ggml_type_of, Stored};
+use crate::model::stored::from_safetensors;
 use crate::model::{Body, Model};
 use crate::tp::Communicator;
 use serde_json::Value;
@@ -243,20 +243,8 @@ impl Tensors<'_> {
         r: std::ops::Range<usize>,
         c: std::ops::Range<usize>,
     ) -> Result<Linear> {
-        let name = format!("{name}.weight");
-        let (data, dtype) = self.st.raw(&name, &[out, inp])?;
-        let t = ggml_type_of(dtype).ok_or_else(|| {
-            VerifyError::BadConfig(format!("{name}: {dtype:?} is not a weight type"))
-        })?;
-        if r.start > r.end || r.end > out {
-            return Err(VerifyError::BadConfig(format!(
-                "{name}: rows {r:?} outside {out}"
-            )));
-        }
-        let row = data.len() / out.max(1);
-        let rows = data[r.start * row..r.end * row].to_vec();
         let n = r.len();
-        Stored::new(&name, t, rows.into(), n, inp)?
+        from_safetensors(self.st, &format!("{name}.weight"), (out, inp), r)?
             .select(0..n, c)?
             .into_linear()
     }

@@ -26,7 +26,7 @@ use crate::model::dense::Dense;
 use crate::model::linear::Linear;
 use crate::model::loader::SafetensorsWeights;
 use crate::model::shard::{balanced, even_split};
-use crate::model::stored::{ggml_type_of, Stored};
+use crate::model::stored::{from_safetensors, Stored};
 use crate::model::{Body, Model};
 use crate::tp::Communicator;
 use candle_core::quantized::gguf_file::Value;
@@ -429,18 +429,7 @@ impl Source<'_> {
                 }
                 Stored::new(&name, info.dtype, bytes, out, inp)?.select(rows, 0..inp)
             }
-            Source::Hf(st, _) => {
-                let name = self.hf_name(n);
-                let (data, dtype) = st.raw(&name, &[out, inp])?;
-                let t = ggml_type_of(dtype)
-                    .ok_or_else(|| bad(format!("{name}: {dtype:?} is not a weight type")))?;
-                let row = data.len() / out.max(1);
-                if rows.end > out || rows.start > rows.end {
-                    return Err(bad(format!("{name}: rows {rows:?} outside {out}")));
-                }
-                let part = data[rows.start * row..rows.end * row].to_vec();
-                Stored::new(&name, t, part.into(), rows.len(), inp)
-            }
+            Source::Hf(st, _) => from_safetensors(st, &self.hf_name(n), (out, inp), rows),
         }
     }
 
