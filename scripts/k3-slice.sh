@@ -22,6 +22,9 @@
 #      CPU model and ISA are printed with the table
 #   4. peak RSS of our loading, /usr/bin/time -v around `specgate generate` on the HF directory
 #      and on each GGUF (one token)
+#   5. correctness (LOGITS=1, the default): llama.cpp's logits on each GGUF (scripts/k3/dump_logits.cpp,
+#      whole / chunked / token by token), the f64 reference's spread (reference_forward.py --spread),
+#      and the test that holds ours to both (kimi_k3::tests::slice_logits_match_llamacpp_and_the_reference)
 # The table goes to stdout and $WORK/<slice>-results.md; raw logs to $WORK/<slice>-logs/.
 #
 # CI NEVER RUNS THIS. Needs: python3 with numpy regex tiktoken torch transformers safetensors
@@ -239,3 +242,25 @@ if rows:
 EOF
 cat "$RES"
 echo "(raw: $RAW; logs: $LOGS)"
+
+if [[ "${LOGITS:-1}" == 1 ]]; then
+    echo "== 5. logits: ours against llama.cpp on each file and against the f64 reference"
+    # Two prompts of the tiny tokenizer's ids with their chunk sizes (as tests/fixtures/kimi_k3).
+    P1="512,305,375,100,280,296,97,100,115,259,341,111,326,116,44,278,259,439,117,415,479,336,511,326;7,5,12"
+    P2="517,411,102,505,40,425,44,32,120,41,402,276,386,32,228,189,160,240,159,154;6,9,5"
+    g++ -O2 -std=c++17 "$HERE/k3/dump_logits.cpp" -I"$LLAMA/include" -I"$LLAMA/ggml/include" \
+        -L"$BUILD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BUILD/bin" -o "$LOGS/dump_logits"
+    CASES=""
+    for t in $TYPES; do
+        "$LOGS/dump_logits" "$(gguf $t)" - "build 11434" "$LOGS/llama-logits-$t.json" "$P1" "$P2" \
+            > "$LOGS/dump-$t.log" 2>&1 || { tail -5 "$LOGS/dump-$t.log"; exit 1; }
+        CASES="$CASES,$(gguf $t)=$LOGS/llama-logits-$t.json"
+    done
+    SPREAD="$WORK/$NAME-spread.json"
+    newer "$SPREAD" "$HF/model.safetensors.index.json" \
+        || python3 "$HERE/k3/reference_forward.py" --spread "$HF" --json "$SPREAD" > "$LOGS/spread.log" 2>&1
+    (cd "$REPO" && K3_SLICE_CASES="$CASES" K3_SLICE_EXACT="$LOGS/llama-logits-f32.json" \
+        K3_SLICE_REFERENCE="$SPREAD" K3_SLICE_REFERENCE_GGUF="$(gguf f32)" \
+        cargo test --release -p specgate-verify --lib slice_logits_match_llamacpp_and_the_reference \
+        -- --ignored --nocapture 2>&1 | grep -E ' prompt | reference |test result|panicked' | tee "$LOGS/logits.txt")
+fi

@@ -6,7 +6,8 @@
 use super::dense::Dense;
 use super::rows::Rows;
 use crate::kv_pool::{axpy, dot, KvShard};
-use rayon::prelude::*;
+use crate::team;
+use std::cell::RefCell;
 
 /// Dimensions one attention call needs.
 #[derive(Clone, Copy)]
@@ -89,25 +90,31 @@ pub(crate) fn attend_rows(
     skip: impl Fn(usize) -> bool + Sync,
 ) {
     let qd = d.heads * (d.nope + d.rope);
-    out.par_chunks_mut(d.v)
-        .enumerate()
-        .filter(|(i, _)| !skip(i / d.heads))
-        .for_each_init(
-            || (Vec::new(), Vec::new(), Vec::new()),
-            |scratch, (i, o)| {
-                let (r, hh) = (i / d.heads, i % d.heads);
-                attend_head(
-                    d,
-                    kv_b,
-                    pool,
-                    layer,
-                    tables[rows.seq[r]],
-                    rows.positions[r] + 1,
-                    &q[r * qd..(r + 1) * qd],
-                    hh,
-                    o,
-                    scratch,
-                )
-            },
-        );
+    // The forward's thread team, not rayon's pool: its helpers spin between
+    // loops, and a second pool on the same cores would fight them.
+    thread_local! {
+        static SCRATCH: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> = const {
+            RefCell::new((Vec::new(), Vec::new(), Vec::new()))
+        };
+    }
+    team::for_each_chunk(out, d.v, |i, o| {
+        let (r, hh) = (i / d.heads, i % d.heads);
+        if skip(r) {
+            return;
+        }
+        SCRATCH.with_borrow_mut(|scratch| {
+            attend_head(
+                d,
+                kv_b,
+                pool,
+                layer,
+                tables[rows.seq[r]],
+                rows.positions[r] + 1,
+                &q[r * qd..(r + 1) * qd],
+                hh,
+                o,
+                scratch,
+            )
+        })
+    });
 }

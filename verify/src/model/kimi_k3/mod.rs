@@ -51,10 +51,9 @@ use super::{LogitsWanted, Model, MoeConfig, SeqInput};
 use crate::error::Result;
 use crate::kernels::mxfp4::{self, Mxfp4Matrix, Mxfp4Product, Q8Acts};
 use crate::kv_pool::{axpy, dot, KvPool, KvShard};
-use crate::team::SharedMut;
+use crate::team::{self, SharedMut};
 use crate::tp::Communicator;
 use candle_core::Tensor;
-use rayon::prelude::*;
 use std::ops::Range;
 
 mod kda;
@@ -357,7 +356,7 @@ fn res_mix(stack: &[Vec<f32>], cur: &[f32], w: &[f32], hidden: usize, eps: f32) 
     }
     let score = |v: &[f32]| dot(v, w) / (dot(v, v) / hidden as f32 + eps).sqrt();
     let mut out = vec![0f32; cur.len()];
-    out.par_chunks_mut(hidden).enumerate().for_each(|(r, o)| {
+    team::for_each_chunk(&mut out, hidden, |r, o| {
         let span = r * hidden..(r + 1) * hidden;
         let mut s: Vec<f32> = stack.iter().map(|b| score(&b[span.clone()])).collect();
         s.push(score(&cur[span.clone()]));
@@ -463,7 +462,8 @@ impl Kda {
             let sz = hd * hd;
             // Heads are independent: each owns its state, its output lanes
             // and its part of every kept row's state, written in place.
-            s.par_chunks_mut(sz).enumerate().for_each(|(hh, s_h)| {
+            // On the forward's thread team (see `team`), not rayon's pool.
+            team::for_each_chunk(s, sz, |hh, s_h| {
                 let mut scratch = Vec::new();
                 let mut lane = vec![0f32; hd];
                 for t in 0..span.len() {
