@@ -243,6 +243,18 @@ impl Gguf {
         &self.map
     }
 
+    /// Faults the whole file into this process's page tables now, as
+    /// llama.cpp's loader does (`MAP_POPULATE`): a model that reads its
+    /// weights from the mapping then pays for the pages at load, not in its
+    /// first decode steps (each expert's first use otherwise took thousands
+    /// of page faults mid-request). Best effort: a kernel without
+    /// `MADV_POPULATE_READ` (before Linux 5.14) gets a read-ahead hint.
+    pub fn prefault(&self) {
+        if self.map.advise(memmap2::Advice::PopulateRead).is_err() {
+            let _ = self.map.advise(memmap2::Advice::WillNeed);
+        }
+    }
+
     /// Tensor `name`'s directory entry and its bytes as a view of the
     /// mapping, its length computed from its type and dims.
     ///

@@ -151,6 +151,7 @@ pub fn load_gguf_tp(path: &Path, world: usize) -> Result<Model> {
         Some(gguf_file::Value::String(a)) => family(Arch::from_name(a)?).gguf_raw,
         _ => None,
     } {
+        raw.prefault();
         return gguf_raw(&raw, world);
     }
     drop(raw);
