@@ -48,6 +48,19 @@ impl Bytes {
     pub fn is_mapped(&self) -> bool {
         matches!(self, Bytes::Mapped { .. })
     }
+
+    /// Drops this process's resident pages of mapped bytes whose contents
+    /// were copied out (repacked into tiles, widened): read pages of a
+    /// mapping count in the RSS until unmapped. Reading them again stays
+    /// correct (a read-only private file mapping refills them from the
+    /// file). Owned bytes are left alone.
+    pub fn release(&self) {
+        if let Bytes::Mapped { map, range } = self {
+            // SAFETY: `range` lies inside `map` (the type's invariant), a
+            // read-only file mapping.
+            unsafe { release_file_pages(&map[range.clone()]) }
+        }
+    }
 }
 
 impl From<Vec<u8>> for Bytes {
@@ -63,6 +76,23 @@ impl Deref for Bytes {
             Bytes::Owned(b) => b,
             Bytes::Mapped { map, range } => &map[range.clone()],
         }
+    }
+}
+
+/// `MADV_DONTNEED` on the whole pages inside `bytes` (see
+/// [`Bytes::release`]); a failure only leaves them resident.
+///
+/// # Safety
+/// `bytes` must lie in a read-only (never written) private file mapping:
+/// on anonymous memory this would zero the pages.
+pub(crate) unsafe fn release_file_pages(bytes: &[u8]) {
+    const PAGE: usize = 4096;
+    let start = (bytes.as_ptr() as usize).next_multiple_of(PAGE);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / PAGE * PAGE;
+    if end > start {
+        // SAFETY: `start..end` lies inside `bytes`; the caller promises a
+        // read-only file mapping, whose dropped pages read back the same.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
     }
 }
 

@@ -156,6 +156,7 @@ impl Stored {
                     .chunks_exact(2)
                     .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
                     .collect();
+                self.bytes.release();
                 Linear::from_f32(F32Matrix::from_f32(&w, out, inp))
             }
             types::MXFP4 => Linear::from_mxfp4(
@@ -166,6 +167,8 @@ impl Stored {
                 let dtype = candle_dtype(t)
                     .ok_or_else(|| wrap(format!("ggml type {t} has no matrix product here")))?;
                 let data = self.packed();
+                // Repacked below: the mapped source is not read again.
+                self.bytes.release();
                 match Format::of(dtype) {
                     Some(f) if crate::kernels::backend() == crate::kernels::Backend::Native => {
                         Linear::from_quantized(
@@ -198,6 +201,7 @@ pub(crate) fn from_safetensors(
     }
     let row = data.len() / out.max(1);
     let part = data[rows.start * row..rows.end * row].to_vec();
+    st.release(name, rows.start * row..rows.end * row);
     Stored::new(name, t, part.into(), rows.len(), inp)
 }
 

@@ -516,9 +516,13 @@ impl Source<'_> {
                 if st.shape_of(&packed).is_some() {
                     let pk = st.bytes(&packed, &[out, inp / 2])?;
                     let sc = st.bytes(&format!("{base}.weight_scale"), &[out, inp / 32])?;
-                    Mxfp4Matrix::from_packed(pk, sc, out, inp)
+                    let m = Mxfp4Matrix::from_packed(pk, sc, out, inp)
                         .map(Linear::from_mxfp4)
-                        .map_err(|m| bad(format!("{base}: {m}")))
+                        .map_err(|m| bad(format!("{base}: {m}")));
+                    // Repacked to ggml blocks: the mapped source is not read again.
+                    st.release(&packed, 0..pk.len());
+                    st.release(&format!("{base}.weight_scale"), 0..sc.len());
+                    m
                 } else {
                     let hf = format!("block_sparse_moe.experts.{e}.{which}.weight");
                     self.full(&lay(l, &hf, ""), out, inp)

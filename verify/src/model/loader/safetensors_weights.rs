@@ -109,6 +109,20 @@ impl SafetensorsWeights {
         Ok(data)
     }
 
+    /// Drops this process's resident pages of bytes `range` of tensor
+    /// `name`, whose contents the caller has copied out (HF weights are
+    /// repacked or sliced into owned memory at load): read pages of the
+    /// mapping count in the RSS until unmapped, so a checkpoint loaded as
+    /// copies would otherwise peak at twice its size. A missing tensor or a
+    /// range past its end releases nothing.
+    pub(crate) fn release(&self, name: &str, range: Range<usize>) {
+        if let Some(part) = self.st.get(name).ok().and_then(|v| v.data().get(range)) {
+            // SAFETY: `part` is a slice of candle's read-only mapping of the
+            // safetensors files, which nothing writes.
+            unsafe { crate::kernels::bytes::release_file_pages(part) }
+        }
+    }
+
     /// The shape of tensor `name`, or `None` when the files lack it.
     pub(crate) fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
         self.st.get(name).ok().map(|v| v.shape().to_vec())
@@ -127,7 +141,9 @@ impl SafetensorsWeights {
     /// or a dtype candle cannot convert.
     pub(crate) fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let (data, dtype) = self.raw(name, shape)?;
-        to_f32(data, dtype, shape)
+        let t = to_f32(data, dtype, shape);
+        self.release(name, 0..data.len());
+        t
     }
 
     /// Rows `rows` of the `[out, inp]` matrix `name` as an f32
@@ -143,11 +159,13 @@ impl SafetensorsWeights {
         let (data, dtype) = self.raw(name, &[out, inp])?;
         check_range(name, &rows, out)?;
         let row = inp * dtype.size_in_bytes();
-        to_f32(
+        let t = to_f32(
             &data[rows.start * row..rows.end * row],
             dtype,
             &[rows.len(), inp],
-        )
+        );
+        self.release(name, rows.start * row..rows.end * row);
+        t
     }
 }
 
