@@ -10,7 +10,9 @@
 //! each run every row count, and its cost is the median ratio to one row.
 //!
 //! Run: `cargo bench --bench runtime` (models from scripts/fetch-models.sh);
-//! `SPECGATE_BENCH_BACKENDS=native` runs only ours.
+//! `SPECGATE_BENCH_BACKENDS=native` runs only ours;
+//! `cargo bench --bench runtime -- MODEL...` runs those models (a GGUF or an
+//! HF directory, any family, e.g. the Kimi K3 slices) instead.
 
 // The workspace's one models-directory lookup (SPECGATE_MODELS_DIR, else
 // models/ in the workspace root), shared with the tests.
@@ -23,7 +25,7 @@ use greedy::greedy;
 
 use models::models_dir;
 use specgate_verify::kernels::{self, Backend};
-use specgate_verify::model::{load_gguf, read_token_list};
+use specgate_verify::model::{load_model, read_token_list};
 use specgate_verify::{KvPool, LogitsWanted};
 use std::path::Path;
 use std::time::Instant;
@@ -86,7 +88,7 @@ fn read_bandwidth() -> f64 {
 /// `head`: restrict the output head to these tokens (the draft option).
 fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
     kernels::set_backend(backend);
-    let mut model = load_gguf(path).expect("load");
+    let mut model = load_model(path).expect("load");
     if let Some(h) = head {
         model.restrict_head(h).expect("restrict head");
     }
@@ -167,6 +169,18 @@ fn main() {
         Ok("candle") => vec![Backend::Candle],
         _ => vec![Backend::Candle, Backend::Native],
     };
+    let given: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if !given.is_empty() {
+        for p in &given {
+            for b in &backends {
+                bench_model(Path::new(p), bw, *b, None);
+            }
+        }
+        return;
+    }
     let dir = models_dir();
     for name in [
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
