@@ -579,19 +579,6 @@ impl KvShard {
     }
 }
 
-/// `sum_i a[i] * b[i]` with [`F32Ops::current`] (callers in hot loops
-/// hoist an [`F32Ops`] instead).
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    F32Ops::current().dot(a, b)
-}
-
-/// `y += a * x` with [`F32Ops::current`].
-#[inline]
-pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    F32Ops::current().axpy(a, x, y)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,6 +97,19 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// `sum_i a[i] * b[i]` with [`F32Ops::current`] (callers in hot loops
+/// hoist an [`F32Ops`] instead).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    F32Ops::current().dot(a, b)
+}
+
+/// `y += a * x` with [`F32Ops::current`].
+#[inline]
+pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    F32Ops::current().axpy(a, x, y)
+}
+
 /// `e^x` within 2 ulp for `x` in [-87.3, 88]; below, the smallest normal
 /// float (about 1.2e-38, where e^x is smaller still), above, e^88. A
 /// degree-7 polynomial (Cephes' `expf`) on `r = x - n ln 2`, scaled by

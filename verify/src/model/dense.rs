@@ -3,7 +3,7 @@
 //! batch-invariant however rows are grouped (routed experts see a different
 //! set of rows in every batch). Family-neutral.
 
-use crate::kv_pool::dot;
+use crate::kernels::vector::dot;
 use rayon::prelude::*;
 
 /// A dense f32 matrix `[out, inp]` (row-major, as stored) applied row-wise.

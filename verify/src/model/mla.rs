@@ -5,7 +5,8 @@
 
 use super::dense::Dense;
 use super::rows::Rows;
-use crate::kv_pool::{axpy, dot, KvShard};
+use crate::kernels::vector::{axpy, dot};
+use crate::kv_pool::KvShard;
 use crate::team;
 use std::cell::RefCell;
 

@@ -19,7 +19,7 @@
 //! bit-identical whether its prompt was fed whole, in chunks or token by
 //! token.
 
-use crate::kv_pool::{axpy, dot};
+use crate::kernels::vector::{axpy, dot};
 
 /// One token of one head: updates `s` (`[dk, dv]`, row-major) in place and
 /// writes `o` (`dv`). `scratch` holds `dk` floats.
