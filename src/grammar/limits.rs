@@ -60,6 +60,15 @@ pub const MAX_ALTERNATIVES: usize = 1_000;
 /// Tools in one forced tool-call grammar.
 pub const MAX_TOOLS: usize = 128;
 
+/// The parser's items in one row (llguidance's default: 2,000). What the
+/// bounds above admit needs more: right after the `{` of an object, one
+/// item per alternative that may come next (~16,500 for a 128 x 128
+/// table, ~8,000 for 2,000 optional properties, ~10,000 for 256 `allOf`
+/// alternatives). With the default, such a grammar compiled and then
+/// failed at its first token, a 5xx in mid-answer; a row is 8 bytes an
+/// item, so this costs at most ~200 kB a row.
+pub const MAX_ITEMS_IN_ROW: usize = 25_000;
+
 /// llguidance's own limits for every grammar compiled here, each named
 /// (no field left to a default that a new llguidance version could
 /// change). Those that bound memory: `max_lexer_states` (each ~1-2 kB; the
@@ -74,7 +83,7 @@ pub const MAX_TOOLS: usize = 128;
 /// reach clients as 400s, so they say the reason, not the parser's state.
 pub(super) fn parser_limits() -> ParserLimits {
     ParserLimits {
-        max_items_in_row: 2_000,
+        max_items_in_row: MAX_ITEMS_IN_ROW,
         initial_lexer_fuel: 1_000_000,
         step_lexer_fuel: 200_000,
         step_max_items: 50_000,
