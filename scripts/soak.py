@@ -6,8 +6,9 @@ Starts the server on a free loopback port with the given config, sends N
 requests at concurrency C with random parameters -- mostly streamed, a third
 of the clients dropping the connection after a random number of SSE events, a
 few non-streamed, a few slow readers and every hostile case at least once
-(bad bodies, 560 KB schemas that once took the process down, a UTF-8 path
-across the log's route cut, subnormal sampling numbers) -- then checks:
+(bad bodies, 560 KB schemas that once took the process down, schemas just
+past each grammar bound, a UTF-8 path across the log's route cut, subnormal
+sampling numbers, a duplicated logit_bias id, prompt logprobs past the cap) -- then checks:
 every request not dropped by its client completed (streams with [DONE]),
 hostile bodies got a 4xx with an OpenAI error body (a valid but extreme one
 may finish with a 200 instead), nothing got a 5xx;
@@ -100,15 +101,39 @@ def huge_schema_bodies():
     def tools(schema):
         return {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "big", "parameters": schema}}]}
 
+    # Just past each of the grammar bounds (src/grammar/limits.rs): a 400
+    # naming the field, before any compile.
+    deep = {"type": "integer"}
+    for _ in range(70):
+        deep = {"type": "array", "items": deep}
+    enum = {"enum": [f"v{i}" for i in range(2_001)]}
+    pattern = {"type": "string", "pattern": "^" + "(a|b)" * 200 + "$"}
     return [
         ("40,000-property schema by response_format", chat(fmt(wide))),
         ("n x n schema by response_format", chat(fmt(square))),
         ("40,000-property schema by forced tools", chat(tools(wide))),
         ("n x n schema by forced tools", chat(tools(square))),
+        ("n x n schema one past the bound by forced tools", chat(tools(huge_schema(129, True)))),
+        ("schema nested past the bound by response_format", chat(fmt(deep))),
+        ("enum past the bound by forced tools", chat(tools(enum))),
+        ("pattern past the bound by response_format", chat(fmt(pattern))),
+        # The largest n x n the bounds admit: compiles (a 200) or a 400.
+        (SQUARE_AT_BOUND, chat(fmt(huge_schema(128, True)))),
     ]
 
 
+# Valid, and as large as the bounds admit: a 200 or a 4xx.
+SQUARE_AT_BOUND = "n x n schema at the bound by response_format"
+ACCEPTABLE_200.add(SQUARE_AT_BOUND)
 HOSTILE += huge_schema_bodies()
+HOSTILE += [
+    # Two spellings of one token id.
+    ("logit_bias duplicate id", '{"model":"M","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":1,"05":2},"max_tokens":4}'),
+    ("logit_bias out of range", '{"model":"M","prompt":"hi","logit_bias":{"5":1e39},"max_tokens":4}'),
+    # Prompt logprobs past scheduler.max_echo_prompt_tokens (2,048 by default).
+    ("echo logprobs past the cap", json.dumps({"model": "M", "prompt": "one two three " * 1_000, "echo": True, "logprobs": 1, "max_tokens": 1})),
+    ("token-id prompt past the vocabulary", '{"model":"M","prompt":[1,2,4000000000],"max_tokens":4}'),
+]
 HOSTILE.append((UTF8_PATH, ""))
 
 

@@ -164,6 +164,169 @@ fn huge_schemas_are_400s_naming_the_field_and_the_server_lives() {
     s.wait_idle();
 }
 
+/// A body asking for `schema` by `response_format` (`tools` false) or as
+/// the parameters of a forced tool.
+fn schema_request(schema: &Value, tools: bool) -> Value {
+    if tools {
+        chat(
+            json!({"max_tokens": 4, "tool_choice": "required", "tools": [{"type": "function",
+            "function": {"name": "big", "parameters": schema}}]}),
+        )
+    } else {
+        chat(
+            json!({"max_tokens": 4, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "big", "schema": schema}}}),
+        )
+    }
+}
+
+/// An object of `n` properties; `counted`: under `minProperties` with no
+/// other properties allowed (one alternative per property, each naming
+/// every property: n x n).
+fn object(n: usize, counted: bool) -> Value {
+    let mut o = json!({"type": "object", "properties": props(n)});
+    if counted {
+        o["minProperties"] = json!(1);
+        o["additionalProperties"] = json!(false);
+    }
+    o
+}
+
+/// `leaf` under `levels` arrays.
+fn nested(levels: usize, leaf: Value) -> Value {
+    (0..levels).fold(leaf, |inner, _| json!({"type": "array", "items": inner}))
+}
+
+/// The worst schemas we know, each at the largest size the bounds of
+/// `specgate::grammar::limits` admit and just past it, each by
+/// `response_format` and by a forced tool: past a bound it is a 400 naming
+/// the field; at the bound it compiles (a 200) or llguidance's own limits
+/// refuse it (a 400 naming the field). Never anything else, the server
+/// serves on, and the process grows by less than 200 MB (in this process:
+/// the server runs in it).
+#[test]
+fn the_worst_schemas_at_and_past_the_bounds_are_answered_within_200_mb() {
+    use specgate::grammar::limits::*;
+    let s = server();
+    let ok = post_chat(s.addr, &chat(json!({"max_tokens": 2}))).unwrap();
+    assert_eq!(ok.0, 200, "{ok:?}");
+    let rss_before = status_kb("VmRSS");
+
+    // Counted objects as large as allowed, as many as the property bound
+    // admits (each one's table is n x n): past the bound on their cells.
+    let squares: Map<String, Value> = (0..MAX_PROPERTIES / MAX_COUNTED_PROPERTIES - 1)
+        .map(|i| (format!("s{i}"), object(MAX_COUNTED_PROPERTIES, true)))
+        .collect();
+    // Two counted objects whose cells together just fit.
+    let side = (MAX_COUNTED_CELLS / 2).isqrt();
+    let pair = json!({"type": "object", "properties": {
+        "a": object(side, true), "b": object(side, true)}});
+    // `n` branches of two alternatives under one allOf: 2^n once
+    // intersected.
+    let allof = |n: usize| {
+        json!({"type": "object", "allOf": (0..n).map(|i| json!({"anyOf": [
+            {"properties": {format!("a{i}"): {"type": "integer"}}},
+            {"properties": {format!("b{i}"): {"type": "string"}}}]})).collect::<Vec<_>>()})
+    };
+    let fits = MAX_ALLOF_PRODUCT.ilog2() as usize;
+    let long_enum = json!({"enum": (0..MAX_ENUM_VALUES)
+        .map(|i| format!("value {i} {}", "x".repeat(40)))
+        .collect::<Vec<_>>()});
+    // Repeats of repeats: a small pattern whose automaton is not.
+    let mut repeats = String::from("^");
+    while repeats.len() + 40 < MAX_PATTERN_BYTES {
+        repeats.push_str("((a|b){1,999}c{2,999}[\\p{L}\\p{N}]{1,99}){1,999}");
+    }
+    repeats.push('$');
+    let at_bounds = [
+        ("n x n at the bound", object(MAX_COUNTED_PROPERTIES, true)),
+        ("two n x n objects within the cells bound", pair),
+        ("allOf over alternatives at the bound", allof(fits)),
+        ("properties at the bound", object(MAX_PROPERTIES, false)),
+        (
+            "nesting at the bound",
+            nested(MAX_DEPTH - 2, json!({"type": "integer"})),
+        ),
+        ("enum at the bound", long_enum),
+        (
+            "pattern at the bound",
+            json!({"type": "string", "pattern": repeats}),
+        ),
+        (
+            "counts past any table",
+            json!({"type": "array", "minItems": 1_000_000_000u64,
+            "items": {"type": "string", "minLength": 1_000_000_000u64}}),
+        ),
+    ];
+    let past_bounds = [
+        (
+            "n x n past the bound",
+            object(MAX_COUNTED_PROPERTIES + 1, true),
+        ),
+        (
+            "n x n objects past the cells bound",
+            json!({"type": "object", "properties": squares}),
+        ),
+        ("allOf over alternatives past the bound", allof(fits + 2)),
+        (
+            "properties past the bound",
+            object(MAX_PROPERTIES + 1, false),
+        ),
+        (
+            "nesting past the bound",
+            nested(MAX_DEPTH + 1, json!({"type": "integer"})),
+        ),
+        (
+            "enum past the bound",
+            json!({"enum": vec![json!("x"); MAX_ENUM_VALUES + 1]}),
+        ),
+        (
+            "pattern past the bound",
+            json!({"type": "string",
+            "pattern": "a".repeat(MAX_PATTERN_BYTES + 1)}),
+        ),
+        (
+            "alternatives past the bound",
+            json!({"anyOf": vec![json!({"type": "integer"});
+            MAX_ALTERNATIVES + 1]}),
+        ),
+    ];
+    let mut failures = Vec::new();
+    let cases = at_bounds
+        .iter()
+        .map(|c| (c, true))
+        .chain(past_bounds.iter().map(|c| (c, false)));
+    for ((name, schema), admitted) in cases {
+        for tools in [false, true] {
+            let param = if tools { "tools" } else { "response_format" };
+            let name = format!("{name} by {param}");
+            match post_chat(s.addr, &schema_request(schema, tools)) {
+                Ok((200, ..)) if admitted => {}
+                Ok((400, _, b)) => {
+                    let v: Value = serde_json::from_str(&b).unwrap_or_default();
+                    let msg = v["error"]["message"].as_str().unwrap_or_default();
+                    if v["error"]["param"] != param || (!admitted && !msg.contains("too large")) {
+                        failures.push(format!("{name}: a 400 but {b}"));
+                    }
+                }
+                other => failures.push(format!("{name}: {other:?}")),
+            }
+            let after = post_chat(s.addr, &chat(json!({"max_tokens": 2})));
+            if !matches!(after, Ok((200, ..))) {
+                failures.push(format!("after {name}: {after:?}"));
+            }
+        }
+    }
+    if let (Some(before), Some(peak)) = (rss_before, status_kb("VmHWM")) {
+        let grew_mb = peak.saturating_sub(before) / 1024;
+        if grew_mb >= 200 {
+            failures.push(format!("the process grew by {grew_mb} MB"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    s.wait_idle();
+}
+
 #[test]
 fn a_utf8_character_across_the_route_cut_is_a_404_with_a_request_id() {
     let s = server();

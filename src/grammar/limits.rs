@@ -33,24 +33,64 @@ pub const MAX_ENUM_VALUES: usize = 2_000;
 pub const MAX_PATTERN_BYTES: usize = 1_000;
 /// The most properties in one object that also sets `minProperties` or
 /// `maxProperties`: llguidance lists one alternative per optional
-/// property, each naming every property (n x n).
+/// property, each naming every property (n x n). One such object of 128
+/// takes ~25-50 MB to compile.
 pub const MAX_COUNTED_PROPERTIES: usize = 128;
+/// The n x n tables of all such objects together (the sum of their n²):
+/// two objects of 90 cost as much as one of 128, fifteen of 128 (~245,000
+/// cells) more than 150 MB, and past ~65,000 grammar symbols llguidance
+/// fails an assertion.
+pub const MAX_COUNTED_CELLS: usize = MAX_COUNTED_PROPERTIES * MAX_COUNTED_PROPERTIES;
+/// The alternatives one `allOf` can multiply into: llguidance intersects
+/// an `allOf`'s branches, distributing the intersection over each branch's
+/// `anyOf`/`oneOf` (ten branches of two alternatives, a 957-byte schema,
+/// are 1,024 alternatives and ~50-100 MB to compile). Counted as
+/// llguidance distributes: a schema's alternatives are the sum over its
+/// `anyOf` (or `oneOf`) options of theirs, times those of its `$ref`'s
+/// target, times the product over its `allOf` branches. Alternatives of
+/// properties that two branches share are intersected pairwise too; those
+/// stay under llguidance's own cap of 50,000 schema nodes.
+pub const MAX_ALLOF_PRODUCT: usize = 256;
+/// Schemas visited while counting [`MAX_ALLOF_PRODUCT`] for one spec; a
+/// `$ref` cycle through an `allOf` or an `anyOf` spends them and is
+/// refused.
+const MAX_ALLOF_STEPS: usize = 200_000;
 /// Alternatives (`anyOf`, `oneOf`, `allOf` elements) in a spec together.
 pub const MAX_ALTERNATIVES: usize = 1_000;
 /// Tools in one forced tool-call grammar.
 pub const MAX_TOOLS: usize = 128;
 
-/// llguidance's own limits for every grammar compiled here: its defaults,
-/// but fewer lexer states (each ~1-2 kB; the default 250,000 could hold
-/// ~500 MB for one request) and a grammar-size cap that a spec within
-/// [`MAX_SPEC_BYTES`] stays far below. Errors reach clients as 400s, so
-/// they say the reason, not the parser's state.
+/// The parser's items in one row (llguidance's default: 2,000). What the
+/// bounds above admit needs more: right after the `{` of an object, one
+/// item per alternative that may come next (~16,500 for a 128 x 128
+/// table, ~8,000 for 2,000 optional properties, ~10,000 for 256 `allOf`
+/// alternatives). With the default, such a grammar compiled and then
+/// failed at its first token, a 5xx in mid-answer; a row is 8 bytes an
+/// item, so this costs at most ~200 kB a row.
+pub const MAX_ITEMS_IN_ROW: usize = 25_000;
+
+/// llguidance's own limits for every grammar compiled here, each named
+/// (no field left to a default that a new llguidance version could
+/// change). Those that bound memory: `max_lexer_states` (each ~1-2 kB; the
+/// default 250,000 could hold ~500 MB for one request), `max_grammar_size`
+/// (symbols; a spec within the bounds above stays below it),
+/// `initial_lexer_fuel` (the regex nodes built for the lexer) and
+/// `step_max_items` / `max_items_in_row` (the parser's items per mask and
+/// per row). llguidance checks the grammar size only once the grammar is
+/// built, so the bounds above are what keep a compile small; these bound
+/// what a compiled grammar can grow to while it decodes. The schema
+/// builder's own cap (50,000 schema nodes) is not configurable. Errors
+/// reach clients as 400s, so they say the reason, not the parser's state.
 pub(super) fn parser_limits() -> ParserLimits {
     ParserLimits {
+        max_items_in_row: MAX_ITEMS_IN_ROW,
+        initial_lexer_fuel: 1_000_000,
+        step_lexer_fuel: 200_000,
+        step_max_items: 50_000,
         max_lexer_states: 50_000,
         max_grammar_size: 200_000,
+        precompute_large_lexemes: true,
         verbose_errors: false,
-        ..ParserLimits::default()
     }
 }
 
@@ -92,6 +132,8 @@ pub(super) fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
 struct Tally {
     spec_bytes: usize,
     properties: usize,
+    counted_cells: usize,
+    allof_steps: usize,
     enum_values: usize,
     alternatives: usize,
     broken: Option<String>,
@@ -121,7 +163,7 @@ impl Tally {
             match v {
                 Value::Array(items) => stack.extend(items.iter().map(|i| (i, depth + 1))),
                 Value::Object(map) => {
-                    self.keywords(map);
+                    self.keywords(root, map);
                     stack.extend(map.values().map(|i| (i, depth + 1)));
                 }
                 _ => {}
@@ -130,10 +172,16 @@ impl Tally {
     }
 
     /// Counts the keywords of one object that the bounds are about.
-    fn keywords(&mut self, map: &serde_json::Map<String, Value>) {
+    /// `root` is the schema `map` is in (where its `$ref`s point).
+    fn keywords(&mut self, root: &Value, map: &serde_json::Map<String, Value>) {
         if let Some(Value::Object(props)) = map.get("properties") {
             self.properties += props.len();
             let counted = map.contains_key("minProperties") || map.contains_key("maxProperties");
+            if counted {
+                self.counted_cells = self
+                    .counted_cells
+                    .saturating_add(props.len().saturating_mul(props.len()));
+            }
             if counted && props.len() > MAX_COUNTED_PROPERTIES {
                 self.fail(format!(
                     "an object with minProperties or maxProperties lists {} properties; \
@@ -150,6 +198,15 @@ impl Tally {
                 self.alternatives += alts.len();
             }
         }
+        if map.contains_key("allOf") {
+            let product = self.alternatives_of(root, map, 0);
+            if product > MAX_ALLOF_PRODUCT {
+                self.fail(format!(
+                    "an allOf multiplies the anyOf/oneOf alternatives under it into more \
+                     than {MAX_ALLOF_PRODUCT} (or refers to itself)"
+                ));
+            }
+        }
         for key in ["pattern", "whitespace_pattern"] {
             if let Some(Value::String(p)) = map.get(key) {
                 self.pattern(p);
@@ -158,6 +215,49 @@ impl Tally {
         if let Some(Value::Object(pp)) = map.get("patternProperties") {
             pp.keys().for_each(|p| self.pattern(p));
         }
+    }
+
+    /// The alternatives `map` stands for once llguidance has distributed
+    /// its intersections (see [`MAX_ALLOF_PRODUCT`]), `$ref`s into `root`
+    /// followed each time they are met; anything past the bound (or past
+    /// the spec's [`MAX_ALLOF_STEPS`], or nested deeper than twice
+    /// [`MAX_DEPTH`] through references) is `MAX_ALLOF_PRODUCT + 1`.
+    fn alternatives_of(
+        &mut self,
+        root: &Value,
+        map: &serde_json::Map<String, Value>,
+        depth: usize,
+    ) -> usize {
+        const OVER: usize = MAX_ALLOF_PRODUCT + 1;
+        self.allof_steps += 1;
+        if self.allof_steps > MAX_ALLOF_STEPS || depth > 2 * MAX_DEPTH {
+            return OVER;
+        }
+        let of = |this: &mut Self, v: &Value| match v {
+            Value::Object(m) => this.alternatives_of(root, m, depth + 1),
+            _ => 1,
+        };
+        let mut product = 1usize;
+        for key in ["anyOf", "oneOf"] {
+            if let Some(Value::Array(options)) = map.get(key) {
+                let mut sum = 0usize;
+                for o in options {
+                    sum = sum.saturating_add(of(self, o)).min(OVER);
+                }
+                product = product.saturating_mul(sum.max(1)).min(OVER);
+            }
+        }
+        if let Some(Value::String(r)) = map.get("$ref") {
+            if let Some(target) = r.strip_prefix('#').and_then(|p| root.pointer(p)) {
+                product = product.saturating_mul(of(self, target)).min(OVER);
+            }
+        }
+        if let Some(Value::Array(branches)) = map.get("allOf") {
+            for b in branches {
+                product = product.saturating_mul(of(self, b)).min(OVER);
+            }
+        }
+        product
     }
 
     fn pattern(&mut self, p: &str) {
@@ -175,6 +275,13 @@ impl Tally {
         };
         let why = over("bytes of schema", self.spec_bytes, MAX_SPEC_BYTES)
             .or_else(|| over("properties", self.properties, MAX_PROPERTIES))
+            .or_else(|| {
+                over(
+                    "cells of minProperties/maxProperties tables (n x n per object)",
+                    self.counted_cells,
+                    MAX_COUNTED_CELLS,
+                )
+            })
             .or_else(|| over("enum values", self.enum_values, MAX_ENUM_VALUES))
             .or_else(|| {
                 over(
@@ -263,6 +370,68 @@ mod tests {
         }
     }
 
+    /// `n` branches, each an `anyOf` of two, under one `allOf`: 2^n
+    /// alternatives once intersected; `by_ref`: each branch a `$ref` to a
+    /// definition holding the `anyOf`.
+    fn allof_of_anyofs(n: usize, by_ref: bool) -> Value {
+        let alt = |i: usize| {
+            json!({"anyOf": [{"properties": {format!("a{i}"): {"type": "integer"}}},
+                {"properties": {format!("b{i}"): {"type": "string"}}}]})
+        };
+        if by_ref {
+            let defs: Map<String, Value> = (0..n).map(|i| (format!("d{i}"), alt(i))).collect();
+            let refs: Vec<Value> = (0..n)
+                .map(|i| json!({"$ref": format!("#/$defs/d{i}")}))
+                .collect();
+            json!({"$defs": defs, "type": "object", "allOf": refs})
+        } else {
+            json!({"type": "object", "allOf": (0..n).map(alt).collect::<Vec<_>>()})
+        }
+    }
+
+    #[test]
+    fn an_allof_over_alternatives_is_bounded_by_their_product() {
+        let fits = MAX_ALLOF_PRODUCT.ilog2() as usize;
+        for by_ref in [false, true] {
+            check(&GrammarSpec::JsonSchema(allof_of_anyofs(fits, by_ref))).unwrap();
+            let m = refused(&GrammarSpec::JsonSchema(allof_of_anyofs(fits + 1, by_ref)));
+            assert!(m.contains("allOf multiplies"), "{m}");
+        }
+        // Alternatives inside properties are not distributed over: a base
+        // schema and optional fields, as generated code writes them.
+        let optional = |i: usize| {
+            (
+                format!("p{i}"),
+                json!({"anyOf": [{"type": "integer"}, {"type": "null"}]}),
+            )
+        };
+        let derived = json!({"$defs": {"base": {"properties": (0..12).map(optional)
+            .collect::<Map<_, _>>()}},
+            "properties": (12..24).map(optional).collect::<Map<_, _>>(),
+            "allOf": [{"$ref": "#/$defs/base"}]});
+        check(&GrammarSpec::JsonSchema(derived)).unwrap();
+        // A definition that refers to itself under an allOf.
+        let cycle =
+            json!({"$defs": {"n": {"allOf": [{"$ref": "#/$defs/n"}]}}, "$ref": "#/$defs/n"});
+        assert!(refused(&GrammarSpec::JsonSchema(cycle)).contains("allOf"));
+    }
+
+    /// The allOf shapes at the bound compile; the schema one past it is the
+    /// one that took ~100 MB (ten lists of two).
+    #[test]
+    fn an_allof_at_the_bound_compiles() {
+        use crate::grammar::Grammars;
+        use crate::tokenizer::testing::tiny_metadata;
+        use crate::tokenizer::TextTokenizer;
+        let tok = TextTokenizer::from_gguf_metadata(&tiny_metadata()).unwrap();
+        let grammars = Grammars::new(&tok, tok.vocab_size()).unwrap();
+        let fits = MAX_ALLOF_PRODUCT.ilog2() as usize;
+        for by_ref in [false, true] {
+            let spec = GrammarSpec::JsonSchema(allof_of_anyofs(fits, by_ref));
+            assert!(grammars.compile(&spec).is_ok(), "by_ref {by_ref}");
+        }
+    }
+
     #[test]
     fn each_bound_is_enforced() {
         let square = json!({"properties": props(MAX_COUNTED_PROPERTIES + 1), "maxProperties": 3});
@@ -282,6 +451,13 @@ mod tests {
         assert!(refused(&GrammarSpec::JsonSchema(pp)).contains("pattern"));
         let alts = json!({"anyOf": vec![json!({}); MAX_ALTERNATIVES + 1]});
         assert!(refused(&GrammarSpec::JsonSchema(alts)).contains("alternatives"));
+        let two = |n: usize| {
+            json!({"properties": {
+                "a": {"properties": props(n), "minProperties": 1},
+                "b": {"properties": props(n), "minProperties": 1}}})
+        };
+        check(&GrammarSpec::JsonSchema(two(90))).unwrap();
+        assert!(refused(&GrammarSpec::JsonSchema(two(91))).contains("n x n"));
         let big = json!({"description": "d".repeat(MAX_SPEC_BYTES)});
         assert!(refused(&GrammarSpec::JsonSchema(big)).contains("bytes"));
         let many = GrammarSpec::ToolCalls {

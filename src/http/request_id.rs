@@ -127,16 +127,28 @@ async fn answer_or_500(
     handler: impl Future<Output = Response<ResBody>>,
     log: &RequestLog,
 ) -> Response<ResBody> {
-    match CatchPanic(Box::pin(handler)).await {
+    match caught(handler).await {
         Some(res) => res,
         None => {
             log.panicked();
-            error_response(&ApiError::internal(
-                "The server failed while handling this request; the failure is logged \
-                 under this request's x-request-id.",
-            ))
+            error_response(&panicked_error())
         }
     }
+}
+
+/// The 500 a client gets when its handler panicked (the server's and the
+/// router's): the id names the process's log line about it.
+pub(crate) fn panicked_error() -> ApiError {
+    ApiError::internal(
+        "The server failed while handling this request; the failure is logged \
+         under this request's x-request-id.",
+    )
+}
+
+/// `fut`'s output, or `None` when a poll of it panicked: one request's
+/// panic ends that request, not the connection's task or the process.
+pub(crate) fn caught<F: Future>(fut: F) -> impl Future<Output = Option<F::Output>> {
+    CatchPanic(Box::pin(fut))
 }
 
 /// A future's output, or `None` when a poll of it panicked (it is not

@@ -24,6 +24,10 @@ use tokio::time::Instant;
 /// a very long path).
 const MAX_ROUTE: usize = 256;
 
+/// The `error` of a request whose handler panicked (the client got a 500);
+/// the router's line says it the same way.
+pub(crate) const PANICKED: &str = "the handler panicked";
+
 /// `path` as logged, also the router's `route` field: every byte that is
 /// not visible ASCII, and `"`, `\`, `=` and `%`, written as `%XX`, so the
 /// field has no space, quote, control or bidirectional character that could
@@ -228,7 +232,7 @@ impl RequestLog {
 
     /// The handler panicked (the client got a 500).
     pub fn panicked(&self) {
-        self.fields().error = Some("the handler panicked".to_owned());
+        self.fields().error = Some(PANICKED.to_owned());
     }
 
     /// The answer ended with an error (after its head, for a stream).

@@ -204,18 +204,42 @@ pub const ROUTES: [(&str, Method, Handling); 9] = [
     ("/detokenize", Method::POST, Handling::AnyReplica),
 ];
 
-/// The router's request handler: assigns the request its id (the client's
-/// `X-Request-Id` when acceptable, else a new one, as the server does),
-/// sends that id upstream in place of whatever came in, so the replica's
-/// log line and response ids carry it, stamps it on every response (local
-/// errors included), and keeps the request's log record (written when the
-/// answer ends).
-async fn handle(state: Arc<RouterState>, mut req: Request<Incoming>) -> Response<RouterBody> {
+/// The router's request handler: [`handle_with`] the router's routes.
+async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<RouterBody> {
+    handle_with(state, req, route).await
+}
+
+/// Assigns the request its id (the client's `X-Request-Id` when
+/// acceptable, else a new one, as the server does), sends that id upstream
+/// in place of whatever came in, so the replica's log line and response
+/// ids carry it, stamps it on every response (local errors included), and
+/// keeps the request's log record (written when the answer ends).
+///
+/// A `route` that panics is answered with a 500 OpenAI error body (with
+/// the id), not a reset connection, and its line says so; the panic itself
+/// is the process's one panic line ([`crate::logging::log_panics`]). The
+/// connection and every other request go on. `route` is a parameter so a
+/// test can hand in one that panics.
+async fn handle_with<S, R, Fut>(
+    state: Arc<S>,
+    mut req: Request<Incoming>,
+    route: R,
+) -> Response<RouterBody>
+where
+    R: FnOnce(Arc<S>, Request<Incoming>, RouteLog) -> Fut,
+    Fut: std::future::Future<Output = Response<RouterBody>>,
+{
     let id = RequestId::for_headers(req.headers());
     req.headers_mut()
         .insert(request_id::HEADER, id.header_value());
     let log = RouteLog::new(id, req.method(), req.uri().path());
-    let mut res = route(state, req, &log).await;
+    let mut res = match request_id::caught(route(state, req, log.clone())).await {
+        Some(res) => res,
+        None => {
+            log.failed(crate::http::request_log::PANICKED);
+            local_error(&request_id::panicked_error())
+        }
+    };
     log.set_status(res.status().as_u16());
     res.headers_mut()
         .insert(request_id::HEADER, log.id().header_value());
@@ -225,8 +249,9 @@ async fn handle(state: Arc<RouterState>, mut req: Request<Incoming>) -> Response
 async fn route(
     state: Arc<RouterState>,
     req: Request<Incoming>,
-    log: &RouteLog,
+    log: RouteLog,
 ) -> Response<RouterBody> {
+    let log = &log;
     let path = req.uri().path().to_string();
     let Some((_, want, handling)) = ROUTES.iter().find(|(p, ..)| *p == path) else {
         return local_error(&ApiError::not_found(format!("No route for {path}.")));
@@ -268,4 +293,96 @@ fn health(state: &RouterState) -> Response<RouterBody> {
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Panics on `/boom` (as a bug on request-controlled bytes would),
+    /// answers 204 otherwise.
+    async fn boom_route(_: Arc<()>, req: Request<Incoming>, _: RouteLog) -> Response<RouterBody> {
+        tokio::task::yield_now().await;
+        if req.uri().path() == "/boom" {
+            let empty: Vec<u8> = Vec::new();
+            let _ = empty[std::hint::black_box(3)];
+        }
+        let mut r = Response::new(RouterBody::Local(ResBody::Full(Full::new(Bytes::new()))));
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        r
+    }
+
+    /// A panic in one request through the router's accept loop: that
+    /// request is a 500 with an OpenAI error body and its id, the same
+    /// keep-alive connection then serves the next request, and the request
+    /// is one log line saying it panicked.
+    #[test]
+    fn a_panicking_request_is_a_500_and_one_line_and_the_connection_goes_on() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut answer = String::new();
+        let lines = crate::http::request_log::tests::lines("info", || {
+            rt.block_on(async {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = listener.local_addr().unwrap();
+                let (stop, stopped) = oneshot::channel::<()>();
+                let server = tokio::spawn(async move {
+                    let graceful = crate::http::accept_with(
+                        &listener,
+                        Arc::new(()),
+                        |s, r| handle_with(s, r, boom_route),
+                        async {
+                            let _ = stopped.await;
+                        },
+                        crate::http::ConnLimits::default(),
+                    )
+                    .await;
+                    graceful.shutdown().await;
+                });
+                let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+                c.write_all(
+                    b"GET /boom HTTP/1.1\r\nHost: x\r\nX-Request-Id: boom-1\r\n\r\n\
+                      GET /fine HTTP/1.1\r\nHost: x\r\nX-Request-Id: fine-1\r\n\
+                      Connection: close\r\n\r\n",
+                )
+                .await
+                .unwrap();
+                let mut got = Vec::new();
+                let read = c.read_to_end(&mut got);
+                tokio::time::timeout(Duration::from_secs(10), read)
+                    .await
+                    .expect("no answer within 10 s")
+                    .unwrap();
+                answer = String::from_utf8(got).unwrap();
+                let _ = stop.send(());
+                server.await.unwrap();
+            })
+        });
+        let (first, second) = answer
+            .split_once("HTTP/1.1 204")
+            .unwrap_or_else(|| panic!("no second answer on the connection: {answer}"));
+        assert!(first.starts_with("HTTP/1.1 500"), "{answer}");
+        let first = first.to_ascii_lowercase();
+        assert!(first.contains("\r\nx-request-id: boom-1\r\n"), "{answer}");
+        // The body, whether chunked or not: the one JSON object in it.
+        let body = &first[first.find('{').unwrap_or(0)..first.rfind('}').map_or(0, |i| i + 1)];
+        let v: serde_json::Value =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+        assert!(v["error"]["message"].is_string(), "{v}");
+        assert_eq!(v["error"]["type"], "server_error", "{v}");
+        assert!(second.to_ascii_lowercase().contains("x-request-id: fine-1"));
+        let mine: Vec<_> = lines
+            .iter()
+            .filter(|l| l["target"] == request_log::TARGET)
+            .collect();
+        assert_eq!(mine.len(), 2, "{lines:#?}");
+        assert_eq!(mine[0]["request_id"], "boom-1");
+        assert_eq!(mine[0]["status"], 500);
+        assert_eq!(mine[0]["error"], crate::http::request_log::PANICKED);
+        assert_eq!(mine[1]["request_id"], "fine-1");
+        assert_eq!(mine[1]["status"], 204);
+    }
 }

@@ -9,8 +9,8 @@
 //! [`crate::http::request_id`]), `http_method`, `route`, `status`,
 //! `replica` (the one whose answer, or whose silence past the head timeout,
 //! the client got; absent for an answer made here), `attempts` (replicas
-//! tried; absent when none was), `error` (a relay cut after the head), and
-//! `total_ms`. The replica logs its own line for the same `request_id`.
+//! tried; absent when none was), `error` (a relay cut after the head, or
+//! [`crate::http::request_log::PANICKED`]), and `total_ms`. The replica logs its own line for the same `request_id`.
 
 use crate::http::request_id::RequestId;
 use crate::http::request_log::{LineFields, LineHead, SharedLine};
@@ -65,7 +65,8 @@ impl RouteLog {
         self.fields().replica = Some(replica.clone());
     }
 
-    /// The relayed answer was cut after its head had been sent.
+    /// The relayed answer was cut after its head had been sent, or the
+    /// handler panicked ([`crate::http::request_log::PANICKED`]).
     pub fn failed(&self, error: &str) {
         self.fields().error = Some(error.to_owned());
     }
