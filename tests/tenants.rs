@@ -193,14 +193,24 @@ fn metrics_auth_requires_a_key_on_metrics() {
     );
     let r = request(s.addr, "GET", "/metrics", &[], "");
     assert_eq!(r.status, 401, "{}", r.body);
-    let r = request(
-        s.addr,
-        "GET",
-        "/metrics",
-        &[("Authorization", "Bearer ka")],
-        "",
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    // The recorder renders only series that something has recorded, and
+    // the request counters are written as a response ends: poll until the
+    // 401 above (or the engine's gauges) shows up, for at most 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = request(
+            s.addr,
+            "GET",
+            "/metrics",
+            &[("Authorization", "Bearer ka")],
+            "",
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.body.contains("specgate_") || std::time::Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(r.body.contains("specgate_"), "{}", r.body);
     // /health stays open to probes.
     assert_eq!(request(s.addr, "GET", "/health", &[], "").status, 200);
