@@ -152,14 +152,7 @@ fn huge_schemas_are_400s_naming_the_field_and_the_server_lives() {
             failures.push(format!("after {name}: {after:?}"));
         }
     }
-    // Growth past the RSS before, up to the peak reached since (an upper
-    // bound on what the four requests held at once).
-    if let (Some(before), Some(peak)) = (rss_before, status_kb("VmHWM")) {
-        let grew_mb = peak.saturating_sub(before) / 1024;
-        if grew_mb >= 200 {
-            failures.push(format!("the process grew by {grew_mb} MB"));
-        }
-    }
+    grew_under_200_mb(rss_before, &mut failures);
     assert!(failures.is_empty(), "{failures:#?}");
     s.wait_idle();
 }
@@ -317,12 +310,7 @@ fn the_worst_schemas_at_and_past_the_bounds_are_answered_within_200_mb() {
             }
         }
     }
-    if let (Some(before), Some(peak)) = (rss_before, status_kb("VmHWM")) {
-        let grew_mb = peak.saturating_sub(before) / 1024;
-        if grew_mb >= 200 {
-            failures.push(format!("the process grew by {grew_mb} MB"));
-        }
-    }
+    grew_under_200_mb(rss_before, &mut failures);
     assert!(failures.is_empty(), "{failures:#?}");
     s.wait_idle();
 }
@@ -415,4 +403,15 @@ fn a_cors_preflight_allows_the_headers_the_sdk_asks_for() {
         head.contains("access-control-allow-origin: https://app.example"),
         "{head}"
     );
+}
+
+/// Growth past the RSS `before` (KB), up to the peak reached since (an
+/// upper bound on what the requests held at once): a failure at 200 MB.
+fn grew_under_200_mb(before: Option<u64>, failures: &mut Vec<String>) {
+    if let (Some(before), Some(peak)) = (before, status_kb("VmHWM")) {
+        let grew_mb = peak.saturating_sub(before) / 1024;
+        if grew_mb >= 200 {
+            failures.push(format!("the process grew by {grew_mb} MB"));
+        }
+    }
 }
