@@ -40,7 +40,6 @@ struct RowStates {
     /// At least `(rows - 1) * state_floats` floats.
     buf: Vec<f32>,
 }
-use crate::model::{Model, ModelConfig};
 
 /// Default token slots per block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -59,6 +58,29 @@ pub struct KvPool {
     /// Recurrent-state slots (0 for models without recurrent layers).
     num_state_slots: usize,
     shards: Vec<KvShard>,
+}
+
+/// What a [`KvPool`] holds, as a model describes it (`Model::kv_layout`,
+/// `ModelConfig::kv_layout`): the pool sizes itself from this and knows
+/// nothing else about the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Per layer: whether it caches per token (a recurrent layer does not).
+    pub cached: Vec<bool>,
+    /// Per shard (tensor-parallel rank): what one cached token is.
+    pub rows: Vec<TokenRow>,
+    /// Per shard: floats of one recurrent-state slot; empty when no layer
+    /// keeps a state.
+    pub state_floats: Vec<usize>,
+}
+
+/// One cached token of one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenRow {
+    /// K and V of `kv_heads` heads of `head_dim`.
+    Heads { kv_heads: usize, head_dim: usize },
+    /// One latent row of `width` floats (latent attention).
+    Latent { width: usize },
 }
 
 /// One rank's part of a [`KvPool`]: per-layer K and V storage of its KV heads.
@@ -82,74 +104,17 @@ pub(crate) struct KvShard {
 }
 
 impl KvPool {
-    /// Allocates a zeroed unsharded pool (tensor-parallel world size 1) for
-    /// `cfg`'s layers and KV heads. A pool for a sharded model comes from
-    /// [`KvPool::for_model`].
+    /// Allocates a zeroed pool shaped by `layout` (which the model
+    /// describes, see `Model::kv_layout`; the pool knows no model): one shard
+    /// per entry of `layout.rows`, `state_slots` recurrent-state slots when
+    /// `layout.state_floats` is not empty (ignored otherwise).
     ///
-    /// Errors: zero blocks or a zero block size.
-    pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<Self> {
-        Self::with_shards(
-            cfg,
-            &[cfg.num_kv_heads],
-            num_blocks,
-            block_size,
-            None,
-            &[],
-            0,
-        )
-    }
-
-    /// Allocates a zeroed pool shaped for `model`: one shard per
-    /// tensor-parallel rank, each holding that rank's KV heads, and for a
-    /// model with recurrent layers `num_blocks` state slots (every
-    /// sequence holds a block, so slots never run out first).
-    ///
-    /// Errors: zero blocks or a zero block size.
-    pub fn for_model(model: &Model, num_blocks: usize, block_size: usize) -> Result<Self> {
-        Self::for_model_with_state_slots(model, num_blocks, block_size, num_blocks)
-    }
-
-    /// [`KvPool::for_model`] with `state_slots` recurrent-state slots (for
-    /// a model without recurrent layers: none, whatever is asked). A
-    /// server sizes them by its running-sequence limit: a state slot of a
-    /// full-size hybrid model is hundreds of megabytes.
-    ///
-    /// Errors: zero blocks or a zero block size, or no slot for a model
-    /// with recurrent layers.
-    pub fn for_model_with_state_slots(
-        model: &Model,
+    /// Errors: zero blocks or a zero block size; `state_floats` and `rows`
+    /// of different lengths.
+    pub fn with_layout(
+        layout: &KvLayout,
         num_blocks: usize,
         block_size: usize,
-        state_slots: usize,
-    ) -> Result<Self> {
-        let floats = model.state_floats_per_rank();
-        if !floats.is_empty() && state_slots == 0 {
-            return Err(VerifyError::BadConfig(
-                "a model with recurrent layers needs at least one state slot".into(),
-            ));
-        }
-        Self::with_shards(
-            model.config(),
-            &model.kv_heads_per_rank(),
-            num_blocks,
-            block_size,
-            model.per_token_cache_layers(),
-            &floats,
-            state_slots,
-        )
-    }
-
-    /// A pool with one shard per entry of `kv_heads` (that rank's KV heads).
-    /// `cached[l]` says whether layer `l` caches per token (`None`: all
-    /// do); `state_floats[r]` is shard `r`'s state-slot size (empty: no
-    /// recurrent state, and `state_slots` is ignored).
-    pub(crate) fn with_shards(
-        cfg: &ModelConfig,
-        kv_heads: &[usize],
-        num_blocks: usize,
-        block_size: usize,
-        cached: Option<Vec<bool>>,
-        state_floats: &[usize],
         state_slots: usize,
     ) -> Result<Self> {
         if num_blocks == 0 || block_size == 0 {
@@ -157,29 +122,29 @@ impl KvPool {
                 "KV pool needs at least one block of at least one slot".into(),
             ));
         }
-        let cached = cached.unwrap_or_else(|| vec![true; cfg.num_layers]);
-        let mut shards: Vec<KvShard> = match &cfg.mla {
-            // Every rank of a latent model keeps the whole latent cache.
-            Some(m) => kv_heads
-                .iter()
-                .map(|_| {
-                    KvShard::zeroed(
-                        &cached,
-                        num_blocks,
-                        block_size,
-                        1,
-                        m.kv_lora_rank + m.qk_rope_head_dim,
-                        true,
-                    )
-                })
-                .collect(),
-            None => kv_heads
-                .iter()
-                .map(|&heads| {
-                    KvShard::zeroed(&cached, num_blocks, block_size, heads, cfg.head_dim, false)
-                })
-                .collect(),
-        };
+        if !layout.state_floats.is_empty() && layout.state_floats.len() != layout.rows.len() {
+            return Err(VerifyError::BadConfig(
+                "a KV layout's state sizes and shards differ in number".into(),
+            ));
+        }
+        let mut shards: Vec<KvShard> = layout
+            .rows
+            .iter()
+            .map(|row| match *row {
+                TokenRow::Heads { kv_heads, head_dim } => KvShard::zeroed(
+                    &layout.cached,
+                    num_blocks,
+                    block_size,
+                    kv_heads,
+                    head_dim,
+                    false,
+                ),
+                TokenRow::Latent { width } => {
+                    KvShard::zeroed(&layout.cached, num_blocks, block_size, 1, width, true)
+                }
+            })
+            .collect();
+        let state_floats = &layout.state_floats;
         let state_slots = if state_floats.is_empty() {
             0
         } else {
@@ -338,30 +303,20 @@ impl KvPool {
         tokens.div_ceil(self.block_size)
     }
 
-    /// Whether this pool was built for `cfg`'s layers and head size with
-    /// `kv_heads[r]` KV heads in shard `r`.
-    /// A latent model's pool fits when it has one latent shard of the
-    /// latent row's width per rank.
-    pub(crate) fn fits(&self, cfg: &ModelConfig, kv_heads: &[usize]) -> bool {
-        match &cfg.mla {
-            Some(m) => {
-                self.shards.len() == kv_heads.len()
-                    && self.shards.iter().all(|s| {
-                        s.latent
-                            && s.k.len() == cfg.num_layers
-                            && s.head_dim == m.kv_lora_rank + m.qk_rope_head_dim
-                    })
-            }
-            None => {
-                self.shards.len() == kv_heads.len()
-                    && self.shards.iter().zip(kv_heads).all(|(s, &h)| {
-                        !s.latent
-                            && s.k.len() == cfg.num_layers
-                            && s.num_kv_heads == h
-                            && s.head_dim == cfg.head_dim
-                    })
-            }
-        }
+    /// Whether this pool was built for `layout`'s layers and token rows
+    /// (its state slots are not compared: a slot's size is checked where a
+    /// model reads it).
+    pub(crate) fn fits(&self, layout: &KvLayout) -> bool {
+        self.shards.len() == layout.rows.len()
+            && self.shards.iter().zip(&layout.rows).all(|(s, row)| {
+                s.k.len() == layout.cached.len()
+                    && match *row {
+                        TokenRow::Heads { kv_heads, head_dim } => {
+                            !s.latent && s.num_kv_heads == kv_heads && s.head_dim == head_dim
+                        }
+                        TokenRow::Latent { width } => s.latent && s.head_dim == width,
+                    }
+            })
     }
 
     /// The per-rank shards, in rank order.
@@ -582,7 +537,7 @@ impl KvShard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Arch, RopeStyle};
+    use crate::model::{Arch, ModelConfig, RopeStyle};
 
     fn cfg() -> ModelConfig {
         ModelConfig {
@@ -625,7 +580,10 @@ mod tests {
         };
         let mut pool = KvPool::new(&c, 3, 2).unwrap();
         assert_eq!(pool.bytes_per_token(), 2 * (6 + 2) * 4);
-        assert!(pool.fits(&c, &[1]) && !pool.fits(&cfg(), &[2]));
+        assert!(
+            pool.fits(&c.kv_layout(&[1], None, Vec::new()))
+                && !pool.fits(&cfg().kv_layout(&[2], None, Vec::new()))
+        );
         let table = [2u32, 0];
         let shard = &mut pool.shards_mut()[0];
         for t in 0..4 {

@@ -27,6 +27,7 @@ mod loader;
 mod mla;
 mod moe;
 mod ops;
+mod pool;
 mod ranks;
 mod rows;
 mod shard;

@@ -67,7 +67,7 @@ pub(crate) struct Rows {
 /// outside the pool or shared by two sequences, or no tokens.
 pub(crate) fn flatten(model: &Model, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
     let cfg = &model.cfg;
-    if !pool.fits(cfg, &model.kv_heads_per_rank()) {
+    if !pool.fits(&model.kv_layout()) {
         return Err(VerifyError::BadBatch(format!(
             "KV pool was built for a different model shape (a model sharded over {} \
              ranks needs KvPool::for_model)",
