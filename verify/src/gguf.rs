@@ -250,9 +250,12 @@ impl Gguf {
     /// of page faults mid-request). Best effort: a kernel without
     /// `MADV_POPULATE_READ` (before Linux 5.14) gets a read-ahead hint.
     pub fn prefault(&self) {
-        if self.map.advise(memmap2::Advice::PopulateRead).is_err() {
-            let _ = self.map.advise(memmap2::Advice::WillNeed);
+        #[cfg(target_os = "linux")]
+        if self.map.advise(memmap2::Advice::PopulateRead).is_ok() {
+            return;
         }
+        #[cfg(unix)]
+        let _ = self.map.advise(memmap2::Advice::WillNeed);
     }
 
     /// Tensor `name`'s directory entry and its bytes as a view of the

@@ -80,7 +80,7 @@ impl Deref for Bytes {
 }
 
 /// `MADV_DONTNEED` on the whole pages inside `bytes` (see
-/// [`Bytes::release`]); a failure only leaves them resident.
+/// [`Bytes::release`]; Linux only); a failure only leaves them resident.
 ///
 /// # Safety
 /// `bytes` must lie in a read-only (never written) private file mapping:
@@ -89,11 +89,15 @@ pub(crate) unsafe fn release_file_pages(bytes: &[u8]) {
     const PAGE: usize = 4096;
     let start = (bytes.as_ptr() as usize).next_multiple_of(PAGE);
     let end = (bytes.as_ptr() as usize + bytes.len()) / PAGE * PAGE;
+    #[cfg(target_os = "linux")]
     if end > start {
         // SAFETY: `start..end` lies inside `bytes`; the caller promises a
         // read-only file mapping, whose dropped pages read back the same.
         unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
     }
+    // Elsewhere MADV_DONTNEED on a file mapping is only a hint: nothing.
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, end);
 }
 
 #[cfg(test)]
