@@ -132,94 +132,81 @@ unsafe fn half<const R: usize>(
     }
 }
 
-/// `R` activation rows (`r0..r0 + R`) against each weight row of
-/// `p` in turn, each weight row read front to back and each of its blocks
-/// decoded once: a single sequential stream, which the hardware prefetcher
-/// follows, where [`slab`]'s 8 interleaved row streams (short ones for a
-/// 3072-wide expert `down`: 1.6 KB a row) left it behind (measured 9 GB/s
-/// against 16 on the wider gate/up rows, one activation row). Same numbers
-/// as [`super::scalar::slab`]: each block's exact integer dot, then the
-/// FMA chain over the blocks in order, one chain per activation row.
-/// Measured against [`slab`] (3072 x 7168 experts, 2 threads, AVX2 Zen):
-/// 17 against 16 GB/s for one row, a tie for two, slower from three (each
-/// row reduces each block to a scalar), so [`super::slab_rows`] gives it
-/// one row only.
+/// One activation row (`r0`) against each weight row of `p` in turn, each
+/// weight row read front to back: a single sequential stream, which the
+/// hardware prefetcher follows, where [`slab`]'s 8 interleaved row streams
+/// (short ones for a 3072-wide expert `down`: 1.6 KB a row) left it behind
+/// (measured 9 GB/s against 16.5). Same numbers as [`super::scalar::slab`]:
+/// each block's exact integer dot, then the FMA chain over the blocks in
+/// order. A version for 2-4 activation rows measured a tie with [`slab`]
+/// at two rows and slower from three (each row reduces each block to a
+/// scalar), so [`slab`] keeps every call of more than one row.
 ///
 /// # Safety
-/// As [`slab`], with `R == rows`.
+/// As [`slab`], with `rows == 1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn slab_few<const R: usize>(
+pub(super) unsafe fn slab_one_row(
     p: &[&[u8]; SLAB],
     a: &Q8Acts,
     r0: usize,
     out: &mut [[f32; SLAB]; GROUP],
 ) {
-    debug_assert!(r0 + R <= a.rows);
+    debug_assert!(r0 < a.rows);
     let nb = a.nb();
     let table = _mm256_broadcastsi128_si256(load16(KVALUES_BIASED.as_ptr()));
     let m4 = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let xq: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((r0 + r) * nb * 32));
-    let corr: [*const i32; R] = std::array::from_fn(|r| a.corr.as_ptr().add((r0 + r) * nb));
-    let d: [*const f32; R] = std::array::from_fn(|r| a.d.as_ptr().add((r0 + r) * nb));
-    // Block `b` of `row` decoded: 32 biased codes.
-    let decode = |row: *const u8, b: usize| {
+    let xq = a.q.as_ptr().add(r0 * nb * 32);
+    let corr = a.corr.as_ptr().add(r0 * nb);
+    let d = a.d.as_ptr().add(r0 * nb);
+    // Block `b` of `row` dotted with the activations: 8 i32 partial sums.
+    let dot = |row: *const u8, b: usize| {
         let v = load16(row.add(b * BLOCK_BYTES + 1));
         let lo = _mm_and_si128(v, m4);
         let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
-        _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo))
-    };
-    // The codes `w` dotted with activation row r's block `b`: 8 i32 partial sums.
-    let dot = |w: __m256i, r: usize, b: usize| {
-        let x = _mm256_loadu_si256(xq[r].add(b * 32).cast());
+        let w = _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
+        let x = _mm256_loadu_si256(xq.add(b * 32).cast());
         _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones)
     };
     for (i, row) in p.iter().enumerate() {
         let row = row.as_ptr();
-        let mut y = [0f32; R];
+        let mut y = 0f32;
         let mut b = 0;
         while b + 8 <= nb {
             crate::kernels::prefetch_l2(row, (b + 16) * BLOCK_BYTES);
-            let w: [__m256i; 8] = std::array::from_fn(|k| decode(row, b + k));
-            let ws: [f32; 8] =
-                std::array::from_fn(|k| super::E8M0_HALF[*row.add((b + k) * BLOCK_BYTES) as usize]);
-            for r in 0..R {
-                let v: [__m256i; 8] = std::array::from_fn(|k| dot(w[k], r, b + k));
-                // Lane k of `s`: the whole sum of block b + k.
-                let h = [
-                    _mm256_hadd_epi32(v[0], v[1]),
-                    _mm256_hadd_epi32(v[2], v[3]),
-                    _mm256_hadd_epi32(v[4], v[5]),
-                    _mm256_hadd_epi32(v[6], v[7]),
-                ];
-                let (h0, h1) = (_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
-                let s = _mm256_add_epi32(
-                    _mm256_permute2x128_si256::<0x20>(h0, h1),
-                    _mm256_permute2x128_si256::<0x31>(h0, h1),
-                );
-                let s = _mm256_add_epi32(s, _mm256_loadu_si256(corr[r].add(b).cast()));
-                let mut ints = [0f32; 8];
-                _mm256_storeu_ps(ints.as_mut_ptr(), _mm256_cvtepi32_ps(s));
-                for k in 0..8 {
-                    y[r] = ints[k].mul_add(ws[k] * *d[r].add(b + k), y[r]);
-                }
+            let v: [__m256i; 8] = std::array::from_fn(|k| dot(row, b + k));
+            // Lane k of `s`: the whole sum of block b + k.
+            let h = [
+                _mm256_hadd_epi32(v[0], v[1]),
+                _mm256_hadd_epi32(v[2], v[3]),
+                _mm256_hadd_epi32(v[4], v[5]),
+                _mm256_hadd_epi32(v[6], v[7]),
+            ];
+            let (h0, h1) = (_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
+            let s = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(h0, h1),
+                _mm256_permute2x128_si256::<0x31>(h0, h1),
+            );
+            let s = _mm256_add_epi32(s, _mm256_loadu_si256(corr.add(b).cast()));
+            let mut ints = [0f32; 8];
+            _mm256_storeu_ps(ints.as_mut_ptr(), _mm256_cvtepi32_ps(s));
+            for (k, iv) in ints.into_iter().enumerate() {
+                let ws = super::E8M0_HALF[*row.add((b + k) * BLOCK_BYTES) as usize];
+                y = iv.mul_add(ws * *d.add(b + k), y);
             }
             b += 8;
         }
         for b in b..nb {
-            let w = decode(row, b);
-            let ws = super::E8M0_HALF[*row.add(b * BLOCK_BYTES) as usize];
-            for r in 0..R {
-                let v = dot(w, r, b);
-                let q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-                let q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
-                let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01>(q));
-                let iv = (_mm_cvtsi128_si32(q) + *corr[r].add(b)) as f32;
-                y[r] = iv.mul_add(ws * *d[r].add(b), y[r]);
-            }
+            let v = dot(row, b);
+            let q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            let q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+            let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01>(q));
+            let iv = (_mm_cvtsi128_si32(q) + *corr.add(b)) as f32;
+            y = iv.mul_add(
+                super::E8M0_HALF[*row.add(b * BLOCK_BYTES) as usize] * *d.add(b),
+                y,
+            );
         }
-        for r in 0..R {
-            out[r][i] = y[r];
-        }
+        out[0][i] = y;
     }
 }

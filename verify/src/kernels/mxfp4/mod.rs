@@ -593,7 +593,7 @@ fn slab_rows(
         Isa::Avx512Vnni => unsafe { avx512::slab(&p, a, r0, rows, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 if rows == 1 => unsafe { avx2::slab_few::<1>(&p, a, r0, out) },
+        Isa::Avx2 if rows == 1 => unsafe { avx2::slab_one_row(&p, a, r0, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { avx2::slab(&p, a, r0, rows, out) },
