@@ -4,7 +4,8 @@
 //! them, multiplied one copy after another by the same 1, 4 or 8
 //! activation rows (quantized once per pass, as one expert's gate and up
 //! share them). Prints weight bytes per second (median and best of the
-//! passes) for every instruction set this CPU has, the kernel this one
+//! passes) for every instruction set this CPU has, each in the layout the
+//! loader gives it (tiled for AVX2, `tiled` in the label), the kernel this one
 //! replaced (scalar, rows as the outer loop: a copy of it is kept below
 //! for the comparison), and our Q4_K kernel on a matrix of similar bytes
 //! for scale.
@@ -14,7 +15,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use specgate_verify::kernels::mxfp4::{
-    matmul_grouped_with, Mxfp4Matrix, Mxfp4Product, Q8Acts, BLOCK_BYTES,
+    matmul_grouped_with, prefers_tiles, Mxfp4Matrix, Mxfp4Product, Q8Acts, BLOCK_BYTES,
 };
 use specgate_verify::kernels::{matmul_many_with, Isa, Product, QWeight};
 use std::sync::Arc;
@@ -67,9 +68,14 @@ fn main() {
         .map(|c| Mxfp4Matrix::from_ggml(weights(c as u32 + 1), OUT, INP).unwrap())
         .collect();
     let bytes: usize = ws.iter().map(|w| w.bytes()).sum();
-    let isas: Vec<Isa> = [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
+    // The same matrices in the tiled layout (what the loader builds for
+    // the ISAs that prefer it).
+    let tws: Vec<Mxfp4Matrix> = ws.iter().map(|w| w.tiled()).collect();
+    // (instruction set, tiled?): the layout the loader picks for each.
+    let runs: Vec<(Isa, bool)> = [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
         .into_iter()
         .filter(|i| i.available())
+        .map(|i| (i, prefers_tiles(i)))
         .collect();
     // Q4_K of about the same bytes per copy (8960 x 2560 x 144 / 256).
     let (qn, qk) = (8960, 2560);
@@ -79,11 +85,14 @@ fn main() {
         .map(|_| QWeight::new(q.clone()).unwrap())
         .collect();
     let qbytes: usize = qws.iter().map(|w| w.bytes()).sum();
-    let mut single = [0f64; 2];
+    // Each run's 1-row time, for the multi-row ratios.
+    let mut single = vec![0f64; runs.len()];
     for rows in [1, 4, 8] {
         let x = random(rows * INP.max(qk), 7);
         let mut out = vec![0f32; rows * OUT.max(qn)];
-        for &isa in &isas {
+        for (ri, &(isa, tiled)) in runs.iter().enumerate() {
+            let ws = if tiled { &tws } else { &ws };
+            let name = format!("{}{}", isa.name(), if tiled { " tiled" } else { "" });
             // The scalar path is slow: fewer copies and passes.
             let (copies, passes) = if isa == Isa::Scalar {
                 (2, 3)
@@ -105,22 +114,19 @@ fn main() {
             let note = match (isa, rows) {
                 (Isa::Scalar, _) => String::new(),
                 (_, 1) => {
-                    single[(isa == Isa::Avx2) as usize] = med;
+                    single[ri] = med;
                     String::new()
                 }
-                _ => format!(
-                    ", {:.2}x the 1-row time",
-                    med / single[(isa == Isa::Avx2) as usize]
-                ),
+                _ => format!(", {:.2}x the 1-row time", med / single[ri]),
             };
             println!(
-                "mxfp4 {rows} rows {}: median {:.1} GB/s, best {:.1} GB/s{note}",
-                isa.name(),
+                "mxfp4 {rows} rows {name}: median {:.1} GB/s, best {:.1} GB/s{note}",
                 b as f64 / med / 1e9,
                 b as f64 / best / 1e9,
             );
         }
         let w = &ws[0];
+        assert!(!w.is_tiled());
         let (med, _) = time(1, || {
             old_forward(&w.storage()[..], OUT, INP, &x[..rows * INP]);
         });

@@ -8,7 +8,7 @@ use super::ops;
 use crate::error::{Result, VerifyError};
 use crate::kernels::bf16::{self, Bf16Matrix};
 use crate::kernels::f32::{self as f32k, F32Matrix};
-use crate::kernels::mxfp4::Mxfp4Matrix;
+use crate::kernels::mxfp4::{self, Mxfp4Matrix};
 use crate::kernels::{self, QWeight};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
@@ -33,6 +33,18 @@ enum LinearWeight {
     F32(F32Matrix),
     /// MXFP4 as stored, with Q8_0 activations (ggml's numbers).
     Mxfp4(Mxfp4Matrix),
+}
+
+impl LinearWeight {
+    /// See [`Linear::from_mxfp4`].
+    fn from_mxfp4(w: Mxfp4Matrix) -> Self {
+        if !mxfp4::prefers_tiles(kernels::Isa::current()) || w.is_tiled() {
+            return LinearWeight::Mxfp4(w);
+        }
+        let t = w.tiled();
+        w.storage().release();
+        LinearWeight::Mxfp4(t)
+    }
 }
 
 impl Linear {
@@ -74,9 +86,12 @@ impl Linear {
         Self::of(LinearWeight::F32(w))
     }
 
-    /// An MXFP4 matrix, multiplied as stored.
+    /// An MXFP4 matrix, in the layout this CPU's kernel reads best
+    /// ([`mxfp4::prefers_tiles`]): tiled, its mapped source pages are
+    /// released (nothing reads them again), so resident memory stays the
+    /// weights' size.
     pub(crate) fn from_mxfp4(w: Mxfp4Matrix) -> Self {
-        Self::of(LinearWeight::Mxfp4(w))
+        Self::of(LinearWeight::from_mxfp4(w))
     }
 
     /// A block-quantized matrix on our tiled kernels.
@@ -168,16 +183,8 @@ impl Linear {
             LinearWeight::Bf16(w) => w.row_f32(r, out),
             LinearWeight::F32(w) => w.row_f32(r, out),
             LinearWeight::Mxfp4(w) => out.copy_from_slice(
-                &crate::kernels::mxfp4::decode_ggml(
-                    &row_of(
-                        w.storage(),
-                        w.row_stride(),
-                        k / 32 * crate::kernels::mxfp4::BLOCK_BYTES,
-                        r,
-                    ),
-                    k,
-                )
-                .map_err(VerifyError::BadConfig)?,
+                &crate::kernels::mxfp4::decode_ggml(&w.row(r), k)
+                    .map_err(VerifyError::BadConfig)?,
             ),
             LinearWeight::Native(w) => {
                 let bytes = w.gguf_rows(&[r as u32]).map_err(VerifyError::BadConfig)?;
@@ -462,9 +469,8 @@ impl LinearWeight {
                 LinearWeight::F32(F32Matrix::from_bytes(b.into(), n, w.k(), w.k() * 4)?)
             }
             LinearWeight::Mxfp4(w) => {
-                let len = w.inp() / 32 * crate::kernels::mxfp4::BLOCK_BYTES;
-                let b = gather(w.out(), &|r| row_of(w.storage(), w.row_stride(), len, r))?;
-                LinearWeight::Mxfp4(Mxfp4Matrix::from_ggml(b, n, w.inp())?)
+                let b = gather(w.out(), &|r| w.row(r).into_owned())?;
+                LinearWeight::from_mxfp4(Mxfp4Matrix::from_ggml(b, n, w.inp())?)
             }
             LinearWeight::Native(_) | LinearWeight::Candle(_) => {
                 unreachable!("block formats select through their GGUF bytes")

@@ -7,9 +7,12 @@
 //! - ggml `block_mxfp4` (GGUF type 39): per 32 values one scale byte, then
 //!   16 bytes where byte `j` holds element `j` (low) and `j + 16` (high).
 //!
-//! [`Mxfp4Matrix`] keeps a weight in ggml's layout (4.25 bits per value),
-//! owned or borrowed from a file mapping ([`Bytes`]), with a row stride so
-//! a shard or one expert of a stacked tensor is a view, not a copy. It
+//! [`Mxfp4Matrix`] keeps a weight in ggml's blocks (4.25 bits per value),
+//! either as the file's rows, owned or borrowed from a file mapping
+//! ([`Bytes`]) with a row stride so a shard or one expert of a stacked
+//! tensor is a view, not a copy; or tiled (same size): the rows of each
+//! slab of [`SLAB`] interleaved block by block, which is what the AVX2
+//! kernel reads (the loader tiles for it, [`prefers_tiles`]). It
 //! multiplies the way ggml's CPU backend does: each activation row is
 //! quantized to Q8_0 ([`Q8Acts`]: 32 int8 codes and one f16 scale per
 //! block) and each block's dot product is an integer sum scaled by the
@@ -19,7 +22,8 @@
 //! The kernels ([`scalar`], `avx2`, `avx512`) compute a slab of [`SLAB`]
 //! weight rows for up to [`GROUP`] activation rows per call: each weight
 //! block is decoded once (nibbles to int8 by a 16-entry shuffle) and
-//! transposed on the fly so that one vector lane is one weight row; every
+//! transposed (by the tiles, or on the fly from rows) so that one vector
+//! lane is one weight row; every
 //! activation row then advances all lanes with 4 broadcast codes per
 //! byte-dot instruction, as the tiled kernels of [`super`] do. A pass of R
 //! rows reads the weights once, and a row's extra cost is its multiply-adds.
@@ -165,17 +169,50 @@ pub fn decode_ggml(blocks: &[u8], n: usize) -> Result<Vec<f32>, String> {
     Ok(out)
 }
 
-/// A `[out, inp]` matrix of ggml `block_mxfp4` rows (`inp / 32` blocks
-/// each), row `o` starting `o * row_stride` bytes into its storage.
+/// A `[out, inp]` matrix of ggml `block_mxfp4` blocks (`inp / 32` per
+/// row), in one of two layouts ([`Layout`]).
 ///
-/// Invariant (checked at construction): `inp` is a multiple of 32,
-/// `row_stride` is at least a row's bytes, and the storage holds every row.
+/// Invariant (checked at construction): `inp` is a multiple of 32; in the
+/// row layout the stride is at least a row's bytes and the storage holds
+/// every row; a tiled matrix's storage holds every slab's tile.
 #[derive(Clone)]
 pub struct Mxfp4Matrix {
     bytes: Bytes,
     out: usize,
     inp: usize,
-    stride: usize,
+    layout: Layout,
+}
+
+/// Where a matrix's blocks sit in its storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// ggml rows as the file stores them, row `o` at `o * stride` (a view
+    /// of a mapping: no copy at load).
+    Rows { stride: usize },
+    /// [`TILE_BLOCK`]-byte tile blocks: slab `s` (rows `SLAB * s..`), block
+    /// `b` at `(s * nb + b) * TILE_BLOCK` (see [`Mxfp4Matrix::tiled`]).
+    Tiled,
+}
+
+/// Bytes of one tile block: a slab's [`SLAB`] blocks, same size as in rows.
+pub const TILE_BLOCK: usize = SLAB * BLOCK_BYTES;
+
+/// Where code byte `k` (0..16) of slab row `i` (0..SLAB) sits in a tile
+/// block: after the [`SLAB`] scale bytes, two halves of 8 rows, each four
+/// 32-byte vectors `g` whose 4-byte lane `i % 8` holds the row's bytes
+/// `4g..4g + 4` (the transpose the AVX2 kernel otherwise builds with
+/// unpacks, stored once).
+const fn tile_code_at(i: usize, k: usize) -> usize {
+    SLAB + 128 * (i / 8) + 32 * (k / 4) + 4 * (i % 8) + k % 4
+}
+
+/// Whether matrices built for `isa` should be tiled: the AVX2 kernel reads
+/// tiles as one sequential stream with no transposes (measured in
+/// `benches/mxfp4_stream.rs`); the AVX-512 kernel transposes full slabs
+/// with wide permutes and keeps the file's rows, and the scalar
+/// reference reads either.
+pub fn prefers_tiles(isa: Isa) -> bool {
+    isa == Isa::Avx2
 }
 
 /// Bytes of one row of `inp` values.
@@ -235,7 +272,7 @@ impl Mxfp4Matrix {
             bytes,
             out,
             inp,
-            stride: row_stride,
+            layout: Layout::Rows { stride: row_stride },
         })
     }
 
@@ -284,17 +321,54 @@ impl Mxfp4Matrix {
                 self.out, self.inp
             ));
         }
-        let start = rows.start * self.stride + row_bytes(cols.start);
+        let Layout::Rows { stride } = self.layout else {
+            // Tiles interleave rows: the view's rows are gathered.
+            let mut b = Vec::with_capacity(rows.len() * row_bytes(cols.len()));
+            for o in rows.clone() {
+                b.extend_from_slice(&self.row(o)[row_bytes(cols.start)..row_bytes(cols.end)]);
+            }
+            return Self::from_ggml(b, rows.len(), cols.len());
+        };
+        let start = rows.start * stride + row_bytes(cols.start);
         let end = if rows.is_empty() {
             start
         } else {
-            (rows.end - 1) * self.stride + row_bytes(cols.end)
+            (rows.end - 1) * stride + row_bytes(cols.end)
         };
         let bytes = self
             .bytes
             .slice(start..end)
             .ok_or("MXFP4 view outside storage")?;
-        Self::from_ggml_strided(bytes, rows.len(), cols.len(), self.stride)
+        Self::from_ggml_strided(bytes, rows.len(), cols.len(), stride)
+    }
+
+    /// The same matrix in the tiled layout (a copy; a tiled matrix is
+    /// returned as is). Slab rows past `out` repeat the last row, so the
+    /// kernels never branch on a short slab (their results are dropped).
+    /// Mapped source pages are not released here: the caller knows
+    /// whether anything else reads them.
+    pub fn tiled(&self) -> Mxfp4Matrix {
+        if self.layout == Layout::Tiled || self.out == 0 {
+            return self.clone();
+        }
+        let nb = self.inp / 32;
+        let slabs = self.out.div_ceil(SLAB);
+        let mut t = vec![0u8; slabs * nb * TILE_BLOCK];
+        for (s, tile) in t.chunks_exact_mut(nb * TILE_BLOCK).enumerate() {
+            let rows = slab_of(self, SLAB * s);
+            write_tile(&std::array::from_fn(|i| &*rows[i]), tile);
+        }
+        Mxfp4Matrix {
+            bytes: t.into(),
+            out: self.out,
+            inp: self.inp,
+            layout: Layout::Tiled,
+        }
+    }
+
+    /// Whether this matrix is in the tiled layout.
+    pub fn is_tiled(&self) -> bool {
+        self.layout == Layout::Tiled
     }
 
     /// Output features (rows).
@@ -307,9 +381,12 @@ impl Mxfp4Matrix {
         self.inp
     }
 
-    /// Bytes between the starts of consecutive rows.
-    pub fn row_stride(&self) -> usize {
-        self.stride
+    /// Bytes between the starts of consecutive rows; `None` when tiled.
+    pub fn row_stride(&self) -> Option<usize> {
+        match self.layout {
+            Layout::Rows { stride } => Some(stride),
+            Layout::Tiled => None,
+        }
     }
 
     /// Bytes the weights occupy (what one pass reads): `out` rows of
@@ -323,16 +400,42 @@ impl Mxfp4Matrix {
         &self.bytes
     }
 
-    /// Row `o`'s blocks.
-    fn row(&self, o: usize) -> &[u8] {
-        &self.bytes[o * self.stride..o * self.stride + row_bytes(self.inp)]
+    /// Row `o`'s blocks in ggml's layout: borrowed from the rows, or put
+    /// back together from the tiles.
+    ///
+    /// Panics if `o` is not below [`Mxfp4Matrix::out`].
+    pub fn row(&self, o: usize) -> std::borrow::Cow<'_, [u8]> {
+        assert!(o < self.out, "MXFP4 row {o} of {}", self.out);
+        match self.layout {
+            Layout::Rows { stride } => std::borrow::Cow::Borrowed(
+                &self.bytes[o * stride..o * stride + row_bytes(self.inp)],
+            ),
+            Layout::Tiled => {
+                let (s, i) = (o / SLAB, o % SLAB);
+                let nb = self.inp / 32;
+                let tile = &self.bytes[s * nb * TILE_BLOCK..(s + 1) * nb * TILE_BLOCK];
+                let mut row = Vec::with_capacity(row_bytes(self.inp));
+                for tb in tile.chunks_exact(TILE_BLOCK) {
+                    row.push(tb[i]);
+                    row.extend((0..16).map(|k| tb[tile_code_at(i, k)]));
+                }
+                std::borrow::Cow::Owned(row)
+            }
+        }
+    }
+
+    /// Slab `s`'s tile blocks (tiled layout only).
+    fn tile(&self, s: usize) -> &[u8] {
+        debug_assert!(self.is_tiled());
+        let n = self.inp / 32 * TILE_BLOCK;
+        &self.bytes[s * n..(s + 1) * n]
     }
 
     /// The weights as f32 `[out, inp]` (tests and the exact reference).
     pub fn dequantize(&self) -> Vec<f32> {
         let mut w = Vec::with_capacity(self.out * self.inp);
         for o in 0..self.out {
-            w.extend(decode_ggml(self.row(o), self.inp).expect("rows checked at construction"));
+            w.extend(decode_ggml(&self.row(o), self.inp).expect("rows checked at construction"));
         }
         w
     }
@@ -568,8 +671,9 @@ pub fn matmul_grouped_with(isa: Isa, products: &mut [Mxfp4Product]) {
 
 /// The rows of the slab at `o0`; rows past the matrix repeat its last row
 /// (their results are computed and dropped), so the kernels never branch
-/// on a short slab.
-fn slab_of(w: &Mxfp4Matrix, o0: usize) -> [&[u8]; SLAB] {
+/// on a short slab. Tiles are put back into rows, for the kernels that
+/// read rows (the scalar reference, AVX-512 on a matrix tiled for AVX2).
+fn slab_of(w: &Mxfp4Matrix, o0: usize) -> [std::borrow::Cow<'_, [u8]>; SLAB] {
     std::array::from_fn(|i| w.row((o0 + i).min(w.out - 1)))
 }
 
@@ -585,23 +689,50 @@ fn slab_rows(
     out: &mut [[f32; SLAB]; GROUP],
 ) {
     debug_assert!(r0 + rows <= a.rows && rows <= GROUP && o0 < w.out);
-    let p = slab_of(w, o0);
-    match isa {
+    let rows_of = (!(isa == Isa::Avx2 && w.is_tiled())).then(|| slab_of(w, o0));
+    let p: Option<[&[u8]; SLAB]> = rows_of.as_ref().map(|r| std::array::from_fn(|i| &*r[i]));
+    match (isa, p) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, None) => {
+            // SAFETY: `matmul_grouped_with` checked `Isa::available`; the
+            // tile holds `a.nb()` tile blocks (`w.inp == a.inp`).
+            unsafe { avx2::tile(w.tile(o0 / SLAB), a, r0, rows, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Some(p)) => {
+            // A matrix kept in rows (not built by the loader for this
+            // CPU): its slab is tiled for the call.
+            let mut t = vec![0u8; a.nb() * TILE_BLOCK];
+            write_tile(&p, &mut t);
+            // SAFETY: as above, for the slab just tiled.
+            unsafe { avx2::tile(&t, a, r0, rows, out) }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul_grouped_with` checked `Isa::available`; every
         // row holds `a.nb()` blocks (`w.inp == a.inp`).
-        Isa::Avx512Vnni => unsafe { avx512::slab(&p, a, r0, rows, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 if rows == 1 => unsafe { avx2::slab_one_row(&p, a, r0, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { avx2::slab(&p, a, r0, rows, out) },
-        _ => scalar::slab(&p, a, r0, rows, out),
+        (Isa::Avx512Vnni, Some(p)) => unsafe { avx512::slab(&p, a, r0, rows, out) },
+        (_, Some(p)) => scalar::slab(&p, a, r0, rows, out),
+        (_, None) => unreachable!("only the AVX2 kernel reads tiles"),
     }
 }
 
-/// Blocks whose scales a SIMD kernel gathers into a buffer before it
+/// Writes the tile of slab rows `p` (each `nb` ggml blocks) into `dst`
+/// (`nb` tile blocks, see [`Layout::Tiled`]).
+fn write_tile(p: &[&[u8]; SLAB], dst: &mut [u8]) {
+    for (i, row) in p.iter().enumerate() {
+        for (blk, tb) in row
+            .chunks_exact(BLOCK_BYTES)
+            .zip(dst.chunks_exact_mut(TILE_BLOCK))
+        {
+            tb[i] = blk[0];
+            for k in 0..16 {
+                tb[tile_code_at(i, k)] = blk[1 + k];
+            }
+        }
+    }
+}
+
+/// Blocks whose scales the AVX-512 kernel gathers into a buffer before it
 /// computes them (the buffer then stays in L1); also how far ahead, in
 /// blocks, it prefetches each row.
 #[cfg(target_arch = "x86_64")]

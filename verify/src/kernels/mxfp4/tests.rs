@@ -157,12 +157,14 @@ fn every_isa_matches_the_reference() {
     let mut rng = StdRng::seed_from_u64(1);
     for (out, inp) in [(37, 32 * 70), (16, 32), (5, 32 * 9), (1, 64)] {
         let w = Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap();
-        for rows in [1, 3, 8, 9] {
+        let t = w.tiled();
+        for rows in [1, 2, 3, 8, 9] {
             let x = activations(rows, inp, &mut rng);
             let want = reference(&w, &x, rows);
             for isa in isas() {
                 let what = format!("{} [{out}x{inp}] rows {rows}", isa.name());
                 assert_same(&what, &product(isa, &w, &x, rows), &want);
+                assert_same(&(what + " tiled"), &product(isa, &t, &x, rows), &want);
             }
         }
     }
@@ -207,7 +209,10 @@ fn batch_invariant_on_every_isa() {
     let (out, inp) = (40, 32 * 12);
     let w = Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap();
     let x = activations(20, inp, &mut rng);
-    for isa in isas() {
+    for (isa, w) in isas()
+        .into_iter()
+        .flat_map(|i| [(i, w.clone()), (i, w.tiled())])
+    {
         let alone: Vec<Vec<f32>> = (0..20)
             .map(|r| product(isa, &w, &x[r * inp..(r + 1) * inp], 1))
             .collect();
@@ -227,9 +232,12 @@ fn batch_invariant_on_every_isa() {
 fn grouped_equals_one_by_one() {
     let mut rng = StdRng::seed_from_u64(4);
     let inp = 32 * 5;
+    // Tiled and row matrices mixed in one call.
     let ws: Vec<Mxfp4Matrix> = [21, 16, 3, 50]
         .iter()
         .map(|&out| Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap())
+        .enumerate()
+        .map(|(i, w)| if i % 2 == 0 { w.tiled() } else { w })
         .collect();
     let rows = [4, 0, 1, 11];
     let xs: Vec<Vec<f32>> = rows
@@ -269,8 +277,8 @@ fn strided_views_equal_contiguous_copies() {
     let big = Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap();
     let view = big.view(3..40, 64..192).unwrap();
     assert_eq!(
-        (view.out(), view.inp(), view.row_stride()),
-        (37, 128, big.row_stride())
+        (view.out(), view.inp(), view.row_stride().unwrap()),
+        (37, 128, big.row_stride().unwrap())
     );
     let mut copy = Vec::new();
     for o in 3..40 {
@@ -291,7 +299,7 @@ fn strided_views_equal_contiguous_copies() {
     let rb = row_bytes(128);
     let mut padded = Vec::new();
     for o in 0..37 {
-        padded.extend_from_slice(copy.row(o));
+        padded.extend_from_slice(&copy.row(o));
         if o < 36 {
             padded.extend_from_slice(&[0xAB; 3]);
         }
@@ -305,6 +313,31 @@ fn strided_views_equal_contiguous_copies() {
         big.view(4..4, 0..32).unwrap().forward(&[]),
         Vec::<f32>::new()
     );
+}
+
+/// Tiling keeps every row's bytes (put back by `row`), a tiled matrix
+/// reports no row stride, and its views equal the row matrix's views.
+#[test]
+fn tiles_hold_the_rows() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for (out, inp) in [(37, 32 * 3), (16, 32), (1, 64), (0, 32)] {
+        let w = Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap();
+        let t = w.tiled();
+        // An empty matrix has nothing to tile and stays as it is.
+        assert_eq!((t.is_tiled(), w.is_tiled()), (out > 0, false));
+        assert_eq!(t.row_stride().is_none(), out > 0);
+        for o in 0..out {
+            assert_eq!(t.row(o), w.row(o), "row {o} of [{out}x{inp}]");
+        }
+        assert_eq!(t.dequantize(), w.dequantize());
+        if out > 4 {
+            let (a, b) = (
+                t.view(2..5, 32..inp).unwrap(),
+                w.view(2..5, 32..inp).unwrap(),
+            );
+            assert_eq!(a.dequantize(), b.dequantize());
+        }
+    }
 }
 
 /// Zero rows of activations, or a matrix without rows, is no work and
