@@ -1,0 +1,411 @@
+//! Kimi K3's chat markup: tags built from three control tokens,
+//! `<|open|>TAG ATTRS<|sep|>` and `<|close|>TAG<|sep|>` (the template in
+//! `tests/fixtures/kimi_k3/tiny-hf`, llama.cpp's `Kimi-K3.jinja`). An
+//! assistant turn is
+//! `[<|open|>think<|sep|>R<|close|>think<|sep|>]<|open|>response<|sep|>T<|close|>response<|sep|>`
+//! then optionally `<|open|>tools<|sep|>` + calls + `<|close|>tools<|sep|>`,
+//! each call `<|open|>call tool="NAME" index="N"<|sep|>` + arguments +
+//! `<|close|>call<|sep|>`, an argument either
+//! `<|open|>argument key="K" type="T"<|sep|>V<|close|>argument<|sep|>`
+//! (T one of string, number, boolean, null, object, array; a string raw,
+//! the others JSON) or one `<|open|>json type="object"<|sep|>{..}<|close|>json<|sep|>`
+//! block. Attribute values escape `&` as `&amp;` and `"` as `&quot;`.
+//!
+//! The generation prompt opens the think channel (thinking on, the
+//! default) or the response channel (`thinking: false`), so the parser
+//! starts inside one of them. [`K3Stream`] turns generated text (with the
+//! three markers visible) into reasoning, content and calls as it comes:
+//! text streams except a suffix that may still become a marker, and a call
+//! comes out whole once its `<|close|>call<|sep|>` arrives. No marker ever
+//! reaches the client. An unclosed think channel at the end is all
+//! reasoning; an unclosed call is dropped (its markup is not content).
+//! Calls of undeclared tools, and every call when the turn does not parse
+//! calls (`tool_choice: none`), are dropped with their markup.
+
+use serde_json::Value;
+
+use super::{ParsedCall, TurnPiece, TurnStream};
+use crate::api::tool_calls::partial_suffix;
+
+/// Opens a tag.
+pub const OPEN: &str = "<|open|>";
+/// Closes a tag.
+pub const CLOSE: &str = "<|close|>";
+/// Ends a tag's head.
+pub const SEP: &str = "<|sep|>";
+/// A tag head longer than this without its `<|sep|>` is not a tag: its
+/// marker is dropped and the text goes on (bounds what is held).
+const MAX_TAG_HEAD: usize = 4096;
+
+/// Where in a turn the parser is.
+#[derive(Debug)]
+enum State {
+    Think,
+    Response,
+    /// Between channels, inside the assistant message.
+    Top,
+    Tools,
+    Call(CallAcc),
+    Arg(CallAcc, String, String, String),
+    Json(CallAcc, String),
+    /// After `<|close|>message<|sep|>`: the rest is dropped.
+    Done,
+}
+
+/// A call being read.
+#[derive(Debug, Default)]
+struct CallAcc {
+    name: String,
+    args: Vec<(String, Value)>,
+    json: Option<String>,
+}
+
+/// One complete tag.
+struct Tag {
+    close: bool,
+    name: String,
+    attrs: Vec<(String, String)>,
+}
+
+/// Incremental parsing of one K3 assistant turn (see the module doc).
+/// Each output comes with the input offset its text ends at.
+#[derive(Debug)]
+pub struct K3Stream {
+    names: Vec<String>,
+    parse_calls: bool,
+    state: State,
+    buf: String,
+    /// Input offset of `buf`'s first byte.
+    start: usize,
+    calls: usize,
+}
+
+impl K3Stream {
+    /// A parser starting inside the think channel (`thinking`) or the
+    /// response channel; calls of the `names` tools are parsed when
+    /// `parse_calls`.
+    pub fn new(thinking: bool, names: Vec<String>, parse_calls: bool) -> Self {
+        Self {
+            names,
+            parse_calls,
+            state: if thinking {
+                State::Think
+            } else {
+                State::Response
+            },
+            buf: String::new(),
+            start: 0,
+            calls: 0,
+        }
+    }
+
+    fn consume(&mut self, n: usize) -> String {
+        self.start += n;
+        self.buf.drain(..n).collect()
+    }
+
+    /// Text up to the next marker in `buf`, and whether a marker follows
+    /// (else the text excludes a possible partial marker at the end).
+    fn text_run(&self) -> (usize, bool) {
+        let next = [OPEN, CLOSE, SEP]
+            .iter()
+            .filter_map(|m| self.buf.find(m))
+            .min();
+        match next {
+            Some(p) => (p, true),
+            None => {
+                let keep = [OPEN, CLOSE, SEP]
+                    .iter()
+                    .map(|m| partial_suffix(&self.buf, m))
+                    .max()
+                    .unwrap_or(0);
+                (self.buf.len() - keep, false)
+            }
+        }
+    }
+
+    /// The complete tag at the start of `buf` (which starts with a
+    /// marker): `Some(Ok(tag, len))`, `Some(Err(marker_len))` when it is
+    /// not a tag (a lone `<|sep|>`, a head past the bound), `None` when
+    /// more text is needed.
+    fn tag(&self) -> Option<Result<(Tag, usize), usize>> {
+        let (close, m) = if self.buf.starts_with(OPEN) {
+            (false, OPEN.len())
+        } else if self.buf.starts_with(CLOSE) {
+            (true, CLOSE.len())
+        } else {
+            return Some(Err(SEP.len()));
+        };
+        let rest = &self.buf[m..];
+        let Some(end) = rest.find(SEP) else {
+            return (rest.len() > MAX_TAG_HEAD).then_some(Err(m));
+        };
+        let head = &rest[..end];
+        if head.contains(OPEN) || head.contains(CLOSE) || head.len() > MAX_TAG_HEAD {
+            return Some(Err(m));
+        }
+        let (name, attrs) = parse_head(head);
+        Some(Ok((
+            Tag {
+                close,
+                name,
+                attrs,
+            },
+            m + end + SEP.len(),
+        )))
+    }
+
+    /// Feeds generated text; returns what is settled, in order.
+    pub fn push(&mut self, text: &str) -> Vec<(TurnPiece, usize)> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            let (run, marker) = self.text_run();
+            if run > 0 {
+                let t = self.consume(run);
+                self.text(t, &mut out);
+            }
+            if !marker {
+                break;
+            }
+            match self.tag() {
+                None => break,
+                Some(Err(n)) => {
+                    self.consume(n);
+                }
+                Some(Ok((tag, n))) => {
+                    self.consume(n);
+                    self.on_tag(tag, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// The text ended: an open think or response channel releases what
+    /// it held; anything else left is markup and is dropped.
+    pub fn finish(&mut self) -> Vec<(TurnPiece, usize)> {
+        let mut out = Vec::new();
+        let n = self.buf.len();
+        let rest = self.consume(n);
+        self.text(rest, &mut out);
+        out
+    }
+
+    /// Calls emitted so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    fn text(&mut self, t: String, out: &mut Vec<(TurnPiece, usize)>) {
+        if t.is_empty() {
+            return;
+        }
+        match &mut self.state {
+            State::Think => out.push((TurnPiece::Reasoning(t), self.start)),
+            State::Response => out.push((TurnPiece::Content(t), self.start)),
+            // Text between channels is not markup: kept as content.
+            State::Top if !t.trim().is_empty() => out.push((TurnPiece::Content(t), self.start)),
+            State::Arg(_, _, _, v) => v.push_str(&t),
+            State::Json(_, v) => v.push_str(&t),
+            State::Top | State::Tools | State::Call(_) | State::Done => {}
+        }
+    }
+
+    fn on_tag(&mut self, tag: Tag, out: &mut Vec<(TurnPiece, usize)>) {
+        let state = std::mem::replace(&mut self.state, State::Done);
+        self.state = match (state, tag.close, tag.name.as_str()) {
+            (State::Think, true, "think") | (State::Response, true, "response") => State::Top,
+            // A channel opened without closing the last one: as if closed.
+            (State::Think | State::Response | State::Top, false, _) => match tag.name.as_str() {
+                "think" => State::Think,
+                "response" => State::Response,
+                "tools" => State::Tools,
+                _ => State::Top,
+            },
+            (State::Top, true, "message") => State::Done,
+            (State::Tools, false, "call") => State::Call(CallAcc {
+                name: attr(&tag.attrs, "tool").unwrap_or_default(),
+                ..CallAcc::default()
+            }),
+            (State::Tools, true, "tools") => State::Top,
+            (State::Call(acc), false, "argument") => State::Arg(
+                acc,
+                attr(&tag.attrs, "key").unwrap_or_default(),
+                attr(&tag.attrs, "type").unwrap_or_else(|| "string".into()),
+                String::new(),
+            ),
+            (State::Call(acc), false, "json") => State::Json(acc, String::new()),
+            (State::Call(acc), true, "call") => {
+                self.emit_call(acc, out);
+                State::Tools
+            }
+            (State::Arg(mut acc, key, ty, raw), true, "argument") => {
+                let value = typed_value(&ty, raw);
+                acc.args.retain(|(k, _)| *k != key);
+                acc.args.push((key, value));
+                State::Call(acc)
+            }
+            (State::Json(mut acc, raw), true, "json") => {
+                acc.json = Some(raw);
+                State::Call(acc)
+            }
+            // Any other tag leaves the state as it was.
+            (s, _, _) => s,
+        };
+    }
+
+    fn emit_call(&mut self, acc: CallAcc, out: &mut Vec<(TurnPiece, usize)>) {
+        if !self.parse_calls || !self.names.iter().any(|n| *n == acc.name) {
+            return;
+        }
+        let arguments = match acc.json {
+            Some(raw) => match serde_json::from_str::<Value>(raw.trim()) {
+                Ok(v) => v.to_string(),
+                Err(_) => raw,
+            },
+            None => object_text(&acc.args),
+        };
+        self.calls += 1;
+        out.push((
+            TurnPiece::Call(ParsedCall {
+                name: acc.name,
+                arguments,
+            }),
+            self.start,
+        ));
+    }
+}
+
+impl TurnStream for K3Stream {
+    fn push(&mut self, text: &str) -> Vec<(TurnPiece, usize)> {
+        K3Stream::push(self, text)
+    }
+    fn finish(&mut self) -> Vec<(TurnPiece, usize)> {
+        K3Stream::finish(self)
+    }
+    fn calls(&self) -> usize {
+        K3Stream::calls(self)
+    }
+}
+
+/// `{"k":v,..}` keeping the model's argument order (compact, as the
+/// Hermes parser writes arguments).
+fn object_text(args: &[(String, Value)]) -> String {
+    let fields: Vec<String> = args
+        .iter()
+        .map(|(k, v)| format!("{}:{}", Value::String(k.clone()), v))
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+/// An argument's value: a string as written, another type parsed as JSON,
+/// falling back to the raw text as a string.
+fn typed_value(ty: &str, raw: String) -> Value {
+    if ty == "string" {
+        return Value::String(raw);
+    }
+    serde_json::from_str(raw.trim()).unwrap_or(Value::String(raw))
+}
+
+/// A tag head `NAME key="v" ..` split into its name and unescaped
+/// attributes (a malformed rest ends the attribute list).
+fn parse_head(head: &str) -> (String, Vec<(String, String)>) {
+    let head = head.trim_start();
+    let name_end = head.find(char::is_whitespace).unwrap_or(head.len());
+    let mut rest = &head[name_end..];
+    let mut attrs = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        let Some(eq) = rest.find("=\"") else { break };
+        let key = rest[..eq].trim().to_owned();
+        let after = &rest[eq + 2..];
+        let Some(q) = after.find('"') else { break };
+        attrs.push((key, unescape(&after[..q])));
+        rest = &after[q + 1..];
+    }
+    (head[..name_end].to_owned(), attrs)
+}
+
+fn attr(attrs: &[(String, String)], key: &str) -> Option<String> {
+    attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+/// Undoes the template's `escape_attr` (`&` -> `&amp;`, then `"` -> `&quot;`).
+pub fn unescape(v: &str) -> String {
+    v.replace("&quot;", "\"").replace("&amp;", "&")
+}
+
+/// Escapes an attribute value as the template does.
+pub fn escape(v: &str) -> String {
+    v.replace('&', "&amp;").replace('"', "&quot;")
+}
+
+/// The ids of K3's three markers in one tokenizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct K3Markers {
+    pub open: u32,
+    pub close: u32,
+    pub sep: u32,
+}
+
+impl K3Markers {
+    /// The Lark grammar (llguidance) that forces one call (`parallel`:
+    /// one or more) of `tools` (name, arguments schema with the layout
+    /// options already added) in K3's own markup: after the think channel
+    /// closes (`thinking`: the prompt left it open, so free reasoning text
+    /// comes first) an empty response channel, then the tools section,
+    /// each call's arguments as one `json` block valid against its
+    /// schema, then the message's close. Markers are written as token ids
+    /// (`<[id]>`), so no text can spell them.
+    pub fn forced_calls_lark(&self, tools: &[(String, Value)], parallel: bool, thinking: bool) -> String {
+        let (o, c, s) = (
+            format!("<[{}]>", self.open),
+            format!("<[{}]>", self.close),
+            format!("<[{}]>", self.sep),
+        );
+        let lit = |t: &str| Value::String(t.to_owned()).to_string();
+        let mut rules = Vec::new();
+        let think = if thinking {
+            format!("THINK {c} {} {s} ", lit("think"))
+        } else {
+            String::new()
+        };
+        rules.push(format!(
+            "start: {think}{o} {resp} {s} {c} {resp} {s} {o} {tools} {s} calls {c} {tools} {s} {c} {msg} {s}",
+            resp = lit("response"),
+            tools = lit("tools"),
+            msg = lit("message"),
+        ));
+        if thinking {
+            rules.push("THINK: /(?s:.*)/".to_owned());
+        }
+        rules.push(if parallel {
+            "calls: call+".to_owned()
+        } else {
+            "calls: call".to_owned()
+        });
+        let index = if parallel {
+            "INDEX".to_owned()
+        } else {
+            lit("1")
+        };
+        if parallel {
+            rules.push("INDEX: /[1-9][0-9]{0,2}/".to_owned());
+        }
+        let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
+        rules.push(format!("call: {}", alternatives.join(" | ")));
+        for (i, (name, schema)) in tools.iter().enumerate() {
+            rules.push(format!(
+                "call_{i}: {o} {head} {index} {q} {s} {o} {json} {s} args_{i} {c} {jname} {s} {c} {cname} {s}",
+                head = lit(&format!("call tool=\"{}\" index=\"", escape(name))),
+                q = lit("\""),
+                json = lit("json type=\"object\""),
+                jname = lit("json"),
+                cname = lit("call"),
+            ));
+            rules.push(format!("args_{i}: %json {schema}"));
+        }
+        rules.join("\n") + "\n"
+    }
+}
