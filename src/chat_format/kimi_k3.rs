@@ -409,3 +409,16 @@ impl K3Markers {
         rules.join("\n") + "\n"
     }
 }
+
+/// The template variables OpenAI's `reasoning_effort` stands for: `none`
+/// turns thinking off; the others pick the nearest of K3's
+/// `thinking_effort` levels (low, high, max).
+pub fn effort_vars(effort: &str) -> Vec<(&'static str, Value)> {
+    let level = match effort {
+        "none" => return vec![("thinking", Value::Bool(false))],
+        "minimal" | "low" => "low",
+        "medium" | "high" => "high",
+        _ => "max",
+    };
+    vec![("thinking_effort", Value::String(level.to_owned()))]
+}

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 pub use crate::api::tool_calls::ParsedCall;
 use crate::api::tool_calls::ToolCallStream;
+use crate::api::{ApiError, ChatKnobs};
 use crate::tokenizer::TextTokenizer;
 use kimi_k3::{K3Markers, K3Stream};
 
@@ -148,6 +149,36 @@ impl ChatFormat {
             Self::Hermes => None,
             Self::KimiK3(m) => Some(m.forced_calls_lark(tools, parallel, thinking)),
         }
+    }
+}
+
+impl ChatFormat {
+    /// The template variables of a request: its `chat_template_kwargs`,
+    /// plus what its `reasoning_effort` maps to in the family's own knob
+    /// (a variable the kwargs set themselves wins).
+    ///
+    /// Errors: a 400 naming `reasoning_effort` when the family's template
+    /// has no reasoning knob.
+    pub fn template_vars(&self, knobs: &ChatKnobs) -> Result<serde_json::Map<String, Value>, ApiError> {
+        let mut vars = knobs.template_vars.clone();
+        let Some(effort) = &knobs.reasoning_effort else {
+            return Ok(vars);
+        };
+        let mapped = match self {
+            Self::Hermes => {
+                return Err(ApiError::invalid(
+                    "reasoning_effort",
+                    "'reasoning_effort' is not supported: the served model's chat template has \
+                     no reasoning-effort knob.",
+                )
+                .with_code("unsupported_parameter"))
+            }
+            Self::KimiK3(_) => kimi_k3::effort_vars(effort),
+        };
+        for (k, v) in mapped {
+            vars.entry(k.to_owned()).or_insert(v);
+        }
+        Ok(vars)
     }
 }
 

@@ -281,3 +281,23 @@ fn the_forced_grammar_writes_k3_markup_after_thinking() {
     assert!(off.starts_with("start: <[515]> \"response\""), "{off}");
     assert!(off.contains("calls: call+"), "{off}");
 }
+
+/// The engine's decoder shows K3's markers whole, and no other control
+/// token (`[EOT]`, reserved ids).
+#[test]
+fn the_decoder_shows_only_the_markers() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi_k3/tiny-hf");
+    let tok = TextTokenizer::from_hf_dir(&dir).expect("tiny K3 tokenizer");
+    let f = ChatFormat::detect(&tok);
+    let mut ids = tok.encode("Hi é", false).unwrap();
+    ids.extend([516, 521, 530]);
+    ids.extend(tok.encode("think", false).unwrap());
+    ids.push(517);
+    let mut dec = crate::tokenizer::IncrementalDecoder::new(true).showing(f.shown_special_ids());
+    let mut text = String::new();
+    for &id in &ids {
+        text.push_str(&dec.push(&tok, id).unwrap());
+    }
+    text.push_str(&dec.finish());
+    assert_eq!(text, format!("Hi é{CLOSE}think{SEP}"));
+}

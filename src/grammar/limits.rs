@@ -107,7 +107,7 @@ pub(super) fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
             tally.walk(schema);
             tally.verdict(super::build::JSON_SCHEMA)
         }
-        GrammarSpec::ToolCalls { tools, .. } => {
+        GrammarSpec::ToolCalls { tools, .. } | GrammarSpec::MarkupCalls { tools, .. } => {
             let label = super::build::TOOLS;
             if tools.len() > MAX_TOOLS {
                 return Err(GrammarError::Invalid(format!(

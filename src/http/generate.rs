@@ -17,7 +17,11 @@
 
 use super::admission::Admit;
 use super::convert::EngineFailure;
-use super::output::{chat_body, echo_logprobs, sse, Labels, StreamShape, TokenWire};
+use super::output::{
+    chat_body, echo_logprobs, sse, Labels, Shaped, StreamShape, TokenWire, TurnLabels, TurnStage,
+    WholeTurn,
+};
+use crate::chat_format::{ChatFormat, TurnSetup};
 use super::request_log::RequestLog;
 use super::stop::{OffsetQueue, StopMatcher};
 use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
@@ -40,8 +44,9 @@ use tokio::time::Instant;
 
 /// One step of a response, after stop strings.
 enum Piece {
-    /// Released text and the log-probabilities of the tokens it completes.
-    Text(String, Vec<TokenLogprob>),
+    /// Released, parsed pieces with the log-probabilities of the tokens
+    /// they complete.
+    Shaped(Vec<Shaped>),
     /// The prompt's log-probabilities (`echo` with `logprobs`), first.
     Prompt(Vec<TokenLogprob>),
     Done(FinishReason, Usage),
@@ -70,6 +75,12 @@ struct Driver {
     cut: tokio::sync::watch::Receiver<bool>,
     /// The request's log record (TTFT, engine counters, how it ended).
     log: RequestLog,
+    /// The turn parser (pass-through for completions and plain chat).
+    stage: TurnStage,
+    /// Parse first, then stop strings on content only (a family with a
+    /// reasoning channel: its markup and thinking never stop the turn);
+    /// else stop strings on the raw text, then parsing.
+    stop_on_content: bool,
 }
 
 impl Driver {
@@ -115,6 +126,19 @@ impl Driver {
                 } => {
                     self.record_tokens(ids.len());
                     self.completion_tokens += ids.len();
+                    if self.stop_on_content {
+                        let shaped = self.stage.push(&text, logprobs);
+                        let (out, stopped) = self.stop_content(shaped);
+                        if stopped {
+                            // Dropping the receiver cancels the sequence.
+                            self.rx = None;
+                            return Some(self.finish_piece(out, FinishReason::Stop));
+                        }
+                        if !out.is_empty() {
+                            return Some(Piece::Shaped(out));
+                        }
+                        continue;
+                    }
                     self.pushed += text.len();
                     self.held.push(self.pushed, logprobs);
                     let m = self.stop.push(&text);
@@ -125,11 +149,16 @@ impl Driver {
                         self.rx = None;
                         let lps = self.held.take_until(self.released);
                         self.held = OffsetQueue::default();
-                        return Some(self.finish_piece(m.emit, lps, FinishReason::Stop));
+                        let mut shaped = self.stage.push(&m.emit, lps);
+                        shaped.extend(self.stage.finish());
+                        return Some(self.finish_piece(shaped, FinishReason::Stop));
                     }
                     if !m.emit.is_empty() {
                         let lps = self.held.take_until(self.released);
-                        return Some(Piece::Text(m.emit, lps));
+                        let shaped = self.stage.push(&m.emit, lps);
+                        if !shaped.is_empty() {
+                            return Some(Piece::Shaped(shaped));
+                        }
                     }
                 }
                 Event::Finished {
@@ -144,9 +173,27 @@ impl Driver {
                     self.log
                         .engine_finished(method, drafted, accepted, queue_time);
                     self.completion_tokens = usage.completion_tokens;
-                    let rest = self.stop.finish();
-                    let lps = self.held.take_all();
-                    return Some(self.finish_piece(rest, lps, reason.into()));
+                    let mut reason: FinishReason = reason.into();
+                    let shaped = if self.stop_on_content {
+                        let tail = self.stage.finish();
+                        let (mut out, stopped) = self.stop_content(tail);
+                        if stopped {
+                            reason = FinishReason::Stop;
+                        } else {
+                            let rest = self.stop.finish();
+                            if !rest.is_empty() {
+                                out.push(Shaped::Content(rest, Vec::new()));
+                            }
+                        }
+                        out
+                    } else {
+                        let rest = self.stop.finish();
+                        let lps = self.held.take_all();
+                        let mut out = self.stage.push(&rest, lps);
+                        out.extend(self.stage.finish());
+                        out
+                    };
+                    return Some(self.finish_piece(shaped, reason));
                 }
                 Event::PromptLogprobs(lps) => return Some(Piece::Prompt(lps)),
                 Event::Error(e) => {
@@ -157,23 +204,42 @@ impl Driver {
         }
     }
 
-    /// Emits held text (and log-probabilities) first, as its own piece,
-    /// by queueing the finish.
-    fn finish_piece(
-        &mut self,
-        text: String,
-        lps: Vec<TokenLogprob>,
-        reason: FinishReason,
-    ) -> Piece {
+    /// Stop strings over the content of `shaped` (reasoning and calls
+    /// pass): what is released, and whether a stop string ended the turn
+    /// (everything after it is dropped). A content piece's
+    /// log-probabilities go out with what it released.
+    fn stop_content(&mut self, shaped: Vec<Shaped>) -> (Vec<Shaped>, bool) {
+        let mut out = Vec::with_capacity(shaped.len());
+        for s in shaped {
+            match s {
+                Shaped::Content(c, lps) => {
+                    let m = self.stop.push(&c);
+                    if !m.emit.is_empty() || !lps.is_empty() {
+                        out.push(Shaped::Content(m.emit, lps));
+                    }
+                    if m.stopped {
+                        return (out, true);
+                    }
+                }
+                other => out.push(other),
+            }
+        }
+        (out, false)
+    }
+
+    /// Emits the last pieces first, as their own piece, by queueing the
+    /// finish (`tool_calls` when the turn made calls and ended on its own).
+    fn finish_piece(&mut self, shaped: Vec<Shaped>, reason: FinishReason) -> Piece {
+        let reason = super::output::turn_reason(reason, self.stage.calls());
         let elapsed = self.arrived.elapsed().as_secs_f64();
         metrics::histogram!(names::E2E).record(elapsed);
         let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
         self.log.finished(reason.as_str(), self.completion_tokens);
-        if text.is_empty() && lps.is_empty() {
+        if shaped.is_empty() {
             Piece::Done(reason, usage)
         } else {
             self.pending = Some(Piece::Done(reason, usage));
-            Piece::Text(text, lps)
+            Piece::Shaped(shaped)
         }
     }
 
@@ -250,7 +316,7 @@ pub(super) async fn handle(
             (v, built)
         })
         .await?;
-    let (mut gen, param) = built?;
+    let (mut gen, param, turn) = built?;
     gen.tenant = tenant;
     gen.cache_scope = super::cache_scope(&state, tenant, v.cache_salt.as_deref());
     let prompt_tokens = gen.prompt.len();
@@ -261,6 +327,23 @@ pub(super) async fn handle(
         prompt_param: param,
     })?;
     log.submitted(prompt_tokens, method);
+    // A chat turn is parsed by its family: for calls when tools are
+    // active, and always for a family with a reasoning channel.
+    let labels_turn = chat.then(|| TurnLabels {
+        format: turn.format,
+        parse_calls: v.tools.active(),
+        prior_calls: match &v.input {
+            Input::Chat(msgs) => msgs.iter().map(|m| m.tool_calls.len()).sum(),
+            _ => 0,
+        },
+    });
+    let parser = labels_turn.and_then(|t| {
+        t.format.parser(TurnSetup {
+            names: v.tools.names(),
+            parse_calls: t.parse_calls,
+            thinking: turn.thinking,
+        })
+    });
     let driver = Driver {
         rx: Some(rx),
         stop: StopMatcher::new(&v.stop),
@@ -275,17 +358,18 @@ pub(super) async fn handle(
         pending: None,
         cut: state.cut.subscribe(),
         log: log.clone(),
+        stage: TurnStage::new(parser),
+        stop_on_content: chat && turn.format.has_reasoning(),
     };
     let labels = Labels {
         // The request id, so a client's response id names its log line.
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, log.id()),
         created: api::unix_now(),
         model: state.settings.model_name.clone(),
-        chat,
+        turn: labels_turn,
         logprobs: v
             .logprobs
             .map(|n| TokenWire::new(backend.tokenizer.clone(), n)),
-        tools: v.tools.active().then(|| v.tools.names()),
         echo: match &v.input {
             Input::Prompt(p) if v.echo => Some((p.clone(), first_prompt_token)),
             // Ids are echoed as their text, special tokens shown (as
@@ -304,16 +388,36 @@ pub(super) async fn handle(
     }
 }
 
+/// The model family a chat turn is written in, and whether its prompt
+/// opened the thinking channel.
+#[derive(Debug, Clone, Copy)]
+struct TurnPlan {
+    format: ChatFormat,
+    thinking: bool,
+}
+
 /// Template, tokenize, and check the context length. Returns the engine
-/// request and the name of the field that holds the prompt.
+/// request, the name of the field that holds the prompt, and the turn's
+/// family.
 fn build_request(
     backend: &Backend,
     v: &ValidRequest,
-) -> Result<(GenRequest, &'static str), ApiError> {
+) -> Result<(GenRequest, &'static str, TurnPlan), ApiError> {
     let tok = &backend.tokenizer;
+    let chat = matches!(v.input, Input::Chat(_));
+    let format = ChatFormat::detect(tok);
+    let vars = if chat {
+        format.template_vars(&v.knobs)?
+    } else {
+        serde_json::Map::new()
+    };
+    let plan = TurnPlan {
+        format,
+        thinking: format.thinking(&vars),
+    };
     // First: a spec over the grammar bounds is refused before its tools
     // are rendered into a prompt (which a huge schema would also make huge).
-    let grammar = grammar(backend, v)?;
+    let grammar = grammar(backend, v, plan)?;
     // Chat: only the template's own markup becomes control tokens; special
     // token text inside a message is encoded as plain text (no role
     // injection). A chat template writes its own BOS where the model wants
@@ -326,7 +430,7 @@ fn build_request(
                 .active()
                 .then(|| v.tools.tools.iter().map(|t| t.template_value()).collect());
             (
-                tok.encode_chat_with_tools(msgs, tools.as_deref(), true)
+                tok.encode_chat_with_vars(msgs, tools.as_deref(), &vars, true)
                     .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
                 "messages",
             )
@@ -444,8 +548,15 @@ fn build_request(
             // Set by the caller, which has the request's headers.
             tenant: 0,
             cache_scope: 0,
+            // The family's markers, for its parser (chat only).
+            shown_special_ids: if chat {
+                format.shown_special_ids()
+            } else {
+                Vec::new()
+            },
         },
         param,
+        plan,
     ))
 }
 
@@ -458,6 +569,7 @@ fn build_request(
 fn grammar(
     backend: &Backend,
     v: &ValidRequest,
+    plan: TurnPlan,
 ) -> Result<Option<std::sync::Arc<dyn specgate_verify::ConstraintSource>>, ApiError> {
     let (spec, param) = match &v.response_format {
         ResponseFormat::JsonObject => (GrammarSpec::JsonObject, "response_format"),
@@ -465,10 +577,12 @@ fn grammar(
             (GrammarSpec::JsonSchema(schema.clone()), "response_format")
         }
         ResponseFormat::Text if v.tools.forces_a_call() => (
-            GrammarSpec::ToolCalls {
-                tools: v.tools.forced_tools(),
-                parallel: v.tools.parallel,
-            },
+            GrammarSpec::forced_calls(
+                plan.format,
+                v.tools.forced_tools(),
+                v.tools.parallel,
+                plan.thinking,
+            ),
             "tools",
         ),
         ResponseFormat::Text => return Ok(None),
@@ -500,20 +614,35 @@ async fn whole(
     l: Labels,
     _permit: Admit,
 ) -> Result<Response<ResBody>, ApiError> {
-    let mut text = String::new();
+    let mut turn = WholeTurn::default();
     let mut lps: Vec<TokenLogprob> = Vec::new();
     let mut prompt_lps: Vec<TokenLogprob> = Vec::new();
     while let Some(piece) = driver.next().await {
         match piece {
-            Piece::Text(t, lp) => {
-                text.push_str(&t);
-                lps.extend(lp);
+            Piece::Shaped(shaped) => {
+                for s in shaped {
+                    match s {
+                        Shaped::Content(t, lp) => {
+                            turn.content.push_str(&t);
+                            lps.extend(lp);
+                        }
+                        Shaped::Reasoning(t, lp) => {
+                            turn.reasoning.push_str(&t);
+                            lps.extend(lp);
+                        }
+                        Shaped::Call(c, lp) => {
+                            turn.calls.push(c);
+                            lps.extend(lp);
+                        }
+                    }
+                }
             }
             Piece::Prompt(lp) => prompt_lps = lp,
             Piece::Done(reason, usage) => {
-                let body = if l.chat {
-                    serde_json::to_string(&chat_body(&l, text, &lps, reason, usage))
+                let body = if l.turn.is_some() {
+                    serde_json::to_string(&chat_body(&l, turn, &lps, reason, usage))
                 } else {
+                    let mut text = turn.content;
                     let mut offset = 0;
                     let mut logprobs = l
                         .echo
@@ -563,7 +692,9 @@ fn stream(
             async move { matches!(tokio::time::timeout(limit, tx.send(f)).await, Ok(Ok(()))) }
         };
         let send = |b: Bytes| deliver(StreamFrame::Data(b));
-        if l.chat && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await {
+        if l.turn.is_some()
+            && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await
+        {
             return;
         }
         let mut shape = StreamShape::new(&l);
@@ -589,7 +720,7 @@ fn stream(
             };
             let out = match piece {
                 None => break,
-                Some(Piece::Text(t, lps)) => shape.text(&l, t, lps),
+                Some(Piece::Shaped(shaped)) => shape.pieces(&l, shaped),
                 Some(Piece::Prompt(lps)) => shape.echo(&l, &lps).into_iter().collect(),
                 Some(Piece::Done(reason, usage)) => shape.done(&l, reason, usage, include_usage),
                 Some(Piece::Error(e)) => vec![
@@ -671,14 +802,15 @@ mod tests {
                 &hyper::Method::POST,
                 "/v1/completions",
             ),
+            stage: TurnStage::new(None),
+            stop_on_content: false,
         };
         let labels = Labels {
             id: "x".into(),
             created: 0,
             model: "m".into(),
-            chat: false,
+            turn: None,
             logprobs: None,
-            tools: None,
             echo: None,
         };
         // The body is never polled, as when the client stops reading.
