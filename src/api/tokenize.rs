@@ -304,6 +304,7 @@ mod tests {
                 messages: vec![ChatMessage::new("user", "hi")],
                 add_generation_prompt: true,
                 add_special_tokens: false,
+                knobs: Default::default(),
             }
         );
         let r = tok(json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false, "continue_final_message": false}))

@@ -183,11 +183,15 @@ impl K3Stream {
     }
 
     /// The text ended: an open think or response channel releases what
-    /// it held; anything else left is markup and is dropped.
+    /// it held (less any marker of a tag cut short); anything else left
+    /// is markup and is dropped.
     pub fn finish(&mut self) -> Vec<(TurnPiece, usize)> {
         let mut out = Vec::new();
         let n = self.buf.len();
         let rest = self.consume(n);
+        let rest = [OPEN, CLOSE, SEP]
+            .iter()
+            .fold(rest, |t, m| t.replace(m, ""));
         self.text(rest, &mut out);
         out
     }

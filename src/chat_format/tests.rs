@@ -224,6 +224,9 @@ fn a_cut_inside_the_think_channel_is_all_reasoning() {
         open("call tool=\"add\" index=\"1\"")
     );
     assert_eq!(parse(&text, false, true), Turn::default());
+    // A tag cut short in a channel: its marker is dropped, its text kept.
+    let text = format!("a{OPEN}b c");
+    assert_eq!(parse(&text, true, true).reasoning, "ab c");
 }
 
 #[test]
