@@ -86,7 +86,12 @@ fn knobs_change_the_k3_prompt_and_reasoning_is_apart_from_content() {
     for case in fixture["cases"].as_array().unwrap() {
         let mut req = case["request"].clone();
         req["model"] = json!(K3);
-        assert_eq!(ok(&post(a, "/tokenize", req))["tokens"], case["ids"], "{}", case["name"]);
+        assert_eq!(
+            ok(&post(a, "/tokenize", req))["tokens"],
+            case["ids"],
+            "{}",
+            case["name"]
+        );
     }
     // Thinking is on by default: the prompt opens the think channel.
     let (ids, text) = prompt(a, json!({}));
@@ -199,7 +204,12 @@ fn check_call(call: &Value, id: &str) {
     assert_eq!(call["function"]["name"], "get_weather");
     let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
         .unwrap_or_else(|e| panic!("arguments not JSON: {e}: {call}"));
-    assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 12), "{args}");
+    assert!(
+        args["city"]
+            .as_str()
+            .is_some_and(|c| c.chars().count() <= 12),
+        "{args}"
+    );
     assert!(args["days"].is_i64() || args["days"].is_u64(), "{args}");
     assert_eq!(args.as_object().unwrap().len(), 2, "{args}");
 }
@@ -219,7 +229,11 @@ fn a_forced_call_is_k3_markup_parsed_into_tool_calls() {
         .chain(extra.as_object().unwrap().clone())
         .collect::<serde_json::Map<_, _>>()
     };
-    let v = ok(&post(a, "/v1/chat/completions", Value::Object(forced(json!({})))));
+    let v = ok(&post(
+        a,
+        "/v1/chat/completions",
+        Value::Object(forced(json!({}))),
+    ));
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls", "{v}");
     assert!(c["message"]["content"].is_null(), "{v}");
@@ -235,21 +249,36 @@ fn a_forced_call_is_k3_markup_parsed_into_tool_calls() {
         .collect();
     let written = toks.concat();
     assert!(
-        written.starts_with("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"),
+        written.starts_with("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>"),
         "{written}"
     );
-    assert!(written.ends_with("<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"), "{written}");
+    assert!(
+        written.ends_with("<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"),
+        "{written}"
+    );
     let arguments = calls[0]["function"]["arguments"].as_str().unwrap();
     // Greedy output is the same with speculation off, n-gram and the draft.
-    for spec in [json!({"method": "off"}), json!({"method": "ngram"}), json!({"method": "draft"})] {
-        let v = ok(&post(a, "/v1/chat/completions", Value::Object(forced(json!({"speculative": spec.clone()})))));
+    for spec in [
+        json!({"method": "off"}),
+        json!({"method": "ngram"}),
+        json!({"method": "draft"}),
+    ] {
+        let v = ok(&post(
+            a,
+            "/v1/chat/completions",
+            Value::Object(forced(json!({"speculative": spec.clone()}))),
+        ));
         assert_eq!(
             v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], arguments,
             "{spec}"
         );
     }
     // Streamed: one delta holds the whole call; no marker reaches the client.
-    let r = post(a, "/v1/chat/completions", Value::Object(forced(json!({"stream": true}))));
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        Value::Object(forced(json!({"stream": true}))),
+    );
     let (evs, done) = events(&r.body);
     assert!(done);
     let call_deltas: Vec<&Value> = evs
@@ -267,7 +296,10 @@ fn a_forced_call_is_k3_markup_parsed_into_tool_calls() {
             assert!(!t.contains("<|"), "{e}");
         }
     }
-    assert_eq!(evs.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        evs.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
     // Ids count the calls already in the conversation.
     let history = json!([
         {"role": "user", "content": "weather?"},
@@ -276,8 +308,15 @@ fn a_forced_call_is_k3_markup_parsed_into_tool_calls() {
         {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "rain"},
         {"role": "user", "content": "and Paris?"},
     ]);
-    let v = ok(&post(a, "/v1/chat/completions", Value::Object(forced(json!({"messages": history})))));
-    check_call(&v["choices"][0]["message"]["tool_calls"][0], "functions.get_weather:1");
+    let v = ok(&post(
+        a,
+        "/v1/chat/completions",
+        Value::Object(forced(json!({"messages": history}))),
+    ));
+    check_call(
+        &v["choices"][0]["message"]["tool_calls"][0],
+        "functions.get_weather:1",
+    );
     // Thinking on: the call comes after the think channel closes (the
     // bias makes the model close it at once), named by a function choice.
     let v = ok(&post(
@@ -298,18 +337,27 @@ fn a_forced_call_is_k3_markup_parsed_into_tool_calls() {
     let v = ok(&post(
         a,
         "/v1/chat/completions",
-        body(json!({"tools": weather_tool(), "tool_choice": "none", "logit_bias": no_specials(),
-                    "chat_template_kwargs": {"thinking": false}})),
+        body(
+            json!({"tools": weather_tool(), "tool_choice": "none", "logit_bias": no_specials(),
+                    "chat_template_kwargs": {"thinking": false}}),
+        ),
     ));
     let m = &v["choices"][0]["message"];
-    assert!(m.get("tool_calls").is_none() && m["content"].is_string(), "{m}");
+    assert!(
+        m.get("tool_calls").is_none() && m["content"].is_string(),
+        "{m}"
+    );
     s.wait_idle();
 }
 
 #[test]
 fn a_model_without_a_reasoning_knob_refuses_reasoning_effort() {
     let s = Server::start(config(|_| {}), None);
-    let r = post(s.addr, "/v1/chat/completions", chat(json!({"reasoning_effort": "low"})));
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_effort": "low"})),
+    );
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(error_of(&r)["param"], "reasoning_effort");
     let r = post(
@@ -320,6 +368,10 @@ fn a_model_without_a_reasoning_knob_refuses_reasoning_effort() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(error_of(&r)["param"], "reasoning_effort");
     // Its template variables still pass through (ChatML ignores this one).
-    let r = post(s.addr, "/v1/chat/completions", chat(json!({"chat_template_kwargs": {"enable_thinking": false}})));
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        chat(json!({"chat_template_kwargs": {"enable_thinking": false}})),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
 }

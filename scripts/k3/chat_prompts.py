@@ -5,6 +5,10 @@ Kimi-K3.jinja) rendered by jinja2 the way `transformers.apply_chat_template` ren
 `ensure_ascii`), then tokenized by tiktoken built as Kimi's tokenization_kimi.py builds it
 (special-token text in the rendered template becomes the special ids).
 
+The history's call arguments are written with their keys in sorted order: the server
+parses `arguments` into a JSON map that keeps keys sorted (serde_json without
+`preserve_order`), where transformers keeps the client's order.
+
 Each case is what a client sends to `/tokenize`'s chat form (`messages` plus
 `chat_template_kwargs` / `reasoning_effort`) and the template variables that stands for;
 tests/kimi_k3_protocol.rs checks the server's ids equal these.
@@ -29,7 +33,7 @@ HISTORY = [
     {"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",
      "tool_calls": [{"id": "functions.get_weather:0", "type": "function",
                      "function": {"name": "get_weather",
-                                  "arguments": "{\"city\": \"Paris\", \"days\": 2, \"metric\": true, \"at\": null, \"tags\": [\"a\"]}"}}]},
+                                  "arguments": "{\"at\": null, \"city\": \"Paris\", \"days\": 2, \"metric\": true, \"tags\": [\"a\"]}"}}]},
     {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny, 21C"},
     {"role": "assistant", "content": "Sunny, 21C.", "reasoning": "Report it."},
     {"role": "user", "content": "thanks"},

@@ -20,7 +20,8 @@ pub const RESERVED_TEMPLATE_VARS: &[&str] = &[
 ];
 
 /// `reasoning_effort` values a request may give (OpenAI's, plus `max`).
-pub const REASONING_EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+pub const REASONING_EFFORTS: &[&str] =
+    &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
 /// A chat request's template knobs.
 ///

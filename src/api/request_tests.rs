@@ -826,11 +826,20 @@ fn template_knobs_are_parsed_and_bounded() {
     .unwrap();
     assert_eq!(v.knobs.template_vars.get("thinking"), Some(&json!(false)));
     assert_eq!(v.knobs.reasoning_effort.as_deref(), Some("low"));
-    assert_rejects(chat(chat_with(json!({"chat_template_kwargs": [1]}))), "chat_template_kwargs");
+    assert_rejects(
+        chat(chat_with(json!({"chat_template_kwargs": [1]}))),
+        "chat_template_kwargs",
+    );
     assert_rejects(
         chat(chat_with(json!({"chat_template_kwargs": {"messages": []}}))),
         "chat_template_kwargs.messages",
     );
-    assert_rejects(chat(chat_with(json!({"reasoning_effort": "huge"}))), "reasoning_effort");
-    assert_rejects(chat(chat_with(json!({"reasoning_effort": 1}))), "reasoning_effort");
+    assert_rejects(
+        chat(chat_with(json!({"reasoning_effort": "huge"}))),
+        "reasoning_effort",
+    );
+    assert_rejects(
+        chat(chat_with(json!({"reasoning_effort": 1}))),
+        "reasoning_effort",
+    );
 }

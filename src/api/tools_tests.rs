@@ -442,7 +442,6 @@ fn every_openai_chat_field_is_honoured_or_refused() {
             json!("high"),
             Honoured(|r| r.knobs.reasoning_effort.as_deref() == Some("high")),
         ),
-
         (
             "response_format",
             json!({"type": "json_object"}),

@@ -145,14 +145,7 @@ impl K3Stream {
             return Some(Err(m));
         }
         let (name, attrs) = parse_head(head);
-        Some(Ok((
-            Tag {
-                close,
-                name,
-                attrs,
-            },
-            m + end + SEP.len(),
-        )))
+        Some(Ok((Tag { close, name, attrs }, m + end + SEP.len())))
     }
 
     /// Feeds generated text; returns what is settled, in order.
@@ -362,22 +355,29 @@ impl K3Markers {
     /// each call's arguments as one `json` block valid against its
     /// schema, then the message's close. Markers are written as token ids
     /// (`<[id]>`), so no text can spell them.
-    pub fn forced_calls_lark(&self, tools: &[(String, Value)], parallel: bool, thinking: bool) -> String {
+    pub fn forced_calls_lark(
+        &self,
+        tools: &[(String, Value)],
+        parallel: bool,
+        thinking: bool,
+    ) -> String {
         let (o, c, s) = (
             format!("<[{}]>", self.open),
             format!("<[{}]>", self.close),
             format!("<[{}]>", self.sep),
         );
         let lit = |t: &str| Value::String(t.to_owned()).to_string();
+        let resp = lit("response");
         let mut rules = Vec::new();
-        let think = if thinking {
-            format!("THINK {c} {} {s} ", lit("think"))
+        // The prompt left the think channel open (then it closes and an
+        // empty response channel follows) or the response channel.
+        let head = if thinking {
+            format!("THINK {c} {} {s} {o} {resp} {s} ", lit("think"))
         } else {
             String::new()
         };
         rules.push(format!(
-            "start: {think}{o} {resp} {s} {c} {resp} {s} {o} {tools} {s} calls {c} {tools} {s} {c} {msg} {s}",
-            resp = lit("response"),
+            "start: {head}{c} {resp} {s} {o} {tools} {s} calls {c} {tools} {s} {c} {msg} {s}",
             tools = lit("tools"),
             msg = lit("message"),
         ));

@@ -159,22 +159,24 @@ impl ChatFormat {
     ///
     /// Errors: a 400 naming `reasoning_effort` when the family's template
     /// has no reasoning knob.
-    pub fn template_vars(&self, knobs: &ChatKnobs) -> Result<serde_json::Map<String, Value>, ApiError> {
+    pub fn template_vars(
+        &self,
+        knobs: &ChatKnobs,
+    ) -> Result<serde_json::Map<String, Value>, ApiError> {
         let mut vars = knobs.template_vars.clone();
         let Some(effort) = &knobs.reasoning_effort else {
             return Ok(vars);
         };
-        let mapped = match self {
-            Self::Hermes => {
-                return Err(ApiError::invalid(
+        let mapped =
+            match self {
+                Self::Hermes => return Err(ApiError::invalid(
                     "reasoning_effort",
                     "'reasoning_effort' is not supported: the served model's chat template has \
                      no reasoning-effort knob.",
                 )
-                .with_code("unsupported_parameter"))
-            }
-            Self::KimiK3(_) => kimi_k3::effort_vars(effort),
-        };
+                .with_code("unsupported_parameter")),
+                Self::KimiK3(_) => kimi_k3::effort_vars(effort),
+            };
         for (k, v) in mapped {
             vars.entry(k.to_owned()).or_insert(v);
         }

@@ -67,19 +67,27 @@ fn run(text: &str, size: usize, thinking: bool, parse_calls: bool) -> Turn {
     let mut outs = Vec::new();
     let mut i = 0;
     // A partial marker held at a cut comes out as text only at the end.
-    let mut check = |o: Vec<(TurnPiece, usize)>, fed: usize, outs: &mut Vec<TurnPiece>, end_: bool| {
-        for (p, end) in o {
-            assert!(end >= last && end <= fed, "offset {end} after {last}, fed {fed}");
-            last = end;
-            if let TurnPiece::Reasoning(t) | TurnPiece::Content(t) = &p {
-                let frags: &[&str] = if end_ { &[OPEN, CLOSE, SEP] } else { &["<|", "|>"] };
-                for frag in frags {
-                    assert!(!t.contains(frag), "marker fragment {frag:?} in {t:?}");
+    let mut check =
+        |o: Vec<(TurnPiece, usize)>, fed: usize, outs: &mut Vec<TurnPiece>, end_: bool| {
+            for (p, end) in o {
+                assert!(
+                    end >= last && end <= fed,
+                    "offset {end} after {last}, fed {fed}"
+                );
+                last = end;
+                if let TurnPiece::Reasoning(t) | TurnPiece::Content(t) = &p {
+                    let frags: &[&str] = if end_ {
+                        &[OPEN, CLOSE, SEP]
+                    } else {
+                        &["<|", "|>"]
+                    };
+                    for frag in frags {
+                        assert!(!t.contains(frag), "marker fragment {frag:?} in {t:?}");
+                    }
                 }
+                outs.push(p);
             }
-            outs.push(p);
-        }
-    };
+        };
     while i < text.len() {
         let mut j = (i + size).min(text.len());
         while !text.is_char_boundary(j) {
@@ -165,7 +173,11 @@ fn every_argument_type_and_raw_fallback() {
             "o": {"k": [1, 2]}, "a": ["x", {"y": null}], "bad": "many"})
     );
     // The model's order is kept.
-    assert!(t.calls[0].1.starts_with(r#"{"s":"42","n":-1.5,"#), "{}", t.calls[0].1);
+    assert!(
+        t.calls[0].1.starts_with(r#"{"s":"42","n":-1.5,"#),
+        "{}",
+        t.calls[0].1
+    );
 }
 
 #[test]
@@ -181,7 +193,10 @@ fn two_calls_and_a_json_block() {
     let text = format!(
         "{}{}",
         close("response"),
-        tools(&[call("get_weather", 1, &[arg("city", "string", "Oslo")]), json_call])
+        tools(&[
+            call("get_weather", 1, &[arg("city", "string", "Oslo")]),
+            json_call
+        ])
     );
     let t = parse(&text, false, true);
     assert_eq!(
@@ -206,7 +221,10 @@ fn escaped_attributes_and_raw_strings_with_quotes_and_braces() {
     let t = parse(&text, false, true);
     let v: serde_json::Value = serde_json::from_str(&t.calls[0].1).unwrap();
     assert_eq!(v, serde_json::json!({ key: value }));
-    assert_eq!(unescape(&escape(r#"&quot; " &amp; &"#)), r#"&quot; " &amp; &"#);
+    assert_eq!(
+        unescape(&escape(r#"&quot; " &amp; &"#)),
+        r#"&quot; " &amp; &"#
+    );
 }
 
 #[test]
@@ -243,12 +261,16 @@ fn calls_not_parsed_or_undeclared_are_dropped() {
         close("response"),
         tools(&[call("rm_rf", 1, &[]), call("add", 2, &[])])
     );
-    assert_eq!(parse(&text, false, true).calls, vec![("add".into(), "{}".into())]);
+    assert_eq!(
+        parse(&text, false, true).calls,
+        vec![("add".into(), "{}".into())]
+    );
 }
 
 #[test]
 fn the_family_comes_from_the_tokenizer() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi_k3/tiny-hf");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi_k3/tiny-hf");
     let tok = TextTokenizer::from_hf_dir(&dir).expect("tiny K3 tokenizer");
     let f = ChatFormat::detect(&tok);
     assert_eq!(
@@ -278,10 +300,16 @@ fn the_forced_grammar_writes_k3_markup_after_thinking() {
     };
     let tools = vec![("add".to_owned(), serde_json::json!({"type": "object"}))];
     let on = m.forced_calls_lark(&tools, false, true);
-    assert!(on.starts_with("start: THINK <[516]> \"think\" <[517]> <[515]> \"response\""), "{on}");
+    assert!(
+        on.starts_with("start: THINK <[516]> \"think\" <[517]> <[515]> \"response\""),
+        "{on}"
+    );
     assert!(on.contains(r#""call tool=\"add\" index=\"" "1""#), "{on}");
     let off = m.forced_calls_lark(&tools, true, false);
-    assert!(off.starts_with("start: <[515]> \"response\""), "{off}");
+    assert!(
+        off.starts_with("start: <[516]> \"response\" <[517]> <[515]> \"tools\""),
+        "{off}"
+    );
     assert!(off.contains("calls: call+"), "{off}");
 }
 
@@ -289,7 +317,8 @@ fn the_forced_grammar_writes_k3_markup_after_thinking() {
 /// token (`[EOT]`, reserved ids).
 #[test]
 fn the_decoder_shows_only_the_markers() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi_k3/tiny-hf");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi_k3/tiny-hf");
     let tok = TextTokenizer::from_hf_dir(&dir).expect("tiny K3 tokenizer");
     let f = ChatFormat::detect(&tok);
     let mut ids = tok.encode("Hi é", false).unwrap();

@@ -19,11 +19,11 @@ use specgate_verify::TokenLogprob;
 use super::request_id::RequestId;
 use super::stop::OffsetQueue;
 use crate::api::tool_calls::ParsedCall;
-use crate::chat_format::{ChatFormat, TurnPiece, TurnStream};
 use crate::api::{
     ChatCompletion, ChatCompletionChunk, ChatLogprobs, ChatTokenLogprob, CompletionChunk,
     CompletionLogprobs, FinishReason, ToolCall, TopLogprob, TopMap, Usage,
 };
+use crate::chat_format::{ChatFormat, TurnPiece, TurnStream};
 use crate::tokenizer::TextTokenizer;
 
 /// What a log-probability is reported as when it is not finite (never
@@ -407,10 +407,10 @@ impl StreamShape {
                     sse(&ChatCompletionChunk::content(&l.id, l.created, &l.model, c)
                         .with_logprobs(lp(&lps)))
                 }
-                Shaped::Reasoning(r, lps) => {
-                    sse(&ChatCompletionChunk::reasoning(&l.id, l.created, &l.model, r)
-                        .with_logprobs(lp(&lps)))
-                }
+                Shaped::Reasoning(r, lps) => sse(&ChatCompletionChunk::reasoning(
+                    &l.id, l.created, &l.model, r,
+                )
+                .with_logprobs(lp(&lps))),
                 Shaped::Call(c, lps) => {
                     let index = self.next_call;
                     self.next_call += 1;
@@ -519,5 +519,78 @@ mod tests {
                 (String::new(), vec![4]),
             ]
         );
+    }
+
+    /// A K3 turn fed token by token: each token's log-probability goes
+    /// out with the reasoning, content or call its text ends in, and no
+    /// piece shows a marker.
+    #[test]
+    fn k3_stage_carries_logprobs_with_reasoning_content_and_calls() {
+        use crate::chat_format::kimi_k3::K3Markers;
+        let f = ChatFormat::KimiK3(K3Markers {
+            open: 515,
+            close: 516,
+            sep: 517,
+        });
+        let mut t = TurnStage::new(f.parser(crate::chat_format::TurnSetup {
+            names: vec!["add".into()],
+            parse_calls: true,
+            thinking: true,
+        }));
+        let tokens = [
+            "Hmm",
+            "<|close|>",
+            "think",
+            "<|sep|>",
+            "<|open|>",
+            "response",
+            "<|sep|>",
+            "Ok",
+            "<|close|>",
+            "response",
+            "<|sep|>",
+            "<|open|>",
+            "tools",
+            "<|sep|>",
+            "<|open|>",
+            "call tool=\"add\" index=\"1\"",
+            "<|sep|>",
+            "<|open|>",
+            "argument key=\"a\" type=\"number\"",
+            "<|sep|>",
+            "1",
+            "<|close|>",
+            "argument",
+            "<|sep|>",
+            "<|close|>",
+            "call",
+            "<|sep|>",
+            "<|close|>",
+            "tools",
+            "<|sep|>",
+        ];
+        let mut out = Vec::new();
+        for (i, tok) in tokens.iter().enumerate() {
+            out.extend(t.push(tok, vec![lp(i as u32)]));
+        }
+        out.extend(t.finish());
+        let got: Vec<(String, Vec<u32>)> = out
+            .iter()
+            .map(|s| match s {
+                Shaped::Content(c, l) => (format!("content {c}"), ids(l)),
+                Shaped::Reasoning(r, l) => (format!("reasoning {r}"), ids(l)),
+                Shaped::Call(c, l) => (format!("call {} {}", c.name, c.arguments), ids(l)),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("reasoning Hmm".to_owned(), vec![0]),
+                ("content Ok".to_owned(), (1..8).collect()),
+                ("call add {\"a\":1}".to_owned(), (8..27).collect()),
+                (String::from("content "), (27..30).collect()),
+            ]
+        );
+        assert_eq!(t.calls(), 1);
     }
 }

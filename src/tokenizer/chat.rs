@@ -134,7 +134,14 @@ impl ChatTemplate {
         eos_token: Option<String>,
     ) -> Result<String, TokenizerError> {
         let none = serde_json::Map::new();
-        self.render_with_vars(messages, tools, &none, add_generation_prompt, bos_token, eos_token)
+        self.render_with_vars(
+            messages,
+            tools,
+            &none,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        )
     }
 
     /// As [`render_with_tools`](Self::render_with_tools), with `vars` (a
