@@ -522,6 +522,7 @@ fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Event;
     use crate::http::{ConnLimits, HttpSettings};
     use std::time::Duration;
     use tokio::sync::Semaphore;
