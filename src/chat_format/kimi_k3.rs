@@ -253,7 +253,7 @@ impl K3Stream {
     }
 
     fn emit_call(&mut self, acc: CallAcc, out: &mut Vec<(TurnPiece, usize)>) {
-        if !self.parse_calls || !self.names.iter().any(|n| *n == acc.name) {
+        if !self.parse_calls || !self.names.contains(&acc.name) {
             return;
         }
         let arguments = match acc.json {
