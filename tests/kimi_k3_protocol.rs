@@ -186,8 +186,22 @@ fn knobs_change_the_k3_prompt_and_reasoning_is_apart_from_content() {
         body(json!({"logit_bias": no_specials(), "chat_template_kwargs": {"thinking": false}})),
     ));
     let m = &v["choices"][0]["message"];
-    assert!(!m["content"].as_str().unwrap().is_empty(), "{m}");
+    let content = m["content"].as_str().unwrap().to_owned();
+    assert!(!content.is_empty(), "{m}");
     assert!(m.get("reasoning_content").is_none(), "{m}");
+    // ... where a stop string does cut it.
+    let cut = content.char_indices().nth(4).map_or(0, |(i, _)| i);
+    let stop: String = content[cut..].chars().take(3).collect();
+    let v = ok(&post(
+        a,
+        "/v1/chat/completions",
+        body(json!({"logit_bias": no_specials(), "chat_template_kwargs": {"thinking": false},
+                    "stop": [stop.clone()]})),
+    ));
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    let stopped = c["message"]["content"].as_str().unwrap_or_default();
+    assert_eq!(stopped, &content[..content.find(&stop).unwrap()], "{v}");
 }
 
 fn weather_tool() -> Value {
