@@ -195,8 +195,10 @@ fn knobs_change_the_k3_prompt_and_reasoning_is_apart_from_content() {
     let v = ok(&post(
         a,
         "/v1/chat/completions",
-        body(json!({"logit_bias": no_specials(), "chat_template_kwargs": {"thinking": false},
-                    "stop": [stop.clone()]})),
+        body(
+            json!({"logit_bias": no_specials(), "chat_template_kwargs": {"thinking": false},
+                    "stop": [stop.clone()]}),
+        ),
     ));
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "stop", "{v}");
@@ -347,6 +349,25 @@ fn a_forced_call_is_k3_markup_parsed_into_tool_calls() {
     check_call(&c["message"]["tool_calls"][0], "functions.get_weather:0");
     let first = c["logprobs"]["content"][0]["token"].as_str().unwrap();
     assert_eq!(first, "<|close|>", "{v}");
+    // A JSON answer (`response_format`) is the response channel's text,
+    // with thinking off and after thinking closes.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["n"], "additionalProperties": false});
+    for kwargs in [json!({"thinking": false}), json!({})] {
+        let v = ok(&post(
+            a,
+            "/v1/chat/completions",
+            body(json!({"max_tokens": 100, "chat_template_kwargs": kwargs,
+                        "logit_bias": {CLOSE.to_string(): 100},
+                        "response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "n", "schema": schema}}})),
+        ));
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "stop", "{v}");
+        let answer: Value = serde_json::from_str(c["message"]["content"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {v}"));
+        assert!(answer["n"].as_u64().is_some_and(|n| n <= 9), "{v}");
+    }
     // `tool_choice: none`: not parsed, not forced; the text is content.
     let v = ok(&post(
         a,

@@ -347,6 +347,39 @@ pub struct K3Markers {
 }
 
 impl K3Markers {
+    /// The Lark grammar (llguidance) for a JSON answer (`schema`, layout
+    /// options added) in K3's markup: after the think channel closes
+    /// (`thinking`) the response channel opens, or the prompt opened it;
+    /// the JSON is the response text, then the channel and the message
+    /// close.
+    pub fn json_answer_lark(&self, schema: &Value, thinking: bool) -> String {
+        let (o, c, s) = (
+            format!("<[{}]>", self.open),
+            format!("<[{}]>", self.close),
+            format!("<[{}]>", self.sep),
+        );
+        let lit = |t: &str| Value::String(t.to_owned()).to_string();
+        let head = if thinking {
+            format!(
+                "THINK {c} {} {s} {o} {} {s} ",
+                lit("think"),
+                lit("response")
+            )
+        } else {
+            String::new()
+        };
+        let mut rules = vec![format!(
+            "start: {head}answer {c} {} {s} {c} {} {s}",
+            lit("response"),
+            lit("message")
+        )];
+        if thinking {
+            rules.push("THINK: /(?s:.*)/".to_owned());
+        }
+        rules.push(format!("answer: %json {schema}"));
+        rules.join("\n") + "\n"
+    }
+
     /// The Lark grammar (llguidance) that forces one call (`parallel`:
     /// one or more) of `tools` (name, arguments schema with the layout
     /// options already added) in K3's own markup: after the think channel

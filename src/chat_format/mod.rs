@@ -184,6 +184,18 @@ impl ChatFormat {
     }
 }
 
+impl ChatFormat {
+    /// The Lark grammar for a JSON answer (`schema` with the grammar
+    /// layout added) in the family's markup, or `None` when the answer is
+    /// the bare JSON (Hermes).
+    pub fn json_answer_lark(&self, schema: &Value, thinking: bool) -> Option<String> {
+        match self {
+            Self::Hermes => None,
+            Self::KimiK3(m) => Some(m.json_answer_lark(schema, thinking)),
+        }
+    }
+}
+
 /// Jinja truthiness of a template variable.
 fn truthy(v: &Value) -> bool {
     match v {

@@ -152,7 +152,7 @@ pub(super) const TOOLS: &str = "tools";
 pub(super) fn label(spec: &GrammarSpec) -> &'static str {
     match spec {
         GrammarSpec::JsonObject => JSON_OBJECT,
-        GrammarSpec::JsonSchema(_) => JSON_SCHEMA,
+        GrammarSpec::JsonSchema(_) | GrammarSpec::MarkupJson { .. } => JSON_SCHEMA,
         GrammarSpec::ToolCalls { .. } | GrammarSpec::MarkupCalls { .. } => TOOLS,
     }
 }
@@ -185,6 +185,17 @@ pub(super) fn top_level(spec: &GrammarSpec) -> Result<(TopLevelGrammar, String),
             TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel)?),
             label,
         ),
+        GrammarSpec::MarkupJson {
+            format,
+            schema,
+            thinking,
+        } => {
+            let schema = with_layout(schema, JSON_SCHEMA)?;
+            let lark = format.json_answer_lark(&schema, *thinking).ok_or_else(|| {
+                GrammarError::Invalid(format!("{JSON_SCHEMA}: no markup of its own"))
+            })?;
+            (TopLevelGrammar::from_lark(lark), label)
+        }
         GrammarSpec::MarkupCalls {
             format,
             tools,

@@ -101,7 +101,7 @@ pub(super) fn parser_limits() -> ParserLimits {
 pub(super) fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
     match spec {
         GrammarSpec::JsonObject => Ok(()),
-        GrammarSpec::JsonSchema(schema) => {
+        GrammarSpec::JsonSchema(schema) | GrammarSpec::MarkupJson { schema, .. } => {
             let mut tally = Tally::default();
             tally.bytes(schema);
             tally.walk(schema);

@@ -69,9 +69,36 @@ pub enum GrammarSpec {
         parallel: bool,
         thinking: bool,
     },
+    /// A JSON answer valid against `schema` written as the response text
+    /// of a family's markup ([`ChatFormat::json_answer_lark`]); `thinking`
+    /// as for [`GrammarSpec::MarkupCalls`].
+    MarkupJson {
+        format: ChatFormat,
+        schema: serde_json::Value,
+        thinking: bool,
+    },
 }
 
 impl GrammarSpec {
+    /// The spec for a JSON answer valid against `schema` (`None`: any
+    /// object), in `format`'s markup when the family wraps its answers
+    /// (Kimi K3's response channel, after thinking).
+    pub fn json_answer(
+        format: ChatFormat,
+        schema: Option<serde_json::Value>,
+        thinking: bool,
+    ) -> Self {
+        match (format, schema) {
+            (ChatFormat::Hermes, None) => Self::JsonObject,
+            (ChatFormat::Hermes, Some(s)) => Self::JsonSchema(s),
+            (ChatFormat::KimiK3(_), schema) => Self::MarkupJson {
+                format,
+                schema: schema.unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                thinking,
+            },
+        }
+    }
+
     /// The spec forcing calls of `tools` in `format`'s markup.
     pub fn forced_calls(
         format: ChatFormat,

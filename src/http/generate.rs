@@ -348,9 +348,21 @@ fn grammar(
     plan: TurnPlan,
 ) -> Result<Option<std::sync::Arc<dyn specgate_verify::ConstraintSource>>, ApiError> {
     let (spec, param) = match &v.response_format {
-        ResponseFormat::JsonObject => (GrammarSpec::JsonObject, "response_format"),
-        ResponseFormat::JsonSchema { schema, .. } => {
-            (GrammarSpec::JsonSchema(schema.clone()), "response_format")
+        // A chat answer in a family that wraps its answers (K3's response
+        // channel) is JSON inside that markup; completions are bare JSON.
+        ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. } => {
+            let schema = match &v.response_format {
+                ResponseFormat::JsonSchema { schema, .. } => Some(schema.clone()),
+                _ => None,
+            };
+            let format = match v.input {
+                Input::Chat(_) => plan.format,
+                _ => ChatFormat::Hermes,
+            };
+            (
+                GrammarSpec::json_answer(format, schema, plan.thinking),
+                "response_format",
+            )
         }
         ResponseFormat::Text if v.tools.forces_a_call() => (
             GrammarSpec::forced_calls(
