@@ -265,7 +265,7 @@ fn a_forced_call_is_k3_markup_parsed_into_tool_calls() {
         .collect();
     let written = toks.concat();
     assert!(
-        written.starts_with("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>"),
+        written.starts_with("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>"),
         "{written}"
     );
     assert!(

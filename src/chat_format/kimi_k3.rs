@@ -385,8 +385,10 @@ impl K3Markers {
     /// options already added) in K3's own markup: after the think channel
     /// closes (`thinking`: the prompt left it open, so free reasoning text
     /// comes first) an empty response channel, then the tools section,
-    /// each call's arguments as one `json` block valid against its
-    /// schema, then the message's close. Markers are written as token ids
+    /// each call's arguments as K3's typed `argument` tags when the schema
+    /// is a plain object of typed properties (strings raw, other values
+    /// JSON valid against their schema), else as one `json` block valid
+    /// against the schema, then the message's close. Markers are written as token ids
     /// (`<[id]>`), so no text can spell them.
     pub fn forced_calls_lark(
         &self,
@@ -434,14 +436,19 @@ impl K3Markers {
         rules.push(format!("call: {}", alternatives.join(" | ")));
         for (i, (name, schema)) in tools.iter().enumerate() {
             rules.push(format!(
-                "call_{i}: {o} {head} {index} {q} {s} {o} {json} {s} args_{i} {c} {jname} {s} {c} {cname} {s}",
+                "call_{i}: {o} {head} {index} {q} {s} args_{i} {c} {cname} {s}",
                 head = lit(&format!("call tool=\"{}\" index=\"", escape(name))),
                 q = lit("\""),
-                json = lit("json type=\"object\""),
-                jname = lit("json"),
                 cname = lit("call"),
             ));
-            rules.push(format!("args_{i}: %json {schema}"));
+            match self.argument_rules(i, schema) {
+                Some(args) => rules.extend(args),
+                None => rules.push(format!(
+                    "args_{i}: {o} {json} {s} %json {schema} {c} {jname} {s}",
+                    json = lit("json type=\"object\""),
+                    jname = lit("json"),
+                )),
+            }
         }
         rules.join("\n") + "\n"
     }
@@ -458,4 +465,89 @@ pub fn effort_vars(effort: &str) -> Vec<(&'static str, Value)> {
         _ => "max",
     };
     vec![("thinking_effort", Value::String(level.to_owned()))]
+}
+
+impl K3Markers {
+    /// Rules `args_{i}` writing a call's arguments as typed `argument`
+    /// tags, one per property of `schema` in its order (required ones
+    /// always, the others optionally), when `schema` is a plain object:
+    /// only `type: object`, `properties`, `required`,
+    /// `additionalProperties` and annotations, each property of one
+    /// JSON type, a string one at most bounded in length. `None`
+    /// otherwise (the caller writes a `json` block).
+    fn argument_rules(&self, i: usize, schema: &Value) -> Option<Vec<String>> {
+        const OBJECT_KEYS: &[&str] = &[
+            "type",
+            "properties",
+            "required",
+            "additionalProperties",
+            "description",
+            "title",
+            "x-guidance",
+            "$schema",
+        ];
+        const STRING_KEYS: &[&str] = &["type", "description", "title", "minLength", "maxLength"];
+        let obj = schema.as_object()?;
+        if obj.get("type")? != "object" || obj.keys().any(|k| !OBJECT_KEYS.contains(&k.as_str())) {
+            return None;
+        }
+        let props = obj.get("properties")?.as_object()?;
+        let required: Vec<&str> = match obj.get("required") {
+            None => Vec::new(),
+            Some(r) => r
+                .as_array()?
+                .iter()
+                .map(Value::as_str)
+                .collect::<Option<_>>()?,
+        };
+        if props.is_empty() || required.iter().any(|r| !props.contains_key(*r)) {
+            return None;
+        }
+        let layout = obj.get("x-guidance").cloned();
+        let (o, c, s) = (
+            format!("<[{}]>", self.open),
+            format!("<[{}]>", self.close),
+            format!("<[{}]>", self.sep),
+        );
+        let lit = |t: &str| Value::String(t.to_owned()).to_string();
+        let mut seq = Vec::new();
+        let mut rules = Vec::new();
+        for (j, (key, prop)) in props.iter().enumerate() {
+            let p = prop.as_object()?;
+            let ty = p.get("type")?.as_str()?;
+            let value = match ty {
+                "string" => {
+                    if p.keys().any(|k| !STRING_KEYS.contains(&k.as_str())) {
+                        return None;
+                    }
+                    let bound = |k: &str| p.get(k).and_then(Value::as_u64);
+                    let min = bound("minLength").unwrap_or(0);
+                    let max = bound("maxLength").map_or(String::new(), |m| m.to_string());
+                    format!("/(?s:.{{{min},{max}}})/")
+                }
+                "number" | "integer" | "boolean" | "null" | "object" | "array" => {
+                    let mut sub = p.clone();
+                    if let Some(l) = &layout {
+                        sub.entry("x-guidance").or_insert_with(|| l.clone());
+                    }
+                    format!("%json {}", Value::Object(sub))
+                }
+                _ => return None,
+            };
+            let wire_type = if ty == "integer" { "number" } else { ty };
+            let head = format!("argument key=\"{}\" type=\"{wire_type}\"", escape(key));
+            rules.push(format!(
+                "arg_{i}_{j}: {o} {} {s} {value} {c} {} {s}",
+                lit(&head),
+                lit("argument")
+            ));
+            seq.push(if required.contains(&key.as_str()) {
+                format!("arg_{i}_{j}")
+            } else {
+                format!("(arg_{i}_{j})?")
+            });
+        }
+        rules.push(format!("args_{i}: {}", seq.join(" ")));
+        Some(rules)
+    }
 }

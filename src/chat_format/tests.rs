@@ -311,6 +311,24 @@ fn the_forced_grammar_writes_k3_markup_after_thinking() {
         "{off}"
     );
     assert!(off.contains("calls: call+"), "{off}");
+    // A plain object schema: typed argument tags, a raw bounded string.
+    let plain = serde_json::json!({"type": "object", "required": ["a"],
+        "properties": {"a": {"type": "string", "maxLength": 5}, "b": {"type": "integer"}}});
+    let g = m.forced_calls_lark(&[("add".to_owned(), plain)], false, false);
+    assert!(
+        g.contains(r#""argument key=\"a\" type=\"string\"" <[517]> /(?s:.{0,5})/"#),
+        "{g}"
+    );
+    assert!(
+        g.contains(r#""argument key=\"b\" type=\"number\"" <[517]> %json {"type":"integer"}"#),
+        "{g}"
+    );
+    assert!(g.contains("args_0: arg_0_0 (arg_0_1)?"), "{g}");
+    // Anything else: one JSON block.
+    assert!(
+        on.contains(r#""json type=\"object\"" <[517]> %json {"type":"object"}"#),
+        "{on}"
+    );
 }
 
 /// The engine's decoder shows K3's markers whole, and no other control
