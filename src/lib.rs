@@ -1,6 +1,7 @@
 //! specgate: an OpenAI-compatible LLM serving gateway built around speculative decoding.
 
 pub mod api;
+pub mod chat_format;
 pub mod cli;
 pub mod config;
 pub mod engine;

@@ -25,13 +25,17 @@ fn k3_chat(extra: Value) -> Value {
     b
 }
 
+/// The turn's text: its reasoning (thinking is on by default, so a random
+/// model's text is reasoning) then its content.
 fn content(r: &Resp) -> String {
     assert_eq!(r.status, 200, "{}", r.body);
     let v: Value = serde_json::from_str(&r.body).unwrap();
-    v["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    let m = &v["choices"][0]["message"];
+    format!(
+        "{}{}",
+        m["reasoning_content"].as_str().unwrap_or_default(),
+        m["content"].as_str().unwrap_or_default()
+    )
 }
 
 #[test]
@@ -54,11 +58,12 @@ fn the_tiny_k3_config_serves_over_http() {
     let r = post(a, "/v1/chat/completions", k3_chat(json!({"stream": true})));
     let (evs, done) = events(&r.body);
     assert!(done);
-    let text: String = evs
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(text, whole);
+    let delta = |k: &str| -> String {
+        evs.iter()
+            .filter_map(|e| e["choices"][0]["delta"][k].as_str())
+            .collect()
+    };
+    assert_eq!(delta("reasoning_content") + &delta("content"), whole);
     assert_eq!(
         content(&post(a, "/v1/chat/completions", k3_chat(json!({})))),
         whole

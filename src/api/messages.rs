@@ -28,6 +28,8 @@ const MESSAGE_KEYS: &[&str] = &[
     "annotations",
     "audio",
     "function_call",
+    "reasoning_content",
+    "reasoning",
 ];
 
 /// Most tool calls one assistant message may carry.
@@ -145,6 +147,20 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
     }
     if let Some(calls) = tool_calls {
         parse_tool_calls(&here, calls, &mut msg)?;
+    }
+    // An assistant turn's earlier reasoning, replayed by templates that
+    // render it (`reasoning` is the same field under vLLM's newer name).
+    for k in ["reasoning_content", "reasoning"] {
+        let Some(r) = get(m, k) else { continue };
+        let param = format!("{here}.{k}");
+        if role != "assistant" {
+            return Err(ApiError::invalid(
+                &param,
+                format!("'{param}' is only allowed on assistant messages."),
+            ));
+        }
+        let r = as_str(r, &param)?;
+        msg.reasoning_content.get_or_insert_with(|| r.to_owned());
     }
     Ok(msg)
 }

@@ -20,6 +20,7 @@
 //! (the `http` module maps between the two).
 
 mod error;
+mod knobs;
 mod messages;
 mod prompt;
 mod request;
@@ -36,6 +37,7 @@ mod tools;
 mod tools_tests;
 
 pub use error::{ApiError, ErrorKind};
+pub use knobs::{ChatKnobs, REASONING_EFFORTS, RESERVED_TEMPLATE_VARS};
 pub use request::{
     parse_chat, parse_completion, Input, RequestMeta, SpecMethod, SpecOverride, ValidRequest,
     COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, KNOWN_CHAT_FIELDS, KNOWN_COMPLETION_FIELDS,

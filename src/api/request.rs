@@ -172,6 +172,7 @@ pub const KNOWN_CHAT_FIELDS: &[&str] = &[
     "ignore_eos",
     "speculative",
     "cache_salt",
+    "chat_template_kwargs",
 ];
 
 /// Top-level fields of `POST /v1/completions` this server reads (OpenAI's
@@ -265,6 +266,9 @@ pub struct ValidRequest {
     /// vLLM's `cache_salt`: requests share prefix-cache blocks only with
     /// requests of the same salt (1..=[`MAX_CACHE_SALT`] bytes).
     pub cache_salt: Option<String>,
+    /// Chat only: `chat_template_kwargs` and `reasoning_effort` (whether
+    /// the model has a reasoning knob is the http layer's check).
+    pub knobs: super::knobs::ChatKnobs,
 }
 
 /// Longest `cache_salt` accepted, in bytes.
@@ -312,7 +316,7 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// without `logprobs: true`; a bad `tools` / `tool_choice` /
 /// `response_format`; an OpenAI field this server cannot honour (`audio`,
 /// `modalities` other than `["text"]`, `functions`, `function_call`,
-/// `prediction`, `reasoning_effort`, `verbosity`, `web_search_options`,
+/// `prediction`, `verbosity`, `web_search_options`,
 /// `store: true`, a `service_tier` other than `auto`/`default`); plus every
 /// check of the shared fields (see [`ValidRequest`]).
 pub fn parse_chat(body: &[u8]) -> Result<ValidRequest, ApiError> {
@@ -354,6 +358,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ValidRequest, ApiError> {
         ));
     }
     v.tools = tools;
+    v.knobs = super::knobs::parse_knobs(&map)?;
     Ok(v)
 }
 
@@ -398,12 +403,6 @@ fn reject_unsupported_chat_fields(map: &Map<String, Value>) -> Result<(), ApiErr
         return refuse(
             "prediction",
             "predicted outputs are not available on this server.",
-        );
-    }
-    if get(map, "reasoning_effort").is_some() {
-        return refuse(
-            "reasoning_effort",
-            "the served model is not a reasoning model.",
         );
     }
     if get(map, "verbosity").is_some() {
@@ -561,6 +560,7 @@ fn parse_common(
         meta: parse_meta(map)?,
         speculative: parse_speculative(map)?,
         cache_salt: parse_cache_salt(map)?,
+        knobs: super::knobs::ChatKnobs::default(),
     })
 }
 

@@ -660,7 +660,6 @@ fn openai_fields_we_cannot_honour_are_refused_with_a_reason() {
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!("auto")),
         ("prediction", json!({"type": "content", "content": "x"})),
-        ("reasoning_effort", json!("low")),
         ("verbosity", json!("low")),
         ("web_search_options", json!({})),
         ("store", json!(true)),
@@ -813,4 +812,34 @@ fn speculative_override() {
         json!({"speculative": {"method": "ngram", "num_tokens": 2}}),
     ));
     assert_eq!(r.unwrap().speculative, ov(Some(SpecMethod::Ngram), Some(2)));
+}
+
+/// `chat_template_kwargs` is an object of template variables (the
+/// server's own ones excepted); `reasoning_effort` one of the known
+/// efforts. Whether the model has a knob for it is the http layer's.
+#[test]
+fn template_knobs_are_parsed_and_bounded() {
+    let v = chat(chat_with(json!({
+        "chat_template_kwargs": {"thinking": false, "x": [1]},
+        "reasoning_effort": "low",
+    })))
+    .unwrap();
+    assert_eq!(v.knobs.template_vars.get("thinking"), Some(&json!(false)));
+    assert_eq!(v.knobs.reasoning_effort.as_deref(), Some("low"));
+    assert_rejects(
+        chat(chat_with(json!({"chat_template_kwargs": [1]}))),
+        "chat_template_kwargs",
+    );
+    assert_rejects(
+        chat(chat_with(json!({"chat_template_kwargs": {"messages": []}}))),
+        "chat_template_kwargs.messages",
+    );
+    assert_rejects(
+        chat(chat_with(json!({"reasoning_effort": "huge"}))),
+        "reasoning_effort",
+    );
+    assert_rejects(
+        chat(chat_with(json!({"reasoning_effort": 1}))),
+        "reasoning_effort",
+    );
 }

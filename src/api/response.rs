@@ -190,6 +190,10 @@ pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
     pub content: Option<String>,
+    /// The turn's thinking, for a family that writes it apart (Kimi K3);
+    /// omitted when there is none (Moonshot's, DeepSeek's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
 }
@@ -236,6 +240,7 @@ impl ChatCompletion {
                 message: AssistantMessage {
                     role: "assistant",
                     content: Some(content),
+                    reasoning_content: None,
                     tool_calls: Vec::new(),
                 },
                 logprobs: None,
@@ -257,6 +262,12 @@ impl ChatCompletion {
         self.choices[0].logprobs = logprobs;
         self
     }
+
+    /// Sets the choice's `message.reasoning_content`.
+    pub fn with_reasoning(mut self, reasoning: Option<String>) -> Self {
+        self.choices[0].message.reasoning_content = reasoning;
+        self
+    }
 }
 
 /// What a streaming chat chunk adds; absent keys are omitted (`{}` on the
@@ -267,6 +278,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
@@ -337,6 +350,7 @@ impl ChatCompletionChunk {
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
+            reasoning_content: None,
             tool_calls: None,
         };
         Self::one(id, created, model, delta, None)
@@ -346,6 +360,15 @@ impl ChatCompletionChunk {
     pub fn content(id: &str, created: u64, model: &str, text: String) -> Self {
         let delta = Delta {
             content: Some(text),
+            ..Delta::default()
+        };
+        Self::one(id, created, model, delta, None)
+    }
+
+    /// A reasoning delta: `delta: {"reasoning_content": text}`.
+    pub fn reasoning(id: &str, created: u64, model: &str, text: String) -> Self {
+        let delta = Delta {
+            reasoning_content: Some(text),
             ..Delta::default()
         };
         Self::one(id, created, model, delta, None)

@@ -35,6 +35,9 @@ pub enum TokenizeInput {
         /// Add BOS on top of what the template writes (vLLM's default:
         /// false, which is what generation does).
         add_special_tokens: bool,
+        /// `chat_template_kwargs` and `reasoning_effort`, as chat
+        /// completions take them.
+        knobs: super::knobs::ChatKnobs,
     },
 }
 
@@ -92,18 +95,19 @@ pub struct DetokenizeResponse {
 /// Fields of the prompt form, then of the chat form (`model` and
 /// `return_token_strs` belong to both).
 const PROMPT_FIELDS: [&str; 4] = ["model", "prompt", "add_special_tokens", "return_token_strs"];
-const CHAT_FIELDS: [&str; 6] = [
+const CHAT_FIELDS: [&str; 8] = [
     "model",
     "messages",
     "add_generation_prompt",
     "continue_final_message",
     "add_special_tokens",
     "return_token_strs",
+    "chat_template_kwargs",
+    "reasoning_effort",
 ];
 /// vLLM's chat-form extras this server does not implement.
-const UNSUPPORTED: [&str; 5] = [
+const UNSUPPORTED: [&str; 4] = [
     "chat_template",
-    "chat_template_kwargs",
     "tools",
     "mm_processor_kwargs",
     "media_io_kwargs",
@@ -162,6 +166,7 @@ pub fn parse_tokenize(body: &[u8]) -> Result<TokenizeRequest, ApiError> {
             messages: parse_messages(&map)?,
             add_generation_prompt: opt_bool(&map, "add_generation_prompt")?.unwrap_or(true),
             add_special_tokens: opt_bool(&map, "add_special_tokens")?.unwrap_or(false),
+            knobs: super::knobs::parse_knobs(&map)?,
         }
     } else {
         let v = get(&map, "prompt").ok_or_else(|| missing("prompt"))?;
@@ -299,6 +304,7 @@ mod tests {
                 messages: vec![ChatMessage::new("user", "hi")],
                 add_generation_prompt: true,
                 add_special_tokens: false,
+                knobs: Default::default(),
             }
         );
         let r = tok(json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false, "continue_final_message": false}))

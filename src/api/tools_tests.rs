@@ -437,7 +437,11 @@ fn every_openai_chat_field_is_honoured_or_refused() {
             Honoured(|r| r.controls.presence_penalty == -0.5),
         ),
         ("prompt_cache_key", json!("user-7"), Accepted),
-        ("reasoning_effort", json!("high"), Refused),
+        (
+            "reasoning_effort",
+            json!("high"),
+            Honoured(|r| r.knobs.reasoning_effort.as_deref() == Some("high")),
+        ),
         (
             "response_format",
             json!({"type": "json_object"}),

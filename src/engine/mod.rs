@@ -58,6 +58,10 @@ pub struct GenRequest {
     /// blocks (0 = the shared scope). Set from the API key (unless the
     /// server shares its cache) and the request's `cache_salt`.
     pub cache_scope: u64,
+    /// Control tokens whose text the output shows (a chat format's
+    /// markers, for its parser); every other control token decodes to
+    /// nothing.
+    pub shown_special_ids: Vec<u32>,
 }
 
 /// Most alternatives a request may ask for per token (OpenAI's limit).

@@ -60,6 +60,7 @@ impl Sequence {
         let sampler = Sampler::new(req.sampling)
             .with_processor(processor)
             .with_logprobs(req.logprobs);
+        let detok = IncrementalDecoder::new(true).showing(req.shown_special_ids.clone());
         Self {
             spec: SpecSeq {
                 id,
@@ -71,7 +72,7 @@ impl Sequence {
             req,
             computed: 0,
             tx,
-            detok: IncrementalDecoder::new(true),
+            detok,
             drafted: 0,
             accepted: 0,
             method: SpecMethod::Off,

@@ -126,6 +126,23 @@ pub(super) fn tool_calls_lark(
     Ok(rules.join("\n") + "\n")
 }
 
+/// Errors as [`tool_calls_lark`] for no tools, an empty or repeated name.
+fn check_names(tools: &[(String, Value)]) -> Result<(), GrammarError> {
+    if tools.is_empty() {
+        return Err(GrammarError::Invalid(format!(
+            "{TOOLS}: at least one tool is needed"
+        )));
+    }
+    for (i, (name, _)) in tools.iter().enumerate() {
+        if name.is_empty() || tools[..i].iter().any(|(n, _)| n == name) {
+            return Err(GrammarError::Invalid(format!(
+                "{TOOLS}: tool name {name:?} is empty or given twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// How errors name the parts of a spec.
 pub(super) const JSON_OBJECT: &str = "response_format json_object";
 pub(super) const JSON_SCHEMA: &str = "response_format json_schema";
@@ -135,8 +152,8 @@ pub(super) const TOOLS: &str = "tools";
 pub(super) fn label(spec: &GrammarSpec) -> &'static str {
     match spec {
         GrammarSpec::JsonObject => JSON_OBJECT,
-        GrammarSpec::JsonSchema(_) => JSON_SCHEMA,
-        GrammarSpec::ToolCalls { .. } => TOOLS,
+        GrammarSpec::JsonSchema(_) | GrammarSpec::MarkupJson { .. } => JSON_SCHEMA,
+        GrammarSpec::ToolCalls { .. } | GrammarSpec::MarkupCalls { .. } => TOOLS,
     }
 }
 
@@ -168,5 +185,32 @@ pub(super) fn top_level(spec: &GrammarSpec) -> Result<(TopLevelGrammar, String),
             TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel)?),
             label,
         ),
+        GrammarSpec::MarkupJson {
+            format,
+            schema,
+            thinking,
+        } => {
+            let schema = with_layout(schema, JSON_SCHEMA)?;
+            let lark = format.json_answer_lark(&schema, *thinking).ok_or_else(|| {
+                GrammarError::Invalid(format!("{JSON_SCHEMA}: no markup of its own"))
+            })?;
+            (TopLevelGrammar::from_lark(lark), label)
+        }
+        GrammarSpec::MarkupCalls {
+            format,
+            tools,
+            parallel,
+            thinking,
+        } => {
+            check_names(tools)?;
+            let schemas = tools
+                .iter()
+                .map(|(n, s)| Ok((n.clone(), arguments_schema(n, s)?)))
+                .collect::<Result<Vec<_>, GrammarError>>()?;
+            let lark = format
+                .forced_calls_lark(&schemas, *parallel, *thinking)
+                .ok_or_else(|| GrammarError::Invalid(format!("{TOOLS}: no markup of its own")))?;
+            (TopLevelGrammar::from_lark(lark), label)
+        }
     })
 }

@@ -101,13 +101,13 @@ pub(super) fn parser_limits() -> ParserLimits {
 pub(super) fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
     match spec {
         GrammarSpec::JsonObject => Ok(()),
-        GrammarSpec::JsonSchema(schema) => {
+        GrammarSpec::JsonSchema(schema) | GrammarSpec::MarkupJson { schema, .. } => {
             let mut tally = Tally::default();
             tally.bytes(schema);
             tally.walk(schema);
             tally.verdict(super::build::JSON_SCHEMA)
         }
-        GrammarSpec::ToolCalls { tools, .. } => {
+        GrammarSpec::ToolCalls { tools, .. } | GrammarSpec::MarkupCalls { tools, .. } => {
             let label = super::build::TOOLS;
             if tools.len() > MAX_TOOLS {
                 return Err(GrammarError::Invalid(format!(

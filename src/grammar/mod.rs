@@ -36,6 +36,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::ParserFactory;
 use specgate_verify::ConstraintSource;
 
+use crate::chat_format::ChatFormat;
 use crate::tokenizer::TextTokenizer;
 
 /// What a request's output must match.
@@ -58,6 +59,63 @@ pub enum GrammarSpec {
         tools: Vec<(String, serde_json::Value)>,
         parallel: bool,
     },
+    /// Calls in a model family's own markup (Kimi K3's tags), as
+    /// [`ChatFormat::forced_calls_lark`] writes them: the same tools and
+    /// `parallel` as [`GrammarSpec::ToolCalls`]; `thinking` when the
+    /// prompt left the think channel open (free reasoning first).
+    MarkupCalls {
+        format: ChatFormat,
+        tools: Vec<(String, serde_json::Value)>,
+        parallel: bool,
+        thinking: bool,
+    },
+    /// A JSON answer valid against `schema` written as the response text
+    /// of a family's markup ([`ChatFormat::json_answer_lark`]); `thinking`
+    /// as for [`GrammarSpec::MarkupCalls`].
+    MarkupJson {
+        format: ChatFormat,
+        schema: serde_json::Value,
+        thinking: bool,
+    },
+}
+
+impl GrammarSpec {
+    /// The spec for a JSON answer valid against `schema` (`None`: any
+    /// object), in `format`'s markup when the family wraps its answers
+    /// (Kimi K3's response channel, after thinking).
+    pub fn json_answer(
+        format: ChatFormat,
+        schema: Option<serde_json::Value>,
+        thinking: bool,
+    ) -> Self {
+        match (format, schema) {
+            (ChatFormat::Hermes, None) => Self::JsonObject,
+            (ChatFormat::Hermes, Some(s)) => Self::JsonSchema(s),
+            (ChatFormat::KimiK3(_), schema) => Self::MarkupJson {
+                format,
+                schema: schema.unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                thinking,
+            },
+        }
+    }
+
+    /// The spec forcing calls of `tools` in `format`'s markup.
+    pub fn forced_calls(
+        format: ChatFormat,
+        tools: Vec<(String, serde_json::Value)>,
+        parallel: bool,
+        thinking: bool,
+    ) -> Self {
+        match format {
+            ChatFormat::Hermes => Self::ToolCalls { tools, parallel },
+            ChatFormat::KimiK3(_) => Self::MarkupCalls {
+                format,
+                tools,
+                parallel,
+                thinking,
+            },
+        }
+    }
 }
 
 /// Why a grammar could not be built.

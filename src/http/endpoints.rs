@@ -127,7 +127,8 @@ async fn off_runtime<T: Send + 'static>(
 
 /// The ids of `t`, as generation would build its prompt: a raw prompt gets
 /// the model's BOS when `add_special_tokens` (the completion route always
-/// asks); chat turns go through `encode_chat`, the chat route's own call,
+/// asks); chat turns go through `encode_chat_with_vars` with the request's
+/// template knobs, as the chat route does,
 /// with BOS added on top only when asked (vLLM's semantics).
 fn encode(b: &Backend, t: &TokenizeRequest) -> Result<TokenizeResponse, ApiError> {
     let tok = &b.tokenizer;
@@ -142,9 +143,11 @@ fn encode(b: &Backend, t: &TokenizeRequest) -> Result<TokenizeResponse, ApiError
             messages,
             add_generation_prompt,
             add_special_tokens,
+            knobs,
         } => {
+            let vars = crate::chat_format::ChatFormat::detect(tok).template_vars(knobs)?;
             let mut ids = tok
-                .encode_chat(messages, *add_generation_prompt)
+                .encode_chat_with_vars(messages, None, &vars, *add_generation_prompt)
                 .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
             if *add_special_tokens && tok.add_bos_token() {
                 ids.splice(0..0, tok.bos_token_id());

@@ -6,28 +6,36 @@
 //!
 //! Structured output: `response_format` (JSON object / schema) and a
 //! `tool_choice` that forces calls (`required`, a named function) become a
-//! grammar the engine decodes under, compiled here off the runtime. With
-//! tools and a choice other than `none` the template renders the tools and
-//! the answer is parsed for `<tool_call>` blocks (`output.rs`). Order of
-//! the stages: stop strings first, on the raw text (a stop string inside a
+//! grammar the engine decodes under, compiled here off the runtime; forced
+//! calls are written in the model family's own markup
+//! ([`crate::chat_format`]). A chat turn is parsed by its family: for
+//! calls when tools are active (a choice other than `none`), and always
+//! for a family with a reasoning channel (Kimi K3), whose markers the
+//! engine then decodes as text for the parser only. Order of the stages:
+//! for Hermes, stop strings first, on the raw text (a stop string inside a
 //! call block cuts it, and the unterminated block is then content), then
-//! tool-call parsing on what the stop stage released. `finish_reason` is
-//! `tool_calls` when the turn made calls and ended on its own (EOS, stop
-//! token or stop string); `length` stays `length`.
+//! call parsing; for a family with reasoning, parsing first, then stop
+//! strings on the content alone (markup and thinking never stop a turn).
+//! `finish_reason` is `tool_calls` when the turn made calls and ended on
+//! its own (EOS, stop token or stop string); `length` stays `length`.
 
 use super::admission::Admit;
 use super::convert::EngineFailure;
-use super::output::{chat_body, echo_logprobs, sse, Labels, StreamShape, TokenWire};
+use super::driver::{Driver, Piece};
+use super::output::{
+    chat_body, echo_logprobs, sse, Labels, Shaped, StreamShape, TokenWire, TurnLabels, TurnStage,
+    WholeTurn,
+};
 use super::request_log::RequestLog;
 use super::stop::{OffsetQueue, StopMatcher};
 use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
 use crate::api::{
-    self, ApiError, ChatCompletionChunk, Completion, CompletionLogprobs, FinishReason, Input,
-    ResponseFormat, Usage, ValidRequest,
+    self, ApiError, ChatCompletionChunk, Completion, CompletionLogprobs, Input, ResponseFormat,
+    ValidRequest,
 };
-use crate::engine::{Event, GenRequest, SpecMethod};
+use crate::chat_format::{ChatFormat, TurnSetup};
+use crate::engine::{GenRequest, SpecMethod};
 use crate::grammar::{GrammarError, GrammarSpec};
-use crate::metrics as names;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
@@ -35,173 +43,7 @@ use hyper::{Request, Response, StatusCode};
 use specgate_verify::TokenLogprob;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
-
-/// One step of a response, after stop strings.
-enum Piece {
-    /// Released text and the log-probabilities of the tokens it completes.
-    Text(String, Vec<TokenLogprob>),
-    /// The prompt's log-probabilities (`echo` with `logprobs`), first.
-    Prompt(Vec<TokenLogprob>),
-    Done(FinishReason, Usage),
-    Error(String),
-}
-
-/// Reads engine events for one request, applies stop strings, the
-/// request timeout, and records latency metrics.
-struct Driver {
-    rx: Option<UnboundedReceiver<Event>>,
-    stop: StopMatcher,
-    /// Log-probabilities waiting for their text to pass the stop stage,
-    /// keyed by the engine-text offset their token ends at.
-    held: OffsetQueue<TokenLogprob>,
-    /// Bytes of engine text fed to the stop stage, and released by it.
-    pushed: usize,
-    released: usize,
-    prompt_tokens: usize,
-    completion_tokens: usize,
-    arrived: Instant,
-    deadline: Instant,
-    last: Option<Instant>,
-    /// A finish that follows text released at the end.
-    pending: Option<Piece>,
-    /// Turns true when the server's drain timeout has passed.
-    cut: tokio::sync::watch::Receiver<bool>,
-    /// The request's log record (TTFT, engine counters, how it ended).
-    log: RequestLog,
-}
-
-impl Driver {
-    /// The next piece; `None` after `Done` or `Error`. Cancel-safe: its
-    /// only await point is the channel receive.
-    async fn next(&mut self) -> Option<Piece> {
-        let p = self.next_piece().await;
-        if let Some(Piece::Error(e)) = &p {
-            self.log.failed(e, self.completion_tokens);
-        }
-        p
-    }
-
-    async fn next_piece(&mut self) -> Option<Piece> {
-        if let Some(p) = self.pending.take() {
-            return Some(p);
-        }
-        loop {
-            let rx = self.rx.as_mut()?;
-            let received = tokio::select! {
-                r = tokio::time::timeout_at(self.deadline, rx.recv()) => r,
-                _ = until_cut(&mut self.cut) => {
-                    self.rx = None;
-                    return Some(Piece::Error("The server is shutting down.".into()));
-                }
-            };
-            let ev = match received {
-                Err(_) => {
-                    self.rx = None;
-                    return Some(Piece::Error("The request timed out.".into()));
-                }
-                Ok(None) => {
-                    self.rx = None;
-                    return Some(Piece::Error("The engine stopped.".into()));
-                }
-                Ok(Some(ev)) => ev,
-            };
-            match ev {
-                Event::Tokens {
-                    ids,
-                    text,
-                    logprobs,
-                } => {
-                    self.record_tokens(ids.len());
-                    self.completion_tokens += ids.len();
-                    self.pushed += text.len();
-                    self.held.push(self.pushed, logprobs);
-                    let m = self.stop.push(&text);
-                    self.released += m.emit.len();
-                    if m.stopped {
-                        // Dropping the receiver cancels the sequence; the
-                        // tokens the stop string cut are dropped with it.
-                        self.rx = None;
-                        let lps = self.held.take_until(self.released);
-                        self.held = OffsetQueue::default();
-                        return Some(self.finish_piece(m.emit, lps, FinishReason::Stop));
-                    }
-                    if !m.emit.is_empty() {
-                        let lps = self.held.take_until(self.released);
-                        return Some(Piece::Text(m.emit, lps));
-                    }
-                }
-                Event::Finished {
-                    reason,
-                    usage,
-                    drafted,
-                    accepted,
-                    method,
-                    queue_time,
-                } => {
-                    self.rx = None;
-                    self.log
-                        .engine_finished(method, drafted, accepted, queue_time);
-                    self.completion_tokens = usage.completion_tokens;
-                    let rest = self.stop.finish();
-                    let lps = self.held.take_all();
-                    return Some(self.finish_piece(rest, lps, reason.into()));
-                }
-                Event::PromptLogprobs(lps) => return Some(Piece::Prompt(lps)),
-                Event::Error(e) => {
-                    self.rx = None;
-                    return Some(Piece::Error(e));
-                }
-            }
-        }
-    }
-
-    /// Emits held text (and log-probabilities) first, as its own piece,
-    /// by queueing the finish.
-    fn finish_piece(
-        &mut self,
-        text: String,
-        lps: Vec<TokenLogprob>,
-        reason: FinishReason,
-    ) -> Piece {
-        let elapsed = self.arrived.elapsed().as_secs_f64();
-        metrics::histogram!(names::E2E).record(elapsed);
-        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
-        self.log.finished(reason.as_str(), self.completion_tokens);
-        if text.is_empty() && lps.is_empty() {
-            Piece::Done(reason, usage)
-        } else {
-            self.pending = Some(Piece::Done(reason, usage));
-            Piece::Text(text, lps)
-        }
-    }
-
-    fn record_tokens(&mut self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        self.log.tokens_arrived();
-        let now = Instant::now();
-        match self.last {
-            None => metrics::histogram!(names::TTFT).record((now - self.arrived).as_secs_f64()),
-            Some(prev) => {
-                let gap = (now - prev).as_secs_f64() / n as f64;
-                for _ in 0..n {
-                    metrics::histogram!(names::ITL).record(gap);
-                }
-            }
-        }
-        self.last = Some(now);
-    }
-}
-
-/// Resolves once the drain timeout has passed (never if it cannot).
-async fn until_cut(cut: &mut tokio::sync::watch::Receiver<bool>) {
-    if cut.wait_for(|&c| c).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
 
 /// Handles a generation request end to end, under `admit` (taken before
 /// the body is read, parsed, templated and tokenized: load is shed before
@@ -250,7 +92,7 @@ pub(super) async fn handle(
             (v, built)
         })
         .await?;
-    let (mut gen, param) = built?;
+    let (mut gen, param, turn) = built?;
     gen.tenant = tenant;
     gen.cache_scope = super::cache_scope(&state, tenant, v.cache_salt.as_deref());
     let prompt_tokens = gen.prompt.len();
@@ -261,6 +103,23 @@ pub(super) async fn handle(
         prompt_param: param,
     })?;
     log.submitted(prompt_tokens, method);
+    // A chat turn is parsed by its family: for calls when tools are
+    // active, and always for a family with a reasoning channel.
+    let labels_turn = chat.then(|| TurnLabels {
+        format: turn.format,
+        parse_calls: v.tools.active(),
+        prior_calls: match &v.input {
+            Input::Chat(msgs) => msgs.iter().map(|m| m.tool_calls.len()).sum(),
+            _ => 0,
+        },
+    });
+    let parser = labels_turn.and_then(|t| {
+        t.format.parser(TurnSetup {
+            names: v.tools.names(),
+            parse_calls: t.parse_calls,
+            thinking: turn.thinking,
+        })
+    });
     let driver = Driver {
         rx: Some(rx),
         stop: StopMatcher::new(&v.stop),
@@ -275,17 +134,18 @@ pub(super) async fn handle(
         pending: None,
         cut: state.cut.subscribe(),
         log: log.clone(),
+        stage: TurnStage::new(parser),
+        stop_on_content: chat && turn.format.has_reasoning(),
     };
     let labels = Labels {
         // The request id, so a client's response id names its log line.
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, log.id()),
         created: api::unix_now(),
         model: state.settings.model_name.clone(),
-        chat,
+        turn: labels_turn,
         logprobs: v
             .logprobs
             .map(|n| TokenWire::new(backend.tokenizer.clone(), n)),
-        tools: v.tools.active().then(|| v.tools.names()),
         echo: match &v.input {
             Input::Prompt(p) if v.echo => Some((p.clone(), first_prompt_token)),
             // Ids are echoed as their text, special tokens shown (as
@@ -304,16 +164,36 @@ pub(super) async fn handle(
     }
 }
 
+/// The model family a chat turn is written in, and whether its prompt
+/// opened the thinking channel.
+#[derive(Debug, Clone, Copy)]
+struct TurnPlan {
+    format: ChatFormat,
+    thinking: bool,
+}
+
 /// Template, tokenize, and check the context length. Returns the engine
-/// request and the name of the field that holds the prompt.
+/// request, the name of the field that holds the prompt, and the turn's
+/// family.
 fn build_request(
     backend: &Backend,
     v: &ValidRequest,
-) -> Result<(GenRequest, &'static str), ApiError> {
+) -> Result<(GenRequest, &'static str, TurnPlan), ApiError> {
     let tok = &backend.tokenizer;
+    let chat = matches!(v.input, Input::Chat(_));
+    let format = ChatFormat::detect(tok);
+    let vars = if chat {
+        format.template_vars(&v.knobs)?
+    } else {
+        serde_json::Map::new()
+    };
+    let plan = TurnPlan {
+        format,
+        thinking: format.thinking(&vars),
+    };
     // First: a spec over the grammar bounds is refused before its tools
     // are rendered into a prompt (which a huge schema would also make huge).
-    let grammar = grammar(backend, v)?;
+    let grammar = grammar(backend, v, plan)?;
     // Chat: only the template's own markup becomes control tokens; special
     // token text inside a message is encoded as plain text (no role
     // injection). A chat template writes its own BOS where the model wants
@@ -326,7 +206,7 @@ fn build_request(
                 .active()
                 .then(|| v.tools.tools.iter().map(|t| t.template_value()).collect());
             (
-                tok.encode_chat_with_tools(msgs, tools.as_deref(), true)
+                tok.encode_chat_with_vars(msgs, tools.as_deref(), &vars, true)
                     .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
                 "messages",
             )
@@ -444,8 +324,15 @@ fn build_request(
             // Set by the caller, which has the request's headers.
             tenant: 0,
             cache_scope: 0,
+            // The family's markers, for its parser (chat only).
+            shown_special_ids: if chat {
+                format.shown_special_ids()
+            } else {
+                Vec::new()
+            },
         },
         param,
+        plan,
     ))
 }
 
@@ -458,17 +345,32 @@ fn build_request(
 fn grammar(
     backend: &Backend,
     v: &ValidRequest,
+    plan: TurnPlan,
 ) -> Result<Option<std::sync::Arc<dyn specgate_verify::ConstraintSource>>, ApiError> {
     let (spec, param) = match &v.response_format {
-        ResponseFormat::JsonObject => (GrammarSpec::JsonObject, "response_format"),
-        ResponseFormat::JsonSchema { schema, .. } => {
-            (GrammarSpec::JsonSchema(schema.clone()), "response_format")
+        // A chat answer in a family that wraps its answers (K3's response
+        // channel) is JSON inside that markup; completions are bare JSON.
+        ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. } => {
+            let schema = match &v.response_format {
+                ResponseFormat::JsonSchema { schema, .. } => Some(schema.clone()),
+                _ => None,
+            };
+            let format = match v.input {
+                Input::Chat(_) => plan.format,
+                _ => ChatFormat::Hermes,
+            };
+            (
+                GrammarSpec::json_answer(format, schema, plan.thinking),
+                "response_format",
+            )
         }
         ResponseFormat::Text if v.tools.forces_a_call() => (
-            GrammarSpec::ToolCalls {
-                tools: v.tools.forced_tools(),
-                parallel: v.tools.parallel,
-            },
+            GrammarSpec::forced_calls(
+                plan.format,
+                v.tools.forced_tools(),
+                v.tools.parallel,
+                plan.thinking,
+            ),
             "tools",
         ),
         ResponseFormat::Text => return Ok(None),
@@ -500,20 +402,35 @@ async fn whole(
     l: Labels,
     _permit: Admit,
 ) -> Result<Response<ResBody>, ApiError> {
-    let mut text = String::new();
+    let mut turn = WholeTurn::default();
     let mut lps: Vec<TokenLogprob> = Vec::new();
     let mut prompt_lps: Vec<TokenLogprob> = Vec::new();
     while let Some(piece) = driver.next().await {
         match piece {
-            Piece::Text(t, lp) => {
-                text.push_str(&t);
-                lps.extend(lp);
+            Piece::Shaped(shaped) => {
+                for s in shaped {
+                    match s {
+                        Shaped::Content(t, lp) => {
+                            turn.content.push_str(&t);
+                            lps.extend(lp);
+                        }
+                        Shaped::Reasoning(t, lp) => {
+                            turn.reasoning.push_str(&t);
+                            lps.extend(lp);
+                        }
+                        Shaped::Call(c, lp) => {
+                            turn.calls.push(c);
+                            lps.extend(lp);
+                        }
+                    }
+                }
             }
             Piece::Prompt(lp) => prompt_lps = lp,
             Piece::Done(reason, usage) => {
-                let body = if l.chat {
-                    serde_json::to_string(&chat_body(&l, text, &lps, reason, usage))
+                let body = if l.turn.is_some() {
+                    serde_json::to_string(&chat_body(&l, turn, &lps, reason, usage))
                 } else {
+                    let mut text = turn.content;
                     let mut offset = 0;
                     let mut logprobs = l
                         .echo
@@ -563,7 +480,9 @@ fn stream(
             async move { matches!(tokio::time::timeout(limit, tx.send(f)).await, Ok(Ok(()))) }
         };
         let send = |b: Bytes| deliver(StreamFrame::Data(b));
-        if l.chat && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await {
+        if l.turn.is_some()
+            && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await
+        {
             return;
         }
         let mut shape = StreamShape::new(&l);
@@ -589,7 +508,7 @@ fn stream(
             };
             let out = match piece {
                 None => break,
-                Some(Piece::Text(t, lps)) => shape.text(&l, t, lps),
+                Some(Piece::Shaped(shaped)) => shape.pieces(&l, shaped),
                 Some(Piece::Prompt(lps)) => shape.echo(&l, &lps).into_iter().collect(),
                 Some(Piece::Done(reason, usage)) => shape.done(&l, reason, usage, include_usage),
                 Some(Piece::Error(e)) => vec![
@@ -615,6 +534,7 @@ fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Event;
     use crate::http::{ConnLimits, HttpSettings};
     use std::time::Duration;
     use tokio::sync::Semaphore;
@@ -671,14 +591,15 @@ mod tests {
                 &hyper::Method::POST,
                 "/v1/completions",
             ),
+            stage: TurnStage::new(None),
+            stop_on_content: false,
         };
         let labels = Labels {
             id: "x".into(),
             created: 0,
             model: "m".into(),
-            chat: false,
+            turn: None,
             logprobs: None,
-            tools: None,
             echo: None,
         };
         // The body is never polled, as when the client stops reading.

@@ -8,6 +8,7 @@
 pub mod admission;
 mod convert;
 pub mod cors;
+mod driver;
 mod endpoints;
 mod generate;
 pub mod openapi;

@@ -335,6 +335,8 @@ fn wire_schemas() -> Map<String, Value> {
                 "annotations": {"type": ["array", "null"]},
                 "audio": {"type": "null"},
                 "function_call": {"type": "null"},
+                "reasoning_content": {"type": ["string", "null"], "description": "An assistant turn's reasoning, rendered by templates that replay it (Kimi K3)."},
+                "reasoning": {"type": ["string", "null"], "description": "The same as `reasoning_content`."},
             },
         },
         "Messages": {
@@ -413,6 +415,10 @@ fn generation_schemas() -> Map<String, Value> {
         json!({"$ref": "#/components/schemas/Messages"}),
     );
     chat.extend(agent::chat_fields());
+    chat.extend(into_map(json!({
+        "chat_template_kwargs": {"type": "object", "description": "Extra chat template variables (Kimi K3: `thinking`, `thinking_effort`). `messages`, `tools`, `add_generation_prompt`, `bos_token` and `eos_token` are the server's."},
+        "reasoning_effort": {"enum": crate::api::REASONING_EFFORTS, "description": "Mapped onto the model's own knob (Kimi K3: `thinking_effort`; `none` turns thinking off); a 400 for a model without one."},
+    })));
     let mut completion = common_request_fields();
     completion.insert(
         "prompt".into(),
@@ -492,6 +498,7 @@ fn response_schemas() -> Map<String, Value> {
                 "properties": {
                     "role": {"const": "assistant"},
                     "content": {"type": ["string", "null"]},
+                    "reasoning_content": {"type": "string"},
                     "tool_calls": {"type": "array", "items": {"$ref": "#/components/schemas/ToolCall"}},
                 },
             },
@@ -509,6 +516,7 @@ fn response_schemas() -> Map<String, Value> {
                 "properties": {
                     "role": {"const": "assistant"},
                     "content": {"type": "string"},
+                    "reasoning_content": {"type": "string"},
                     "tool_calls": {"type": "array", "items": {
                         "type": "object",
                         "required": ["index", "function"],
@@ -854,7 +862,6 @@ mod tests {
                 "function_call",
                 "functions",
                 "prediction",
-                "reasoning_effort",
                 "verbosity",
                 "web_search_options",
             ];

@@ -18,11 +18,12 @@ use specgate_verify::TokenLogprob;
 
 use super::request_id::RequestId;
 use super::stop::OffsetQueue;
-use crate::api::tool_calls::{parse_tool_calls, ParsedCall, ToolCallStream, ToolOutput};
+use crate::api::tool_calls::ParsedCall;
 use crate::api::{
     ChatCompletion, ChatCompletionChunk, ChatLogprobs, ChatTokenLogprob, CompletionChunk,
     CompletionLogprobs, FinishReason, ToolCall, TopLogprob, TopMap, Usage,
 };
+use crate::chat_format::{ChatFormat, TurnPiece, TurnStream};
 use crate::tokenizer::TextTokenizer;
 
 /// What a log-probability is reported as when it is not finite (never
@@ -139,28 +140,30 @@ impl TokenWire {
     }
 }
 
-/// A piece of a chat turn after tool-call parsing, with its tokens'
+/// A piece of a turn after the turn parser, with its tokens'
 /// log-probabilities.
 #[derive(Debug)]
 pub(super) enum Shaped {
     Content(String, Vec<TokenLogprob>),
+    Reasoning(String, Vec<TokenLogprob>),
     Call(ParsedCall, Vec<TokenLogprob>),
 }
 
-/// The tool-call stage of one streamed chat turn (`tools` active): text
-/// before `<tool_call>` streams as content, each completed call comes out
-/// whole.
-pub(super) struct ToolStage {
-    stream: ToolCallStream,
+/// The turn-parsing stage of one answer: the family's [`TurnStream`]
+/// (reasoning, content, each completed call whole), or none (the text is
+/// all content). Log-probabilities go out with the piece that releases
+/// the end of their token's text.
+pub(super) struct TurnStage {
+    parser: Option<Box<dyn TurnStream>>,
     queue: OffsetQueue<TokenLogprob>,
     fed: usize,
 }
 
-impl ToolStage {
-    /// A stage for calls of the `names` tools.
-    pub(super) fn new(names: Vec<String>) -> Self {
+impl TurnStage {
+    /// A stage parsing with `parser` (`None`: pass-through).
+    pub(super) fn new(parser: Option<Box<dyn TurnStream>>) -> Self {
         Self {
-            stream: ToolCallStream::new(names),
+            parser,
             queue: OffsetQueue::default(),
             fed: 0,
         }
@@ -168,25 +171,35 @@ impl ToolStage {
 
     /// Calls made so far.
     pub(super) fn calls(&self) -> usize {
-        self.stream.calls()
+        self.parser.as_ref().map_or(0, |p| p.calls())
     }
 
     /// Feeds released text and its tokens' log-probabilities.
     pub(super) fn push(&mut self, text: &str, lps: Vec<TokenLogprob>) -> Vec<Shaped> {
+        let Some(p) = &mut self.parser else {
+            return if text.is_empty() && lps.is_empty() {
+                Vec::new()
+            } else {
+                vec![Shaped::Content(text.to_owned(), lps)]
+            };
+        };
         self.fed += text.len();
         self.queue.push(self.fed, lps);
-        let outs = self.stream.push(text);
+        let outs = p.push(text);
         self.shape(outs, false)
     }
 
     /// The turn ended: what was held, and any log-probabilities left (on
     /// an empty content piece when nothing else carries them).
     pub(super) fn finish(&mut self) -> Vec<Shaped> {
-        let outs = self.stream.finish();
+        let Some(p) = &mut self.parser else {
+            return Vec::new();
+        };
+        let outs = p.finish();
         self.shape(outs, true)
     }
 
-    fn shape(&mut self, outs: Vec<(ToolOutput, usize)>, last: bool) -> Vec<Shaped> {
+    fn shape(&mut self, outs: Vec<(TurnPiece, usize)>, last: bool) -> Vec<Shaped> {
         let n = outs.len();
         let mut shaped: Vec<Shaped> = outs
             .into_iter()
@@ -198,8 +211,9 @@ impl ToolStage {
                     self.queue.take_until(end)
                 };
                 match o {
-                    ToolOutput::Content(c) => Shaped::Content(c, lps),
-                    ToolOutput::Call(c) => Shaped::Call(c, lps),
+                    TurnPiece::Content(c) => Shaped::Content(c, lps),
+                    TurnPiece::Reasoning(r) => Shaped::Reasoning(r, lps),
+                    TurnPiece::Call(c) => Shaped::Call(c, lps),
                 }
             })
             .collect();
@@ -213,19 +227,41 @@ impl ToolStage {
     }
 }
 
+/// How a chat turn's calls and text are labelled.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TurnLabels {
+    pub(super) format: ChatFormat,
+    /// Whether the output is parsed for calls (tools active).
+    pub(super) parse_calls: bool,
+    /// Calls already in the conversation (K3's call ids count on from it).
+    pub(super) prior_calls: usize,
+}
+
 /// What one response needs to label and shape its output.
 pub(super) struct Labels {
     pub(super) id: String,
     pub(super) created: u64,
     pub(super) model: String,
-    pub(super) chat: bool,
+    /// Chat answers: the family's labelling; `None` for completions.
+    pub(super) turn: Option<TurnLabels>,
     /// Log-probabilities asked for: how tokens are shown.
     pub(super) logprobs: Option<TokenWire>,
-    /// Names of the tools calls may use; `Some` when the output is parsed
-    /// for calls.
-    pub(super) tools: Option<Vec<String>>,
     /// Completions' `echo`: the prompt text and its first token.
     pub(super) echo: Option<(String, Option<u32>)>,
+}
+
+impl Labels {
+    fn chat(&self) -> bool {
+        self.turn.is_some()
+    }
+
+    /// The id of the turn's call number `index` (from 0) named `name`.
+    fn call_id(&self, name: &str, index: usize) -> String {
+        match &self.turn {
+            Some(t) => t.format.call_id(name, t.prior_calls + index, call_id),
+            None => call_id(),
+        }
+    }
 }
 
 /// A new tool call id: `call_` and 16 random hex digits.
@@ -243,28 +279,45 @@ pub(super) fn turn_reason(reason: FinishReason, calls: usize) -> FinishReason {
     }
 }
 
-/// A whole chat answer: content, tool calls parsed out of the text when
-/// tools are active, log-probabilities when asked.
+/// A whole chat turn as parsed: content, reasoning, calls.
+#[derive(Debug, Default)]
+pub(super) struct WholeTurn {
+    pub(super) content: String,
+    pub(super) reasoning: String,
+    pub(super) calls: Vec<ParsedCall>,
+}
+
+/// A whole chat answer: content, reasoning and tool calls as the family
+/// parsed them, log-probabilities when asked. `content` is `null` when
+/// the turn made calls (Hermes: and wrote only whitespace around them;
+/// then it is trimmed) or, for a family with reasoning, wrote none.
 pub(super) fn chat_body(
     l: &Labels,
-    text: String,
+    turn: WholeTurn,
     lps: &[TokenLogprob],
     reason: FinishReason,
     usage: Usage,
 ) -> ChatCompletion {
     let logprobs = l.logprobs.as_ref().map(|w| ChatLogprobs::new(w.chat(lps)));
-    let Some(names) = &l.tools else {
-        return ChatCompletion::new(&l.id, l.created, &l.model, text, reason, usage)
-            .with_logprobs(logprobs);
+    let t = l.turn.as_ref();
+    let reasoning_family = t.is_some_and(|t| t.format.has_reasoning());
+    let content = if reasoning_family {
+        (!turn.content.is_empty()).then_some(turn.content)
+    } else if turn.calls.is_empty() {
+        Some(turn.content)
+    } else {
+        let trimmed = turn.content.trim();
+        (!trimmed.is_empty()).then(|| trimmed.to_owned())
     };
-    let (content, calls) = parse_tool_calls(&text, names);
-    let reason = turn_reason(reason, calls.len());
-    let calls = calls
+    let calls = turn
+        .calls
         .into_iter()
-        .map(|c| ToolCall::function(call_id(), c.name, c.arguments))
+        .enumerate()
+        .map(|(i, c)| ToolCall::function(l.call_id(&c.name, i), c.name, c.arguments))
         .collect();
     ChatCompletion::new(&l.id, l.created, &l.model, String::new(), reason, usage)
         .with_tool_calls(content, calls)
+        .with_reasoning((!turn.reasoning.is_empty()).then_some(turn.reasoning))
         .with_logprobs(logprobs)
 }
 
@@ -288,8 +341,6 @@ pub(super) fn echo_logprobs(
 
 /// The state of one streamed answer between pieces and chunks.
 pub(super) struct StreamShape {
-    /// Tool-call parsing (chat with active tools).
-    tools: Option<ToolStage>,
     /// Index of the next tool call.
     next_call: u32,
     /// The echoed prompt is still to be sent (completions).
@@ -301,7 +352,6 @@ pub(super) struct StreamShape {
 impl StreamShape {
     pub(super) fn new(l: &Labels) -> Self {
         Self {
-            tools: l.tools.clone().map(ToolStage::new),
             next_call: 0,
             echo_pending: l.echo.is_some(),
             offset: 0,
@@ -325,10 +375,16 @@ impl StreamShape {
         .with_logprobs(logprobs)))
     }
 
-    /// The chunks of released text.
-    pub(super) fn text(&mut self, l: &Labels, text: String, lps: Vec<TokenLogprob>) -> Vec<Bytes> {
-        if !l.chat {
-            let mut out: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
+    /// The chunks of released, parsed pieces.
+    pub(super) fn pieces(&mut self, l: &Labels, shaped: Vec<Shaped>) -> Vec<Bytes> {
+        if l.chat() {
+            return self.chat_chunks(l, shaped);
+        }
+        let mut out: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
+        for s in shaped {
+            let (Shaped::Content(text, lps) | Shaped::Reasoning(text, lps)) = s else {
+                continue;
+            };
             let logprobs = l.logprobs.as_ref().map(|w| {
                 let mut lp = CompletionLogprobs::default();
                 w.completion(&lps, &mut self.offset, &mut lp);
@@ -338,13 +394,8 @@ impl StreamShape {
                 &l.id, l.created, &l.model, text,
             )
             .with_logprobs(logprobs)));
-            return out;
         }
-        let shaped = match &mut self.tools {
-            Some(t) => t.push(&text, lps),
-            None => vec![Shaped::Content(text, lps)],
-        };
-        self.chat_chunks(l, shaped)
+        out
     }
 
     fn chat_chunks(&mut self, l: &Labels, shaped: Vec<Shaped>) -> Vec<Bytes> {
@@ -356,10 +407,15 @@ impl StreamShape {
                     sse(&ChatCompletionChunk::content(&l.id, l.created, &l.model, c)
                         .with_logprobs(lp(&lps)))
                 }
+                Shaped::Reasoning(r, lps) => sse(&ChatCompletionChunk::reasoning(
+                    &l.id, l.created, &l.model, r,
+                )
+                .with_logprobs(lp(&lps))),
                 Shaped::Call(c, lps) => {
                     let index = self.next_call;
                     self.next_call += 1;
-                    let call = ToolCall::function(call_id(), c.name, c.arguments);
+                    let id = l.call_id(&c.name, index as usize);
+                    let call = ToolCall::function(id, c.name, c.arguments);
                     sse(
                         &ChatCompletionChunk::tool_call(&l.id, l.created, &l.model, index, call)
                             .with_logprobs(lp(&lps)),
@@ -369,8 +425,8 @@ impl StreamShape {
             .collect()
     }
 
-    /// The chunks that end the answer: what the tool stage held, the
-    /// finish chunk, the usage chunk when asked, `[DONE]`.
+    /// The chunks that end the answer: the finish chunk, the usage chunk
+    /// when asked, `[DONE]`.
     pub(super) fn done(
         &mut self,
         l: &Labels,
@@ -379,13 +435,7 @@ impl StreamShape {
         include_usage: bool,
     ) -> Vec<Bytes> {
         let mut v: Vec<Bytes> = self.echo(l, &[]).into_iter().collect();
-        let mut reason = reason;
-        if let Some(mut t) = self.tools.take() {
-            let shaped = t.finish();
-            v.extend(self.chat_chunks(l, shaped));
-            reason = turn_reason(reason, t.calls());
-        }
-        v.push(if l.chat {
+        v.push(if l.chat() {
             sse(&ChatCompletionChunk::finish(
                 &l.id, l.created, &l.model, reason,
             ))
@@ -393,7 +443,7 @@ impl StreamShape {
             sse(&CompletionChunk::finish(&l.id, l.created, &l.model, reason))
         });
         if include_usage {
-            v.push(if l.chat {
+            v.push(if l.chat() {
                 sse(&ChatCompletionChunk::usage(
                     &l.id, l.created, &l.model, usage,
                 ))
@@ -433,7 +483,12 @@ mod tests {
     /// whose text it released; none is lost or duplicated.
     #[test]
     fn tool_stage_carries_each_tokens_logprobs_with_its_text() {
-        let mut t = ToolStage::new(vec!["add".into()]);
+        let parser = crate::chat_format::ChatFormat::Hermes.parser(crate::chat_format::TurnSetup {
+            names: vec!["add".into()],
+            parse_calls: true,
+            thinking: false,
+        });
+        let mut t = TurnStage::new(parser);
         let mut out = Vec::new();
         // Token 1: content; 2-3: a partial tag, then the call; 4: after
         // it. An entry goes with the piece that releases the end of its
@@ -451,6 +506,7 @@ mod tests {
             .iter()
             .map(|s| match s {
                 Shaped::Content(c, l) => (c.clone(), ids(l)),
+                Shaped::Reasoning(r, l) => (format!("reasoning {r}"), ids(l)),
                 Shaped::Call(c, l) => (format!("call {} {}", c.name, c.arguments), ids(l)),
             })
             .collect();
@@ -463,5 +519,78 @@ mod tests {
                 (String::new(), vec![4]),
             ]
         );
+    }
+
+    /// A K3 turn fed token by token: each token's log-probability goes
+    /// out with the reasoning, content or call its text ends in, and no
+    /// piece shows a marker.
+    #[test]
+    fn k3_stage_carries_logprobs_with_reasoning_content_and_calls() {
+        use crate::chat_format::kimi_k3::K3Markers;
+        let f = ChatFormat::KimiK3(K3Markers {
+            open: 515,
+            close: 516,
+            sep: 517,
+        });
+        let mut t = TurnStage::new(f.parser(crate::chat_format::TurnSetup {
+            names: vec!["add".into()],
+            parse_calls: true,
+            thinking: true,
+        }));
+        let tokens = [
+            "Hmm",
+            "<|close|>",
+            "think",
+            "<|sep|>",
+            "<|open|>",
+            "response",
+            "<|sep|>",
+            "Ok",
+            "<|close|>",
+            "response",
+            "<|sep|>",
+            "<|open|>",
+            "tools",
+            "<|sep|>",
+            "<|open|>",
+            "call tool=\"add\" index=\"1\"",
+            "<|sep|>",
+            "<|open|>",
+            "argument key=\"a\" type=\"number\"",
+            "<|sep|>",
+            "1",
+            "<|close|>",
+            "argument",
+            "<|sep|>",
+            "<|close|>",
+            "call",
+            "<|sep|>",
+            "<|close|>",
+            "tools",
+            "<|sep|>",
+        ];
+        let mut out = Vec::new();
+        for (i, tok) in tokens.iter().enumerate() {
+            out.extend(t.push(tok, vec![lp(i as u32)]));
+        }
+        out.extend(t.finish());
+        let got: Vec<(String, Vec<u32>)> = out
+            .iter()
+            .map(|s| match s {
+                Shaped::Content(c, l) => (format!("content {c}"), ids(l)),
+                Shaped::Reasoning(r, l) => (format!("reasoning {r}"), ids(l)),
+                Shaped::Call(c, l) => (format!("call {} {}", c.name, c.arguments), ids(l)),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("reasoning Hmm".to_owned(), vec![0]),
+                ("content Ok".to_owned(), (1..8).collect()),
+                ("call add {\"a\":1}".to_owned(), (8..27).collect()),
+                (String::from("content "), (27..30).collect()),
+            ]
+        );
+        assert_eq!(t.calls(), 1);
     }
 }

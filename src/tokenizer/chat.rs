@@ -31,6 +31,10 @@ pub struct ChatMessage {
     /// A participant name (OpenAI's `name` on a message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning (`reasoning_content`, or `reasoning`
+    /// on the wire), for templates that replay it (Kimi K3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -42,6 +46,7 @@ impl ChatMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 
@@ -128,10 +133,38 @@ impl ChatTemplate {
         bos_token: Option<String>,
         eos_token: Option<String>,
     ) -> Result<String, TokenizerError> {
-        let mut ctx = vec![
+        let none = serde_json::Map::new();
+        self.render_with_vars(
+            messages,
+            tools,
+            &none,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        )
+    }
+
+    /// As [`render_with_tools`](Self::render_with_tools), with `vars` (a
+    /// request's `chat_template_kwargs`) defined as template variables
+    /// too; the server's own variables (`messages`, `tools`, ...) win over
+    /// a var of the same name.
+    pub(crate) fn render_with_vars(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        vars: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<String, TokenizerError> {
+        let mut ctx: Vec<(&str, Value)> = vars
+            .iter()
+            .map(|(k, v)| (k.as_str(), Value::from_serialize(v)))
+            .collect();
+        ctx.extend([
             ("messages", Value::from_serialize(messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
-        ];
+        ]);
         ctx.extend(tools.map(|t| ("tools", Value::from_serialize(t))));
         ctx.extend(bos_token.map(|t| ("bos_token", Value::from(t))));
         ctx.extend(eos_token.map(|t| ("eos_token", Value::from(t))));

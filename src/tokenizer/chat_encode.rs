@@ -162,6 +162,24 @@ impl TextTokenizer {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        let none = serde_json::Map::new();
+        self.encode_chat_with_vars(messages, tools, &none, add_generation_prompt)
+    }
+
+    /// As [`encode_chat_with_tools`](Self::encode_chat_with_tools), with
+    /// `vars` (a request's `chat_template_kwargs`) as extra template
+    /// variables; control-token text in their strings and keys is encoded
+    /// as ordinary text, like every other client string. With no vars the
+    /// result is exactly `encode_chat_with_tools`'s.
+    ///
+    /// Errors: as [`encode_chat`](Self::encode_chat).
+    pub fn encode_chat_with_vars(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        vars: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let template = match &self.template {
             super::TemplateState::Missing => return Err(TokenizerError::NoChatTemplate),
             super::TemplateState::Invalid(e) => {
@@ -178,8 +196,16 @@ impl TextTokenizer {
                 strings.extend([c.id.clone(), c.function.name.clone()]);
                 json_strings(&c.function.arguments, &mut strings);
             }
-            strings.extend(m.tool_call_id.iter().chain(m.name.iter()).cloned());
+            strings.extend(
+                m.tool_call_id
+                    .iter()
+                    .chain(m.name.iter())
+                    .chain(m.reasoning_content.iter())
+                    .cloned(),
+            );
         }
+        let vars_value = serde_json::Value::Object(vars.clone());
+        json_strings(&vars_value, &mut strings);
         for t in tools.unwrap_or_default() {
             json_strings(t, &mut strings);
         }
@@ -202,9 +228,14 @@ impl TextTokenizer {
                     .collect::<Result<Vec<_>, TokenizerError>>()
             })
             .transpose()?;
-        let rendered = template.render_with_tools(
+        let masked_vars = match self.hide_json(&vars_value, &mut hidden)? {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        let rendered = template.render_with_vars(
             &masked,
             masked_tools.as_deref(),
+            &masked_vars,
             add_generation_prompt,
             bos,
             eos,
@@ -236,6 +267,7 @@ impl TextTokenizer {
         };
         out.tool_call_id = hide_opt(&m.tool_call_id)?;
         out.name = hide_opt(&m.name)?;
+        out.reasoning_content = hide_opt(&m.reasoning_content)?;
         Ok(out)
     }
 

@@ -36,6 +36,9 @@ pub struct IncrementalDecoder {
     skip_special: bool,
     /// Text decoded past `read_offset` but held back.
     pending: String,
+    /// Control tokens decoded as their text even with `skip_special`: a
+    /// chat format's markers, which its parser must see.
+    shown: Vec<u32>,
 }
 
 impl IncrementalDecoder {
@@ -63,7 +66,16 @@ impl IncrementalDecoder {
             read_offset: context.len(),
             skip_special,
             pending: String::new(),
+            shown: Vec::new(),
         }
+    }
+
+    /// The same decoder, decoding the control tokens `ids` as their text
+    /// (each one whole, after what was held back before it) even when
+    /// special tokens are skipped.
+    pub fn showing(mut self, ids: Vec<u32>) -> Self {
+        self.shown = ids;
+        self
     }
 
     /// Adds one generated id and returns the newly completed text (often empty while a
@@ -73,6 +85,17 @@ impl IncrementalDecoder {
     /// failure from the tokenizer.
     pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<String, TokenizerError> {
         tok.check_id(id)?;
+        if self.shown.contains(&id) {
+            let marker = tok.decode(&[id], false)?;
+            let mut out = self.finish();
+            self.ids.push(id);
+            // The next window starts after the marker: no decoder merges
+            // text across a control token.
+            self.prefix_offset = self.ids.len();
+            self.read_offset = self.ids.len();
+            out.push_str(&marker);
+            return Ok(out);
+        }
         self.ids.push(id);
         let decoded = tok
             .decode(
