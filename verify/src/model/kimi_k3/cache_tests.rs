@@ -107,3 +107,34 @@ fn bf16_latent_cache_changes_logits_within_a_measured_bound() {
         "bf16 cache effect out of bounds: {failed:?}"
     );
 }
+
+/// The bf16 cache's effect on a bigger GGUF (the hidden-2048
+/// slice; `scripts/k3-slice.sh` makes it), over the fixture prompts (the
+/// slices use the tiny tokenizer):
+/// `K3_SLICE_GGUF=slice.gguf cargo test --release -p specgate-verify
+///  slice_bf16 -- --ignored --nocapture`. Reports; asserts only that
+/// the chunked bf16 run equals the whole one.
+#[test]
+#[ignore = "needs a K3 slice GGUF (scripts/k3-slice.sh)"]
+fn slice_bf16_latent_cache_effect() {
+    let path = PathBuf::from(std::env::var("K3_SLICE_GGUF").expect("K3_SLICE_GGUF"));
+    let fx = json("llamacpp-logits.json");
+    let mut m = load_model(&path).unwrap();
+    eprintln!("{} loads with {:?}", path.display(), m.latent_cache());
+    for p in fx["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["prompt"]);
+        m.set_latent_cache(CacheDtype::F32).unwrap();
+        let f32_cache = run(&m, &prompt, &[prompt.len()]);
+        m.set_latent_cache(CacheDtype::Bf16).unwrap();
+        let bf16_cache = run(&m, &prompt, &[prompt.len()]);
+        let chunks: Vec<usize> = ids(&p["chunks"]).into_iter().map(|c| c as usize).collect();
+        assert_eq!(bf16_cache, run(&m, &prompt, &chunks));
+        eprintln!(
+            "{} prompt of {}: bf16 vs f32 latent cache: max |logit diff| {}, worst top-token logprob change {:.5} nat",
+            path.display(),
+            prompt.len(),
+            max_diff(&bf16_cache, &f32_cache),
+            worst_top_logprob(&bf16_cache, &f32_cache)
+        );
+    }
+}
