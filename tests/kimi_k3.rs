@@ -522,3 +522,29 @@ fn chunked_draft_prefill_equals_catching_up_at_the_first_proposal() {
         assert!(!want.is_empty());
     }
 }
+
+/// The engine sizes its pool from the model's bytes a token: in the same
+/// memory the bf16 latent cache (what the bf16 directory loads with) holds
+/// twice the blocks of the f32 one.
+#[test]
+fn bf16_latent_cache_doubles_the_blocks_in_the_same_memory() {
+    let blocks = |d: CacheDtype| {
+        let mut m = load_model(&fixture("tiny-hf")).unwrap();
+        assert_eq!(m.latent_cache(), Some(CacheDtype::Bf16));
+        m.set_latent_cache(d).unwrap();
+        let cfg = EngineConfig {
+            kv: KvSize::MemoryBytes(8 << 20),
+            block_size: BS,
+            scheduler: SchedulerConfig {
+                max_num_seqs: 4,
+                max_num_batched_tokens: 64,
+            },
+            policy: DraftPolicy::Fixed { k: 3 },
+            suffix: None,
+        };
+        let h = spawn(m, ProposerKind::None, None, cfg).unwrap().0;
+        wait_idle(&h).num_blocks
+    };
+    let (f, b) = (blocks(CacheDtype::F32), blocks(CacheDtype::Bf16));
+    assert!(b == 2 * f || b == 2 * f + 1, "f32 {f} blocks, bf16 {b}");
+}
