@@ -84,6 +84,7 @@ fn run_set(
             num_speculative_tokens: k,
             adaptive,
             tensor_parallel_size: 1,
+            kv_latent_dtype: specgate::config::LatentDtype::Auto,
         };
         let sampling = SamplingParams {
             temperature,

@@ -8,7 +8,7 @@
 //! `--num-speculative-tokens`, `--max-num-seqs`, `--chat-template`,
 //! `--api-key`, `--block-size`), so a vLLM command line mostly carries over.
 
-use crate::config::{Config, ConfigError, DraftPolicyKind, SpeculativeMethod};
+use crate::config::{Config, ConfigError, DraftPolicyKind, LatentDtype, SpeculativeMethod};
 use crate::router::RouterConfig;
 use crate::server::ConfigFile;
 use std::path::{Path, PathBuf};
@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// (overrides [kv] memory_mib).
     #[arg(long, value_name = "MIB")]
     pub kv_memory_mib: Option<usize>,
+    /// Storage of the target's latent KV rows (Kimi K3): auto, f32 or bf16
+    /// (overrides [kv] latent_dtype).
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    pub kv_latent_dtype: Option<LatentDtype>,
 
     /// Sequences decoding at once (overrides [scheduler] max_num_seqs).
     #[arg(long, value_name = "N")]
@@ -148,6 +152,7 @@ impl ServeArgs {
             block_size,
             num_blocks,
             kv_memory_mib,
+            kv_latent_dtype,
             max_num_seqs,
             max_num_batched_tokens,
             speculative_method,
@@ -183,6 +188,7 @@ impl ServeArgs {
         set(&mut cfg.kv.block_size, block_size);
         set(&mut cfg.kv.num_blocks, num_blocks);
         set(&mut cfg.kv.memory_mib, kv_memory_mib);
+        set(&mut cfg.kv.latent_dtype, kv_latent_dtype);
         set(&mut cfg.scheduler.max_num_seqs, max_num_seqs);
         set(
             &mut cfg.scheduler.max_num_batched_tokens,

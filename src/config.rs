@@ -188,6 +188,39 @@ pub struct KvConfig {
     pub num_blocks: usize,
     /// Memory for target + draft caches together.
     pub memory_mib: usize,
+    /// How the target's latent attention rows (Kimi K3's MLA layers) are
+    /// stored; the pool's blocks per MiB follow. Fixed while running.
+    pub latent_dtype: LatentDtype,
+}
+
+/// `kv.latent_dtype` (and `--kv-latent-dtype`): the storage of a latent
+/// KV cache's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(try_from = "String", rename_all = "lowercase")]
+pub enum LatentDtype {
+    /// The model's own choice: bf16 for a Kimi K3 checkpoint whose weights
+    /// are bf16 or quantized, f32 for f32 weights and other families.
+    Auto,
+    /// 4 bytes a value, as computed.
+    F32,
+    /// 2 bytes a value (Kimi K3 only): half the cache memory, each value
+    /// rounded once when written.
+    Bf16,
+}
+
+impl TryFrom<String> for LatentDtype {
+    type Error = String;
+
+    /// Errors: a name that is not a variant's, with the allowed names.
+    fn try_from(text: String) -> Result<Self, String> {
+        parse_choice("kv.latent_dtype", &text)
+    }
+}
+
+impl std::fmt::Display for LatentDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&choice_name(self))
+    }
 }
 
 impl Default for KvConfig {
@@ -196,6 +229,7 @@ impl Default for KvConfig {
             block_size: 16,
             num_blocks: 0,
             memory_mib: 1024,
+            latent_dtype: LatentDtype::Auto,
         }
     }
 }

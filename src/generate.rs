@@ -3,6 +3,7 @@
 //! (nothing else, so it can be piped and compared) and prefill/decode speeds
 //! and speculation statistics on stderr.
 
+use crate::config::LatentDtype;
 use crate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use crate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 use anyhow::{bail, Context, Result};
@@ -74,6 +75,10 @@ pub struct GenerateArgs {
     /// draft always runs unsharded.
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
+    /// Storage of the target's latent KV rows (Kimi K3): auto (bf16 for
+    /// bf16 or quantized weights, f32 for f32 ones), f32 or bf16.
+    #[arg(long, value_enum, default_value_t = LatentDtype::Auto)]
+    pub kv_latent_dtype: LatentDtype,
 }
 
 impl GenerateArgs {
@@ -114,8 +119,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if args.tensor_parallel_size == 0 {
         bail!("--tensor-parallel-size must be at least 1");
     }
-    let model = load_model_tp(&args.model, args.tensor_parallel_size)
+    let mut model = load_model_tp(&args.model, args.tensor_parallel_size)
         .with_context(|| format!("loading model {}", args.model.display()))?;
+    crate::server::apply_latent_dtype(&mut model, args.kv_latent_dtype)?;
     model.warm_up()?;
     let tok = load_tokenizer(&args.model)?;
     tracing::info!(

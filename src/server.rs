@@ -3,7 +3,7 @@
 //! and exit; SIGHUP (and a change of the config file) re-reads the
 //! `[speculative]` section and applies it to the next engine step.
 
-use crate::config::{Config, SpeculativeMethod, SuffixScope};
+use crate::config::{Config, LatentDtype, SpeculativeMethod, SuffixScope};
 use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind, SuffixOptions};
 use crate::grammar::Grammars;
@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use specgate_verify::model::{
     load_model, load_model_tp, read_token_list, token_list_vocabulary, vocab_fingerprint,
 };
+use specgate_verify::{CacheDtype, Model};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -175,15 +176,32 @@ fn memory_mib() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// Applies `kv.latent_dtype` (`--kv-latent-dtype`) to `model`: `auto`
+/// keeps the model's own choice ([`Model::latent_cache`]).
+///
+/// Errors: an explicit dtype for a model without latent attention, or
+/// bf16 for a family that does not implement it.
+pub(crate) fn apply_latent_dtype(model: &mut Model, dtype: LatentDtype) -> Result<()> {
+    let d = match dtype {
+        LatentDtype::Auto => return Ok(()),
+        LatentDtype::F32 => CacheDtype::F32,
+        LatentDtype::Bf16 => CacheDtype::Bf16,
+    };
+    model
+        .set_latent_cache(d)
+        .with_context(|| format!("kv.latent_dtype = \"{dtype}\""))
+}
+
 /// Loads the target, the draft and the tokenizer, builds the grammar
 /// engine (`None`, with a warning, when the tokenizer does not allow one:
 /// structured output is then refused per request), and starts the engine.
 fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Grammars>)> {
     tracing::info!(model = %cfg.model.path.display(), "loading the target model");
     let started = std::time::Instant::now();
-    let target = load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
+    let mut target = load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
         .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
     let load_secs = started.elapsed().as_secs_f64();
+    apply_latent_dtype(&mut target, cfg.kv.latent_dtype)?;
     let (rss, peak) = memory_mib();
     target.warm_up()?;
     let kernels = specgate_verify::kernels::backend();
@@ -196,6 +214,7 @@ fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Gramma
         tensor_parallel_size = cfg.model.tensor_parallel_size,
         kernels = ?kernels,
         kernels_isa = specgate_verify::kernels::Isa::current().name(),
+        latent_cache = target.latent_cache().map_or("none", |d| d.name()),
         "target model loaded"
     );
     let mut tokenizer = tokenizer_for(&cfg.model.path)?;

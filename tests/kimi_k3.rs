@@ -22,7 +22,7 @@ use specgate_draft::{
     DraftError, DraftPolicy, ModelDraft, NgramProposer, Proposal, ProposeRequest, Proposer,
 };
 use specgate_verify::model::{load_model, load_model_tp};
-use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
+use specgate_verify::{CacheDtype, KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -49,7 +49,11 @@ fn greedy_speculation_over_recurrent_state_equals_plain_decoding() {
     let target = target(1);
     let draft = Arc::new(tiny_draft());
     // The target as its own draft: every draft accepted.
-    let twin = Arc::new(load_model(&fixture("tiny-hf")).unwrap());
+    // With the target's f32 latent cache (the directory's bf16 weights
+    // would load with a bf16 one): then it is the same model exactly.
+    let mut twin = load_model(&fixture("tiny-hf")).unwrap();
+    twin.set_latent_cache(CacheDtype::F32).unwrap();
+    let twin = Arc::new(twin);
     let prompts: [Vec<u32>; 2] = [
         vec![305, 375, 100, 280, 305, 375, 100, 280, 305, 375],
         (0..20).map(|i| (i * 37 % 500) as u32 + 3).collect(),
@@ -420,23 +424,29 @@ fn generate(model: &Path, extra: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn generate_runs_the_directory_and_the_gguf_alike() {
-    let (ok_dir, dir, err) = generate(&fixture("tiny-hf"), &[]);
+    // The directory's bf16 weights load with a bf16 latent cache, the f32
+    // GGUF's with an f32 one; with the same cache they are the same model.
+    let f32_cache = ["--kv-latent-dtype", "f32"];
+    let (ok_dir, dir32, err) = generate(&fixture("tiny-hf"), &f32_cache);
     assert!(ok_dir, "{err}");
     assert!(err.contains("decode tokens="), "{err}");
     let (ok_gguf, gguf, err) = generate(&fixture("tiny-k3.gguf"), &[]);
     assert!(ok_gguf, "{err}");
-    assert!(!dir.is_empty());
+    assert!(!dir32.is_empty());
     // Same weights, same tokenizer, greedy: the same text.
-    assert_eq!(dir, gguf);
+    assert_eq!(dir32, gguf);
+    let (ok, dir, err) = generate(&fixture("tiny-hf"), &[]);
+    assert!(ok && !dir.is_empty(), "{err}");
     // K3's chat template (tokenizer_config.json, GGUF metadata) renders
     // and the two agree there too.
-    let (ok, chat_dir, err) = generate(&fixture("tiny-hf"), &["--chat"]);
+    let (ok, chat_dir, err) =
+        generate(&fixture("tiny-hf"), &["--chat", "--kv-latent-dtype", "f32"]);
     assert!(ok, "{err}");
     let (ok, chat_gguf, err) = generate(&fixture("tiny-k3.gguf"), &["--chat"]);
     assert!(ok, "{err}");
     assert_eq!(chat_dir, chat_gguf);
     // Sharded, and with speculation (n-gram; the tiny hybrid draft): the
-    // same greedy text.
+    // same greedy text as the directory alone (its bf16 cache).
     let draft = fixture("tiny-draft-hf");
     let draft = draft.to_str().unwrap();
     for extra in [
@@ -511,4 +521,30 @@ fn chunked_draft_prefill_equals_catching_up_at_the_first_proposal() {
         assert_eq!(propose(&mut chunked), want);
         assert!(!want.is_empty());
     }
+}
+
+/// The engine sizes its pool from the model's bytes a token: in the same
+/// memory the bf16 latent cache (what the bf16 directory loads with) holds
+/// twice the blocks of the f32 one.
+#[test]
+fn bf16_latent_cache_doubles_the_blocks_in_the_same_memory() {
+    let blocks = |d: CacheDtype| {
+        let mut m = load_model(&fixture("tiny-hf")).unwrap();
+        assert_eq!(m.latent_cache(), Some(CacheDtype::Bf16));
+        m.set_latent_cache(d).unwrap();
+        let cfg = EngineConfig {
+            kv: KvSize::MemoryBytes(8 << 20),
+            block_size: BS,
+            scheduler: SchedulerConfig {
+                max_num_seqs: 4,
+                max_num_batched_tokens: 64,
+            },
+            policy: DraftPolicy::Fixed { k: 3 },
+            suffix: None,
+        };
+        let h = spawn(m, ProposerKind::None, None, cfg).unwrap().0;
+        wait_idle(&h).num_blocks
+    };
+    let (f, b) = (blocks(CacheDtype::F32), blocks(CacheDtype::Bf16));
+    assert!(b == 2 * f || b == 2 * f + 1, "f32 {f} blocks, bf16 {b}");
 }

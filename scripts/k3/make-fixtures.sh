@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every fixture under tests/fixtures/kimi_k3/ end to end:
 #   gen (tiny HF checkpoint + its draft) -> convert (llama.cpp converter -> GGUF) -> dump (llama.cpp logits)
+#   -> weight formats (bf16 / q8_0 / Q4_K_M GGUFs of a well-conditioned twin, with llama.cpp logits)
 #   -> tokenizer vectors (tiktoken vs llama.cpp) -> KDA reference (fla-core) -> README.
 #
 # CI NEVER RUNS THIS. It needs a llama.cpp checkout with Kimi-K3 support and a built libllama
@@ -47,6 +48,41 @@ echo "== 4. llama.cpp logits (whole / chunked / token by token)"
 P1="512,305,375,100,280,296,97,100,115,259,341,111,326,116,44,278,259,439,117,415,479,336,511,326;7,5,12"
 P2="517,411,102,505,40,425,44,32,120,41,402,276,386,32,228,189,160,240,159,154;6,9,5"
 "$TMP/dump_logits" "$FIX/tiny-k3.gguf" "$SHA" "$VERSION" "$FIX/llamacpp-logits.json" "$P1" "$P2"
+
+echo "== 4b. weight formats: bf16, q8_0 and llama-quantize Q4_K_M GGUFs of a WELL-CONDITIONED tiny K3"
+# The default tiny init is chaotic (issue 35): a flipped Q8 rounding moves its logits by nats, so
+# only a well-conditioned twin (gen_tiny_k3.py --well-conditioned; same shapes and tokenizer but a
+# dense MLP of 128, so tensor parallel 2 splits every row-parallel width into whole 32-value
+# blocks) can hold a rounded format to a meaningful tolerance. Its HF directory and f32 GGUF are not kept
+# (seeded, regenerated here); the f32 GGUF's llama.cpp logits are, as every format's baseline.
+# Only the `whole` logits are kept (llama.cpp's own whole/chunked/token-by-token differences stay in
+# `max_abs_diff`), at 7 significant digits, so each JSON is ~0.3 MB.
+# At width 64 llama-quantize's Q4_K_M writes no Q4_K/Q6_K (they need 256 columns): it falls back
+# to q5_0, q8_0 and f16; the MXFP4 experts are kept (it refuses to requantize them).
+FMT="$FIX/formats"
+mkdir -p "$FMT"
+python3 "$HERE/gen_tiny_k3.py" --well-conditioned --dense-inter 128 --out "$TMP/wc-hf"
+for t in f32 bf16 q8_0; do
+    python3 "$HERE/convert.py" "$LLAMA" "$TMP/wc-hf" "$TMP/tiny-wc-k3-$t.gguf" "$t" > "$TMP/convert-$t.log" 2>&1 \
+        || { tail -40 "$TMP/convert-$t.log"; exit 1; }
+done
+"$BUILD/bin/llama-quantize" --tensor-type '_exps=mxfp4' "$TMP/tiny-wc-k3-bf16.gguf" "$TMP/tiny-wc-k3-Q4_K_M.gguf" \
+    Q4_K_M 1 > "$TMP/quantize.log" 2>&1 || { tail -30 "$TMP/quantize.log"; exit 1; }
+grep -o 'converting to [a-z0-9_]*' "$TMP/quantize.log" | sort | uniq -c
+for t in f32 bf16 q8_0 Q4_K_M; do
+    [[ "$t" == f32 ]] || cp "$TMP/tiny-wc-k3-$t.gguf" "$FMT/"
+    SHA_T="$(sha256sum "$TMP/tiny-wc-k3-$t.gguf" | cut -d' ' -f1)"
+    "$TMP/dump_logits" "$TMP/tiny-wc-k3-$t.gguf" "$SHA_T" "$VERSION" "$TMP/logits-$t.json" "$P1" "$P2"
+    python3 - "$TMP/logits-$t.json" "$FMT/llamacpp-logits-$t.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for p in d["prompts"]:
+    p["whole"] = [[float(f"{x:.7g}") for x in row] for row in p["whole"]]
+    del p["chunked"], p["token_by_token"]
+json.dump(d, open(sys.argv[2], "w"), separators=(",", ":"))
+PY
+done
+du -ch "$FMT"/* | tail -1
 
 echo "== 5. tokenizer vectors"
 python3 "$HERE/tokenizer_vectors.py" --print-hex | "$TMP/tokenize_llama" "$FIX/tiny-k3.gguf" > "$TMP/llama-tokens.json"

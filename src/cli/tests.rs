@@ -105,6 +105,9 @@ const ROWS: &[Row] = &[
     ("--kv-memory-mib", "2048", "kv.memory_mib", |c| {
         c.kv.memory_mib.to_string()
     }),
+    ("--kv-latent-dtype", "bf16", "kv.latent_dtype", |c| {
+        c.kv.latent_dtype.to_string()
+    }),
     ("--max-num-seqs", "64", "scheduler.max_num_seqs", |c| {
         c.scheduler.max_num_seqs.to_string()
     }),

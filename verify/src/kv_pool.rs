@@ -14,6 +14,9 @@
 //! "head" in `k` (no `v`); heads are expanded from it inside attention.
 //! Under tensor parallelism every rank keeps its own full copy (its shard):
 //! the latent is shared by all heads, so it cannot be split by heads.
+//! Latent rows are stored as f32 or as bf16 ([`CacheDtype`], the model's
+//! choice): bf16 halves the cache, each value rounded to nearest-even once
+//! when written, so every later read of a row sees the same numbers.
 //!
 //! Hybrid models (Kimi K3) cache per token only in their attention layers
 //! (the others get no per-token storage) and keep, for their recurrent
@@ -26,6 +29,12 @@
 
 use crate::error::{Result, VerifyError};
 use crate::kernels::vector::{exp, F32Ops};
+use half::bf16;
+
+mod latent;
+
+pub use latent::CacheDtype;
+pub(crate) use latent::LatentRow;
 
 /// A slot's states after the rows of its latest verification of `rows`
 /// rows: row `i < rows - 1` in `buf[i * f..(i + 1) * f]` (the state with
@@ -77,23 +86,28 @@ pub struct KvLayout {
 /// One cached token of one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenRow {
-    /// K and V of `kv_heads` heads of `head_dim`.
+    /// K and V of `kv_heads` heads of `head_dim`, in f32.
     Heads { kv_heads: usize, head_dim: usize },
-    /// One latent row of `width` floats (latent attention).
-    Latent { width: usize },
+    /// One latent row of `width` values (latent attention), stored as `dtype`.
+    Latent { width: usize, dtype: CacheDtype },
 }
 
 /// One rank's part of a [`KvPool`]: per-layer K and V storage of its KV heads.
 ///
-/// Invariant: every layer's `k` and `v` hold exactly
-/// `num_blocks * num_kv_heads * block_size * head_dim` floats.
+/// Invariant: every cached layer's `k` and `v` (a latent shard: `k` alone,
+/// or `k16` alone when it stores bf16) hold exactly
+/// `num_blocks * num_kv_heads * block_size * head_dim` values; the others
+/// are empty.
 pub(crate) struct KvShard {
     block_size: usize,
     num_kv_heads: usize,
     head_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
-    latent: bool,
+    /// Per layer: a bf16 latent shard's rows.
+    k16: Vec<Vec<bf16>>,
+    /// `Some` for a latent shard: how its rows are stored.
+    latent: Option<CacheDtype>,
     /// Floats of one recurrent-state slot on this shard (0: none).
     state_floats: usize,
     /// `num_state_slots * state_floats` floats.
@@ -137,11 +151,16 @@ impl KvPool {
                     block_size,
                     kv_heads,
                     head_dim,
-                    false,
+                    None,
                 ),
-                TokenRow::Latent { width } => {
-                    KvShard::zeroed(&layout.cached, num_blocks, block_size, 1, width, true)
-                }
+                TokenRow::Latent { width, dtype } => KvShard::zeroed(
+                    &layout.cached,
+                    num_blocks,
+                    block_size,
+                    1,
+                    width,
+                    Some(dtype),
+                ),
             })
             .collect();
         let state_floats = &layout.state_floats;
@@ -285,17 +304,20 @@ impl KvPool {
     }
 
     /// Bytes of cache one token occupies across all layers and all shards,
-    /// counted from the storage itself (K and V, or the latent row); equals
-    /// `ModelConfig::kv_bytes_per_token` of the model it serves.
+    /// counted from the storage itself (K and V, or the latent row as
+    /// stored); equals `Model::kv_bytes_per_token` of the model it serves.
     pub fn bytes_per_token(&self) -> usize {
         let slots = self.num_blocks * self.block_size;
-        let floats: usize = self
+        let bytes: usize = self
             .shards
             .iter()
-            .flat_map(|s| s.k.iter().chain(&s.v))
-            .map(Vec::len)
+            .map(|s| {
+                let f32s: usize = s.k.iter().chain(&s.v).map(Vec::len).sum();
+                let bf16s: usize = s.k16.iter().map(Vec::len).sum();
+                f32s * 4 + bf16s * 2
+            })
             .sum();
-        floats / slots * std::mem::size_of::<f32>()
+        bytes / slots
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -312,9 +334,13 @@ impl KvPool {
                 s.k.len() == layout.cached.len()
                     && match *row {
                         TokenRow::Heads { kv_heads, head_dim } => {
-                            !s.latent && s.num_kv_heads == kv_heads && s.head_dim == head_dim
+                            s.latent.is_none()
+                                && s.num_kv_heads == kv_heads
+                                && s.head_dim == head_dim
                         }
-                        TokenRow::Latent { width } => s.latent && s.head_dim == width,
+                        TokenRow::Latent { width, dtype } => {
+                            s.latent == Some(dtype) && s.head_dim == width
+                        }
                     }
             })
     }
@@ -349,7 +375,8 @@ impl KvPool {
 
 impl KvShard {
     /// Stores one token's latent row (latent then RoPE key) of a latent
-    /// shard at `position` of the sequence with `block_table`.
+    /// shard at `position` of the sequence with `block_table`, rounded to
+    /// the shard's [`CacheDtype`].
     pub(crate) fn write_latent(
         &mut self,
         layer: usize,
@@ -357,24 +384,41 @@ impl KvShard {
         position: usize,
         row: &[f32],
     ) {
-        debug_assert!(self.latent && row.len() == self.head_dim);
+        debug_assert!(self.latent.is_some() && row.len() == self.head_dim);
         let off = self.offset(
             block_table[position / self.block_size] as usize,
             0,
             position % self.block_size,
         );
-        self.k[layer][off..off + self.head_dim].copy_from_slice(row);
+        let w = self.head_dim;
+        match self.latent {
+            Some(CacheDtype::Bf16) => {
+                for (d, &x) in self.k16[layer][off..off + w].iter_mut().zip(row) {
+                    *d = bf16::from_f32(x);
+                }
+            }
+            _ => self.k[layer][off..off + w].copy_from_slice(row),
+        }
     }
 
     /// The latent row cached at `position` of a sequence (latent shard).
-    pub(crate) fn latent_row(&self, layer: usize, block_table: &[u32], position: usize) -> &[f32] {
-        debug_assert!(self.latent);
+    pub(crate) fn latent_row(
+        &self,
+        layer: usize,
+        block_table: &[u32],
+        position: usize,
+    ) -> LatentRow<'_> {
+        debug_assert!(self.latent.is_some());
         let off = self.offset(
             block_table[position / self.block_size] as usize,
             0,
             position % self.block_size,
         );
-        &self.k[layer][off..off + self.head_dim]
+        let w = self.head_dim;
+        match self.latent {
+            Some(CacheDtype::Bf16) => LatentRow::Bf16(&self.k16[layer][off..off + w]),
+            _ => LatentRow::F32(&self.k[layer][off..off + w]),
+        }
     }
 
     /// The buffer for the states after the first `rows - 1` rows of a
@@ -421,24 +465,31 @@ impl KvShard {
         Ok(&mut self.states[a..b])
     }
 
+    /// A shard of zeros; `latent`: a latent shard storing `width`-value
+    /// rows as that dtype (`None`: K and V of `heads` heads).
     fn zeroed(
         cached: &[bool],
         num_blocks: usize,
         block_size: usize,
         heads: usize,
         width: usize,
-        latent: bool,
+        latent: Option<CacheDtype>,
     ) -> Self {
         let per_layer = num_blocks * heads * block_size * width;
-        let len = |c: bool| if c { per_layer } else { 0 };
+        let bf = latent == Some(CacheDtype::Bf16);
+        let len = |c: bool, here: bool| if c && here { per_layer } else { 0 };
         KvShard {
             block_size,
             num_kv_heads: heads,
             head_dim: width,
-            k: cached.iter().map(|&c| vec![0.0; len(c)]).collect(),
+            k: cached.iter().map(|&c| vec![0.0; len(c, !bf)]).collect(),
             v: cached
                 .iter()
-                .map(|&c| vec![0.0; if latent { 0 } else { len(c) }])
+                .map(|&c| vec![0.0; len(c, latent.is_none())])
+                .collect(),
+            k16: cached
+                .iter()
+                .map(|&c| vec![bf16::ZERO; len(c, bf)])
                 .collect(),
             latent,
             state_floats: 0,
@@ -590,8 +641,55 @@ mod tests {
             shard.write_latent(1, &table, t, &[t as f32; 8]);
         }
         for t in 0..4 {
-            assert_eq!(shard.latent_row(1, &table, t), &[t as f32; 8]);
+            let LatentRow::F32(row) = shard.latent_row(1, &table, t) else {
+                panic!("an f32 pool")
+            };
+            assert_eq!(row, &[t as f32; 8]);
         }
+    }
+
+    #[test]
+    fn bf16_latent_rows_take_half_the_bytes_rounded_once() {
+        let layout = |dtype| KvLayout {
+            cached: vec![false, true],
+            rows: vec![TokenRow::Latent { width: 20, dtype }; 2],
+            state_floats: Vec::new(),
+        };
+        let f = KvPool::with_layout(&layout(CacheDtype::F32), 3, 2, 0).unwrap();
+        let mut b = KvPool::with_layout(&layout(CacheDtype::Bf16), 3, 2, 0).unwrap();
+        assert_eq!(f.bytes_per_token(), 2 * 20 * 4);
+        assert_eq!(b.bytes_per_token(), 2 * 20 * 2);
+        assert!(b.fits(&layout(CacheDtype::Bf16)) && !b.fits(&layout(CacheDtype::F32)));
+        let table = [2u32, 0];
+        // 1 + 2^-9 is halfway between two bf16 values: nearest-even rounds
+        // it down to 1; 1 + 3 * 2^-9 rounds up to 1 + 2^-7.
+        let row: Vec<f32> = (0..20)
+            .map(|i| match i {
+                0 => 1.0 + 2f32.powi(-9),
+                1 => 1.0 + 3.0 * 2f32.powi(-9),
+                _ => (i as f32 * 0.37).sin(),
+            })
+            .collect();
+        let shard = &mut b.shards_mut()[1];
+        shard.write_latent(1, &table, 3, &row);
+        let got = shard.latent_row(1, &table, 3);
+        let LatentRow::Bf16(stored) = got else {
+            panic!("a bf16 pool")
+        };
+        assert_eq!(stored[0].to_f32(), 1.0);
+        assert_eq!(stored[1].to_f32(), 1.0 + 2f32.powi(-7));
+        let wide: Vec<f32> = stored.iter().map(|v| v.to_f32()).collect();
+        assert!(wide
+            .iter()
+            .zip(&row)
+            .all(|(w, r)| (w - r).abs() <= r.abs() / 256.0));
+        // Dot and axpy read the rounded values, widened exactly.
+        let x: Vec<f32> = (0..17).map(|i| (i as f32 * 0.7).cos()).collect();
+        let want: f32 = x.iter().zip(&wide[3..]).map(|(a, b)| a * b).sum();
+        assert!((got.dot_from(3, &x) - want).abs() < 1e-5);
+        let mut out = vec![1.0f32; 20];
+        got.axpy_into(0.5, &mut out);
+        assert!(out.iter().zip(&wide).all(|(o, w)| *o == 1.0 + 0.5 * w));
     }
 
     #[test]

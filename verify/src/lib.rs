@@ -19,7 +19,7 @@ pub mod tp;
 
 pub use constraint::{ConstraintError, ConstraintSource, TokenConstraint, TokenMask};
 pub use error::VerifyError;
-pub use kv_pool::{KvLayout, KvPool, TokenRow};
+pub use kv_pool::{CacheDtype, KvLayout, KvPool, TokenRow};
 pub use model::{Arch, LogitsWanted, Model, ModelConfig, RopeStyle, SeqInput};
 pub use process::{Controls, TokenLogprob};
 pub use sample::{Sampler, SamplingParams};

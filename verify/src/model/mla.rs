@@ -1,7 +1,8 @@
 //! Multi-head latent attention over the latent paged cache, shared by the
 //! families that use it (DeepSeek-V3 / Kimi K2, and Kimi K3's MLA layers):
 //! the absorbed form, where a query is mapped into the latent space once
-//! per head and scored against cached latent rows in place.
+//! per head and scored against cached latent rows in place (f32 or bf16,
+//! as the pool stores them: `kv_pool::LatentRow`).
 
 use super::dense::Dense;
 use super::rows::Rows;
@@ -53,7 +54,7 @@ fn attend_head(
     let mut max = f32::NEG_INFINITY;
     for (t, s) in scores.iter_mut().enumerate() {
         let row = pool.latent_row(layer, table, t);
-        *s = (dot(q_lat, &row[..d.kvr]) + dot(qr, &row[d.kvr..])) * d.scale;
+        *s = (row.dot_from(0, q_lat) + row.dot_from(d.kvr, qr)) * d.scale;
         max = max.max(*s);
     }
     let mut sum = 0.0;
@@ -65,7 +66,7 @@ fn attend_head(
     o_lat.clear();
     o_lat.resize(d.kvr, 0.0);
     for (t, &s) in scores.iter().enumerate() {
-        axpy(s * inv, &pool.latent_row(layer, table, t)[..d.kvr], o_lat);
+        pool.latent_row(layer, table, t).axpy_into(s * inv, o_lat);
     }
     for (j, o) in out.iter_mut().enumerate() {
         *o = dot(kv_b.row(base + d.nope + j), o_lat);

@@ -34,7 +34,7 @@ mod shard;
 mod stored;
 
 use crate::error::{Result, VerifyError};
-use crate::kv_pool::KvPool;
+use crate::kv_pool::{CacheDtype, KvPool};
 use candle_core::Tensor;
 use std::sync::Mutex;
 
@@ -96,6 +96,9 @@ pub struct Model {
     /// Held for a whole sharded forward: two forwards at once would
     /// interleave their collectives on the one rank group.
     pub(crate) step: Mutex<()>,
+    /// How a pool for this model stores latent rows ([`Model::set_latent_cache`];
+    /// unused without latent attention).
+    pub(crate) latent_cache: CacheDtype,
 }
 
 impl Model {
@@ -184,6 +187,36 @@ impl Model {
         }
     }
 
+    /// How a pool from [`crate::KvPool::for_model`] stores this model's
+    /// latent rows; `None` for a model without latent attention. Kimi K3
+    /// loads with bf16 when the matrix that writes the latent is stored
+    /// as bf16 or quantized, f32 when it is f32; DeepSeek-family models
+    /// keep f32.
+    pub fn latent_cache(&self) -> Option<CacheDtype> {
+        self.cfg.mla.as_ref().map(|_| self.latent_cache)
+    }
+
+    /// Chooses how latent rows are stored (see [`Model::latent_cache`]);
+    /// pools made before keep theirs, and a forward refuses them.
+    ///
+    /// Errors: a model without latent attention; bf16 for the DeepSeek
+    /// family, whose expanded prefill reads a chunk's latents unrounded
+    /// while later chunks would read them rounded.
+    pub fn set_latent_cache(&mut self, dtype: CacheDtype) -> Result<()> {
+        match (&self.body, dtype) {
+            (Body::Llama(_), _) => Err(VerifyError::BadConfig(
+                "a latent cache dtype for a model without latent attention".into(),
+            )),
+            (Body::Deepseek(_), CacheDtype::Bf16) => Err(VerifyError::BadConfig(
+                "a bf16 latent cache is implemented for Kimi K3 only".into(),
+            )),
+            _ => {
+                self.latent_cache = dtype;
+                Ok(())
+            }
+        }
+    }
+
     /// Number of tensor-parallel ranks this `Model` runs itself (its
     /// shards). A DeepSeek-family rank from [`load_safetensors_shard`] is
     /// one rank of a group its caller drives, so it says 1.
@@ -197,16 +230,19 @@ impl Model {
 
     /// Bytes of KV cache one token occupies in a pool from
     /// [`crate::KvPool::for_model`], all ranks together: the model's
-    /// [`ModelConfig::kv_bytes_per_token`], once per rank for a latent
-    /// cache (every rank keeps its own copy; KV heads split instead).
+    /// [`ModelConfig::kv_bytes_per_token`] (f32 values), once per rank for
+    /// a latent cache (every rank keeps its own copy; KV heads split
+    /// instead), with latent values at their stored size
+    /// ([`Model::latent_cache`]).
     pub fn kv_bytes_per_token(&self) -> usize {
+        let latent = |f32_bytes: usize| f32_bytes / 4 * self.latent_cache.bytes();
         match &self.body {
             Body::Llama(_) => self.cfg.kv_bytes_per_token(),
-            Body::Deepseek(ranks) => ranks.len() * self.cfg.kv_bytes_per_token(),
+            Body::Deepseek(ranks) => ranks.len() * latent(self.cfg.kv_bytes_per_token()),
             // Only the MLA layers cache per token.
             Body::KimiK3(ranks) => {
                 let per_layer = self.cfg.kv_bytes_per_token() / self.cfg.num_layers;
-                ranks.len() * per_layer * ranks[0].mla_layers()
+                ranks.len() * latent(per_layer) * ranks[0].mla_layers()
             }
         }
     }

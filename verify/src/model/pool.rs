@@ -6,14 +6,14 @@
 
 use super::{Model, ModelConfig};
 use crate::error::{Result, VerifyError};
-use crate::kv_pool::{KvLayout, KvPool, TokenRow};
+use crate::kv_pool::{CacheDtype, KvLayout, KvPool, TokenRow};
 
 impl ModelConfig {
     /// The layout of a pool for this config with `kv_heads[r]` KV heads on
     /// rank `r` (ignored for latent attention, where every rank keeps the
-    /// whole latent row), per-token storage in the layers `cached` marks
-    /// (`None`: all), and `state_floats[r]` floats of recurrent state per
-    /// slot on rank `r` (empty: none).
+    /// whole latent row, in f32), per-token storage in the layers `cached`
+    /// marks (`None`: all), and `state_floats[r]` floats of recurrent state
+    /// per slot on rank `r` (empty: none).
     pub fn kv_layout(
         &self,
         kv_heads: &[usize],
@@ -25,6 +25,7 @@ impl ModelConfig {
             .map(|&h| match &self.mla {
                 Some(m) => TokenRow::Latent {
                     width: m.kv_lora_rank + m.qk_rope_head_dim,
+                    dtype: CacheDtype::F32,
                 },
                 None => TokenRow::Heads {
                     kv_heads: h,
@@ -43,13 +44,20 @@ impl ModelConfig {
 impl Model {
     /// The layout of the pool this model runs over: one shard per
     /// tensor-parallel rank with that rank's KV heads, per-token storage
-    /// only in the layers that attend, its recurrent-state size.
+    /// only in the layers that attend, latent rows stored as
+    /// [`Model::latent_cache`] says, its recurrent-state size.
     pub fn kv_layout(&self) -> KvLayout {
-        self.cfg.kv_layout(
+        let mut layout = self.cfg.kv_layout(
             &self.kv_heads_per_rank(),
             self.per_token_cache_layers(),
             self.state_floats_per_rank(),
-        )
+        );
+        for row in &mut layout.rows {
+            if let TokenRow::Latent { dtype, .. } = row {
+                *dtype = self.latent_cache;
+            }
+        }
+        layout
     }
 }
 

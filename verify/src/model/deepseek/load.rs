@@ -5,6 +5,7 @@
 
 use super::{yarn_mscale, Attention, DsLayer, Ffn, MlaPrefill, Mlp, Moe, Query, Rope, Weights};
 use crate::error::{Result, VerifyError};
+use crate::kv_pool::CacheDtype;
 use crate::model::config::{Arch, MlaConfig, ModelConfig, MoeConfig, RopeStyle, YarnConfig};
 use crate::model::dense::Dense;
 use crate::model::linear::Linear;
@@ -321,6 +322,7 @@ pub(crate) fn load(
         head_tokens: None,
         lm_bytes: 0,
         step: std::sync::Mutex::new(()),
+        latent_cache: CacheDtype::F32,
     })
 }
 

@@ -967,6 +967,7 @@ fn assemble(ranks: Vec<Weights>, cfg: ModelConfig) -> Model {
     let moe = cfg.moe.as_ref().expect("validated");
     let share = (moe.num_experts_per_tok, moe.n_routed_experts);
     let weight_bytes = ranks.iter().map(|w| w.decode_bytes(share)).sum();
+    let latent_cache = ranks[0].default_latent_cache();
     Model {
         cfg,
         body: Body::KimiK3(ranks),
@@ -974,6 +975,7 @@ fn assemble(ranks: Vec<Weights>, cfg: ModelConfig) -> Model {
         head_tokens: None,
         lm_bytes: 0,
         step: std::sync::Mutex::new(()),
+        latent_cache,
     }
 }
 

@@ -51,7 +51,7 @@ use super::{LogitsWanted, Model, MoeConfig, SeqInput};
 use crate::error::Result;
 use crate::kernels::mxfp4::{self, Mxfp4Matrix, Mxfp4Product, Q8Acts};
 use crate::kernels::vector::{axpy, dot};
-use crate::kv_pool::{KvPool, KvShard};
+use crate::kv_pool::{CacheDtype, KvPool, KvShard};
 use crate::team::{self, SharedMut};
 use crate::tp::Communicator;
 use candle_core::Tensor;
@@ -298,6 +298,26 @@ impl Weights {
             };
         }
         total
+    }
+
+    /// The latent cache dtype this checkpoint loads with: f32 when the
+    /// matrix that writes the latent (the first MLA layer's `kv_a`) is
+    /// stored as f32 (4 bytes a value), bf16 when it is bf16 or quantized
+    /// (its values already carry at most bf16's precision; the cache then
+    /// takes half the memory).
+    pub(crate) fn default_latent_cache(&self) -> CacheDtype {
+        let kv_a = self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::Mla(m) => Some(&m.kv_a),
+            Mixer::Kda(_) => None,
+        });
+        let per_value = |l: &Linear| {
+            let values = l.out_features().unwrap_or(0) * l.in_features().unwrap_or(0);
+            l.weight_bytes() / values.max(1)
+        };
+        match kv_a {
+            Some(w) if per_value(w) < 4 => CacheDtype::Bf16,
+            _ => CacheDtype::F32,
+        }
     }
 
     /// Number of MLA layers.
@@ -857,5 +877,9 @@ fn forward_rank(
     )
 }
 
+#[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
+mod format_tests;
 #[cfg(test)]
 mod tests;

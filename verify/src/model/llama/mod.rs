@@ -31,7 +31,7 @@ use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::rows::{flatten, Rows, SeqInput};
 use super::{Body, Model};
 use crate::error::{Result, VerifyError};
-use crate::kv_pool::{KvPool, KvShard};
+use crate::kv_pool::{CacheDtype, KvPool, KvShard};
 use crate::team;
 use crate::tp::{Communicator, LocalComm, ThreadComm};
 use candle_core::{Device, Tensor};
@@ -118,6 +118,7 @@ pub(crate) fn from_rank_parts(
         head_tokens: None,
         lm_bytes,
         step: std::sync::Mutex::new(()),
+        latent_cache: CacheDtype::F32,
     })
 }
 
