@@ -11,6 +11,8 @@
 //!
 //! Run: `cargo bench --bench runtime` (models from scripts/fetch-models.sh);
 //! `SPECGATE_BENCH_BACKENDS=native` runs only ours;
+//! `SPECGATE_BENCH_VERIFY_ROWS=1,4` times only those verify passes (the
+//! first must be 1, the ratios' base), e.g. to profile one of them;
 //! `cargo bench --bench runtime -- MODEL...` runs those models (a GGUF or an
 //! HF directory, any family, e.g. the Kimi K3 slices) instead.
 
@@ -126,13 +128,24 @@ fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
     // the host's speed drifts by tens of percent over seconds, so only
     // passes run side by side compare.
     let ctx = prompt.len() + decode;
-    const ROWS: [usize; 5] = [1, 2, 4, 8, 16];
+    let rows_list = std::env::var("SPECGATE_BENCH_VERIFY_ROWS").ok();
+    let row_counts: Vec<usize> = match rows_list.as_deref() {
+        Some(l) => l
+            .split(',')
+            .map(|r| r.trim().parse().expect("SPECGATE_BENCH_VERIFY_ROWS: row counts"))
+            .collect(),
+        None => vec![1, 2, 4, 8, 16],
+    };
+    assert!(
+        row_counts.first() == Some(&1) && row_counts.iter().all(|&r| (1..=max_rows).contains(&r)),
+        "verify row counts start at 1 and stay within {max_rows}"
+    );
     const ROUNDS: usize = 9;
-    let mut times = [[0f64; ROWS.len()]; ROUNDS];
+    let mut times = vec![vec![0f64; row_counts.len()]; ROUNDS];
     for (round, this) in times.iter_mut().enumerate() {
-        for i in 0..ROWS.len() {
-            let ri = (round + i) % ROWS.len();
-            let rows = ROWS[ri];
+        for i in 0..row_counts.len() {
+            let ri = (round + i) % row_counts.len();
+            let rows = row_counts[ri];
             let toks: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 7) % 30_000).collect();
             let t = Instant::now();
             let out = model
@@ -142,7 +155,7 @@ fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
             assert_eq!(out.len(), rows);
         }
     }
-    for (ri, rows) in ROWS.iter().enumerate() {
+    for (ri, rows) in row_counts.iter().enumerate() {
         let ms = median(times.iter().map(|t| t[ri]).collect()) * 1e3;
         let ratio = median(times.iter().map(|t| t[ri] / t[0]).collect());
         println!(
