@@ -113,7 +113,7 @@ fn call_of(c: &Value) -> (String, String, String) {
     )
 }
 
-fn request(extra: Value) -> Value {
+fn chat_request(extra: Value) -> Value {
     merge(
         json!({"model": NAME, "messages": [{"role": "user", "content": "weather in Paris?"}],
                "max_tokens": 400, "temperature": 0}),
@@ -123,7 +123,7 @@ fn request(extra: Value) -> Value {
 
 /// The turn asked whole.
 fn whole(s: &Server, extra: Value) -> Turn {
-    let r = post(s.addr, "/v1/chat/completions", request(extra));
+    let r = post(s.addr, "/v1/chat/completions", chat_request(extra));
     assert_eq!(r.status, 200, "{}", r.body);
     let v: Value = serde_json::from_str(&r.body).unwrap();
     let c = &v["choices"][0];
@@ -145,7 +145,7 @@ fn streamed(s: &Server, extra: Value) -> (Turn, usize) {
     let r = post(
         s.addr,
         "/v1/chat/completions",
-        request(merge(extra, json!({"stream": true}))),
+        chat_request(merge(extra, json!({"stream": true}))),
     );
     assert_eq!(r.status, 200, "{}", r.body);
     let (evs, done) = events(&r.body);
@@ -299,6 +299,13 @@ fn two_calls_get_indexes_0_and_1_and_distinct_ids_with_or_without_speculation() 
             c.2 = v.to_string();
         }
         assert_eq!(t, expected, "speculation {spec}");
+        if spec {
+            // Drafts were proposed, and some rejected (rolled back).
+            let m = request(s.addr, "GET", "/metrics", &[], "").body;
+            let drafted = metric(&m, "specgate_spec_decode_num_draft_tokens_total");
+            let accepted = metric(&m, "specgate_spec_decode_num_accepted_tokens_total");
+            assert!(0.0 < accepted && accepted < drafted, "{accepted} of {drafted}");
+        }
     }
 }
 
