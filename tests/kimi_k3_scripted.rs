@@ -55,7 +55,11 @@ fn server(markup: &str, spec: bool) -> Server {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = scratch_dir("k3-scripted").join(N.fetch_add(1, Ordering::Relaxed).to_string());
     std::fs::create_dir_all(&dir).unwrap();
-    for f in ["tiktoken.model", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "tiktoken.model",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(tiny_k3().join(f), dir.join(f)).unwrap();
     }
     let config = json!({"model_type": "specgate_scripted", "vocab_size": 768,
@@ -83,7 +87,10 @@ fn tools() -> Value {
                "parameters": {"type": "object", "properties": props}}})
     };
     json!([
-        tool("get_weather", json!({"city": {"type": "string"}, "days": {"type": "number"}})),
+        tool(
+            "get_weather",
+            json!({"city": {"type": "string"}, "days": {"type": "number"}})
+        ),
         tool("get_time", json!({"city": {"type": "string"}})),
         tool("echo", json!({})),
     ])
@@ -157,9 +164,14 @@ fn streamed(s: &Server, extra: Value) -> (Turn, usize) {
             continue;
         };
         let d = &c["delta"];
-        for (field, acc) in [("reasoning_content", &mut reasoning), ("content", &mut content)] {
+        for (field, acc) in [
+            ("reasoning_content", &mut reasoning),
+            ("content", &mut content),
+        ] {
             if let Some(t) = d[field].as_str() {
-                for frag in ["<|", "|>", "think", "response", "tool=\"", "argument", "call "] {
+                for frag in [
+                    "<|", "|>", "think", "response", "tool=\"", "argument", "call ",
+                ] {
                     assert!(!t.contains(frag), "{frag:?} in delta {d}");
                 }
                 text_deltas += usize::from(!t.is_empty());
@@ -246,7 +258,10 @@ fn a_call_with_string_and_number_arguments() {
     assert_eq!(t.finish, "tool_calls");
     assert_eq!(t.calls.len(), 1, "{t:?}");
     let (id, name, args) = &t.calls[0];
-    assert_eq!((id.as_str(), name.as_str()), ("functions.get_weather:0", "get_weather"));
+    assert_eq!(
+        (id.as_str(), name.as_str()),
+        ("functions.get_weather:0", "get_weather")
+    );
     let args: Value = serde_json::from_str(args).unwrap();
     assert_eq!(args, json!({"city": "Paris", "days": 3}));
     // Ids count the calls already in the conversation (Moonshot's form).
@@ -304,7 +319,10 @@ fn two_calls_get_indexes_0_and_1_and_distinct_ids_with_or_without_speculation() 
             let m = request(s.addr, "GET", "/metrics", &[], "").body;
             let drafted = metric(&m, "specgate_spec_decode_num_draft_tokens_total");
             let accepted = metric(&m, "specgate_spec_decode_num_accepted_tokens_total");
-            assert!(0.0 < accepted && accepted < drafted, "{accepted} of {drafted}");
+            assert!(
+                0.0 < accepted && accepted < drafted,
+                "{accepted} of {drafted}"
+            );
         }
     }
 }

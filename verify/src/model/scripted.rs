@@ -74,7 +74,9 @@ pub(crate) fn config_from_hf_json(json: &serde_json::Value) -> Result<(ModelConf
         .map_err(|e| bad(format!("scripts: {e}")))?
         .ok_or_else(|| bad("no `scripts`".into()))?;
     if scripts.is_empty() || scripts.iter().any(Vec::is_empty) {
-        return Err(bad("`scripts` must be a non-empty list of non-empty id lists".into()));
+        return Err(bad(
+            "`scripts` must be a non-empty list of non-empty id lists".into(),
+        ));
     }
     if let Some(t) = scripts
         .iter()
@@ -188,7 +190,9 @@ mod tests {
     }
 
     fn greedy(row: &[f32]) -> u32 {
-        (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap() as u32
+        (0..row.len())
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap() as u32
     }
 
     #[test]
