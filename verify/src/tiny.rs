@@ -77,6 +77,7 @@ impl TinySpec {
             Arch::DeepseekV3 => "deepseek_v3",
             // Tiny K3 checkpoints come from scripts/k3/gen_tiny_k3.py.
             Arch::KimiK3 => "kimi_k3",
+            Arch::Scripted => "specgate_scripted",
         }
     }
 

@@ -36,6 +36,7 @@ impl Reference {
             Arch::DeepseekV3 => unreachable!("no GGUF reference for DeepSeek-V3"),
             // Checked against llama.cpp's logits (model::kimi_k3 tests).
             Arch::KimiK3 => unreachable!("no candle reference for Kimi K3"),
+            Arch::Scripted => unreachable!("the scripted model has no reference"),
         }
     }
 

@@ -20,6 +20,9 @@ pub enum Arch {
     /// needs [`ModelConfig::mla`] and [`ModelConfig::moe`], its other
     /// numerics live in the family.
     KimiK3,
+    /// A test double (`specgate_scripted`) replaying token scripts; no
+    /// weights (see `model/scripted.rs`).
+    Scripted,
 }
 
 impl Arch {
@@ -30,6 +33,7 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "deepseek_v3" | "kimi_k2" => Ok(Arch::DeepseekV3),
             "kimi_k3" | "kimi-k3" => Ok(Arch::KimiK3),
+            "specgate_scripted" => Ok(Arch::Scripted),
             other => Err(VerifyError::UnknownArchitecture(other.to_string())),
         }
     }

@@ -14,7 +14,7 @@
 
 use super::config::{Arch, ModelConfig};
 use super::shard::Matrix;
-use super::{deepseek, kimi_k3, llama, Model};
+use super::{deepseek, kimi_k3, llama, scripted, Model};
 use crate::error::{Result, VerifyError};
 use crate::gguf::Gguf;
 use crate::tp::{Communicator, LocalComm, ThreadComm};
@@ -200,13 +200,19 @@ pub fn config_from_hf_json(cfg: &serde_json::Value) -> Result<ModelConfig> {
     (family(arch).hf_config)(cfg, arch)
 }
 
-/// Reads `config.json` of a Hugging Face directory and maps its weights.
-fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, SafetensorsWeights)> {
+/// Reads and parses `config.json` of a Hugging Face directory.
+fn read_hf_config(dir: &Path) -> Result<(serde_json::Value, ModelConfig)> {
     let cfg_path = dir.join("config.json");
     let raw = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path))?;
     let json: serde_json::Value = serde_json::from_str(&raw)
         .map_err(|e| VerifyError::BadConfig(format!("{}: {e}", cfg_path.display())))?;
     let cfg = config_from_hf_json(&json)?;
+    Ok((json, cfg))
+}
+
+/// Reads `config.json` of a Hugging Face directory and maps its weights.
+fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, SafetensorsWeights)> {
+    let (json, cfg) = read_hf_config(dir)?;
     let weights = SafetensorsWeights::open(dir)?;
     Ok((json, cfg, weights))
 }
@@ -250,7 +256,11 @@ pub fn load_safetensors(dir: &Path) -> Result<Model> {
 /// impossible ([`VerifyError::ImpossibleSplit`], or for the DeepSeek family
 /// an error naming the tensor and the world sizes that work).
 pub fn load_safetensors_tp(dir: &Path, world: usize) -> Result<Model> {
-    let (json, cfg, weights) = read_hf_dir(dir)?;
+    let (json, cfg) = read_hf_config(dir)?;
+    if let Some(load) = family(cfg.arch).weightless {
+        return load(&json, world);
+    }
+    let weights = SafetensorsWeights::open(dir)?;
     (family(cfg.arch).safetensors)(&json, &weights, cfg, world)
 }
 
@@ -284,6 +294,8 @@ type SafetensorsShardFn =
 type GgufFn = fn(&mut GgufReader, Arch, usize) -> Result<Model>;
 /// Loads a GGUF file read by [`Gguf`] (any tensor type) over `world` ranks.
 type GgufRawFn = fn(&Gguf, usize) -> Result<Model>;
+/// Loads a model that has no weights from its config.json over `world` ranks.
+type WeightlessFn = fn(&serde_json::Value, usize) -> Result<Model>;
 
 /// One family's loaders, as [`family`] hands them out.
 struct Family {
@@ -297,6 +309,9 @@ struct Family {
     gguf: Option<GgufFn>,
     /// The family's GGUF loader over [`Gguf`] instead of candle's reader.
     gguf_raw: Option<GgufRawFn>,
+    /// Set for a family without weights: a directory is its config.json
+    /// alone (no safetensors are opened).
+    weightless: Option<WeightlessFn>,
 }
 
 /// The loader's ONE dispatch from an architecture to its family: a new
@@ -310,6 +325,7 @@ fn family(arch: Arch) -> Family {
             safetensors_shard: None,
             gguf: Some(llama::load_gguf),
             gguf_raw: None,
+            weightless: None,
         },
         Arch::DeepseekV3 => Family {
             name: "DeepSeek-V3",
@@ -318,6 +334,7 @@ fn family(arch: Arch) -> Family {
             safetensors_shard: Some(|weights, cfg, comm| deepseek::load(weights, cfg, vec![comm])),
             gguf: None,
             gguf_raw: None,
+            weightless: None,
         },
         Arch::KimiK3 => Family {
             name: "Kimi K3",
@@ -329,6 +346,16 @@ fn family(arch: Arch) -> Family {
             safetensors_shard: None,
             gguf: None,
             gguf_raw: Some(|g, world| kimi_k3::load_gguf(g, comms(world)?)),
+            weightless: None,
+        },
+        Arch::Scripted => Family {
+            name: "scripted",
+            hf_config: |json, _| scripted::config_from_hf_json(json).map(|(cfg, _)| cfg),
+            safetensors: |json, _, _, world| scripted::load(json, world),
+            safetensors_shard: None,
+            gguf: None,
+            gguf_raw: None,
+            weightless: Some(scripted::load),
         },
     }
 }

@@ -14,7 +14,8 @@
 //! `llama/` serves both `llama` and `qwen2`; `deepseek/` serves the
 //! DeepSeek-V3 layout (model types `deepseek_v3` and `kimi_k2`: latent
 //! attention + mixture of experts); `kimi_k3/` serves Kimi K3 (KDA linear
-//! attention + gated NoPE MLA, latent MoE, attention residuals). This file is the only other place that
+//! attention + gated NoPE MLA, latent MoE, attention residuals); `scripted.rs`
+//! is a test double replaying token scripts. This file is the only other place that
 //! names them: [`Body`] and the dispatch methods of [`Model`].
 
 mod config;
@@ -30,6 +31,7 @@ mod ops;
 mod pool;
 mod ranks;
 mod rows;
+mod scripted;
 mod shard;
 mod stored;
 
@@ -57,6 +59,8 @@ fn validate_family(cfg: &ModelConfig) -> Result<()> {
         // The K3-only numerics live in the family's own config, checked at
         // load (`kimi_k3::validate`).
         Arch::KimiK3 => Ok(()),
+        // Checked where its config is read (`scripted::config_from_hf_json`).
+        Arch::Scripted => Ok(()),
     }
 }
 
@@ -71,6 +75,8 @@ pub(crate) enum Body {
     /// One Kimi K3 shard per tensor-parallel rank, in rank order; never
     /// empty.
     KimiK3(Vec<kimi_k3::Weights>),
+    /// A test double: the scripts it replays (unsharded, no weights).
+    Scripted(scripted::Scripts),
 }
 
 /// A loaded model: config plus weights, as one shard per tensor-parallel
@@ -149,7 +155,7 @@ impl Model {
         }
         match &mut self.body {
             Body::Llama(shards) => llama::restrict_head(shards, tokens)?,
-            Body::Deepseek(_) | Body::KimiK3(_) => {
+            Body::Deepseek(_) | Body::KimiK3(_) | Body::Scripted(_) => {
                 return Err(VerifyError::BadConfig(
                     "a restricted head is implemented for the llama family only".into(),
                 ))
@@ -184,6 +190,9 @@ impl Model {
             Body::KimiK3(_) => Err(VerifyError::BadConfig(
                 "MLA prefill modes are for the DeepSeek family; Kimi K3 attends absorbed".into(),
             )),
+            Body::Scripted(_) => Err(VerifyError::BadConfig(
+                "MLA prefill mode on the scripted model".into(),
+            )),
         }
     }
 
@@ -207,9 +216,9 @@ impl Model {
             (Body::Llama(_), _) => Err(VerifyError::BadConfig(
                 "a latent cache dtype for a model without latent attention".into(),
             )),
-            (Body::Deepseek(_), CacheDtype::Bf16) => Err(VerifyError::BadConfig(
-                "a bf16 latent cache is implemented for Kimi K3 only".into(),
-            )),
+            (Body::Deepseek(_) | Body::Scripted(_), CacheDtype::Bf16) => Err(
+                VerifyError::BadConfig("a bf16 latent cache is implemented for Kimi K3 only".into()),
+            ),
             _ => {
                 self.latent_cache = dtype;
                 Ok(())
@@ -225,6 +234,7 @@ impl Model {
             Body::Llama(shards) => shards.len(),
             Body::Deepseek(ranks) => ranks.len(),
             Body::KimiK3(ranks) => ranks.len(),
+            Body::Scripted(_) => 1,
         }
     }
 
@@ -237,7 +247,7 @@ impl Model {
     pub fn kv_bytes_per_token(&self) -> usize {
         let latent = |f32_bytes: usize| f32_bytes / 4 * self.latent_cache.bytes();
         match &self.body {
-            Body::Llama(_) => self.cfg.kv_bytes_per_token(),
+            Body::Llama(_) | Body::Scripted(_) => self.cfg.kv_bytes_per_token(),
             Body::Deepseek(ranks) => ranks.len() * latent(self.cfg.kv_bytes_per_token()),
             // Only the MLA layers cache per token.
             Body::KimiK3(ranks) => {
@@ -256,6 +266,7 @@ impl Model {
             Body::Llama(shards) => shards.iter().map(|s| s.num_kv_heads).collect(),
             Body::Deepseek(ranks) => vec![1; ranks.len()],
             Body::KimiK3(ranks) => vec![1; ranks.len()],
+            Body::Scripted(_) => vec![1],
         }
     }
 
@@ -272,6 +283,7 @@ impl Model {
             Body::Llama(shards) => llama::forward(self, shards, pool, seqs),
             Body::Deepseek(ranks) => deepseek::forward(self, ranks, pool, seqs),
             Body::KimiK3(ranks) => kimi_k3::forward(self, ranks, pool, seqs),
+            Body::Scripted(scripts) => scripted::forward(self, scripts, pool, seqs),
         }
     }
 
@@ -281,7 +293,7 @@ impl Model {
     pub fn state_floats_per_rank(&self) -> Vec<usize> {
         match &self.body {
             Body::KimiK3(ranks) => ranks.iter().map(|w| w.state_floats()).collect(),
-            Body::Llama(_) | Body::Deepseek(_) => Vec::new(),
+            Body::Llama(_) | Body::Deepseek(_) | Body::Scripted(_) => Vec::new(),
         }
     }
 
@@ -289,7 +301,7 @@ impl Model {
     pub(crate) fn per_token_cache_layers(&self) -> Option<Vec<bool>> {
         match &self.body {
             Body::KimiK3(ranks) => Some(ranks[0].mla_layer_mask()),
-            Body::Llama(_) | Body::Deepseek(_) => None,
+            Body::Llama(_) | Body::Deepseek(_) | Body::Scripted(_) => None,
         }
     }
 
