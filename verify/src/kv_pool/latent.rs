@@ -51,6 +51,14 @@ fn widen(v: bf16) -> f32 {
 const LANES: usize = 16;
 
 impl LatentRow<'_> {
+    /// Value `i` of the row, widened to f32 (exact).
+    pub(crate) fn get(&self, i: usize) -> f32 {
+        match self {
+            LatentRow::F32(r) => r[i],
+            LatentRow::Bf16(r) => widen(r[i]),
+        }
+    }
+
     /// `sum(x[i] * row[at + i])` over `x`: the row's values from `at` on.
     pub(crate) fn dot_from(&self, at: usize, x: &[f32]) -> f32 {
         match self {

@@ -165,7 +165,7 @@ pub(crate) fn forward(
         let table = seqs[rows.seq[row]].block_table;
         // Ids below 2^24 are exact in f32.
         let history: Vec<u32> = (0..=rows.positions[row])
-            .map(|p| shard.latent_row(0, table, p)[0] as u32)
+            .map(|p| shard.latent_row(0, table, p).get(0) as u32)
             .collect();
         out[r * vocab + scripts.next(&history) as usize] = HIGH_LOGIT;
     }
