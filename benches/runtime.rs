@@ -132,7 +132,11 @@ fn bench_model(path: &Path, bw: f64, backend: Backend, head: Option<&[u32]>) {
     let row_counts: Vec<usize> = match rows_list.as_deref() {
         Some(l) => l
             .split(',')
-            .map(|r| r.trim().parse().expect("SPECGATE_BENCH_VERIFY_ROWS: row counts"))
+            .map(|r| {
+                r.trim()
+                    .parse()
+                    .expect("SPECGATE_BENCH_VERIFY_ROWS: row counts")
+            })
             .collect(),
         None => vec![1, 2, 4, 8, 16],
     };

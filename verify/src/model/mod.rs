@@ -216,9 +216,11 @@ impl Model {
             (Body::Llama(_), _) => Err(VerifyError::BadConfig(
                 "a latent cache dtype for a model without latent attention".into(),
             )),
-            (Body::Deepseek(_) | Body::Scripted(_), CacheDtype::Bf16) => Err(
-                VerifyError::BadConfig("a bf16 latent cache is implemented for Kimi K3 only".into()),
-            ),
+            (Body::Deepseek(_) | Body::Scripted(_), CacheDtype::Bf16) => {
+                Err(VerifyError::BadConfig(
+                    "a bf16 latent cache is implemented for Kimi K3 only".into(),
+                ))
+            }
             _ => {
                 self.latent_cache = dtype;
                 Ok(())
