@@ -410,7 +410,9 @@ def run_one(port, key, spec, timeout, deadline):
                 return spec, "fail", f"{status} {body[:200]!r}"
             v = json.loads(body)
             ch = v["choices"][0]
-            text = ch["message"]["content"] if "messages" in spec["body"] else ch["text"]
+            # A reasoning model's turn may be all reasoning: content null
+            # (stop strings apply to content only).
+            text = (ch["message"]["content"] or "") if "messages" in spec["body"] else ch["text"]
             check_answer(spec["body"], text, ch["finish_reason"], v["usage"])
             return spec, "done", 200
         out = check_stream(conn, spec["body"], spec.get("drop_after"), spec.get("pauses", ()))
