@@ -58,11 +58,7 @@ fn the_tiny_k3_config_serves_over_http() {
     let r = post(a, "/v1/chat/completions", k3_chat(json!({"stream": true})));
     let (evs, done) = events(&r.body);
     assert!(done);
-    let delta = |k: &str| -> String {
-        evs.iter()
-            .filter_map(|e| e["choices"][0]["delta"][k].as_str())
-            .collect()
-    };
+    let delta = |k: &str| delta_text(&evs, k);
     assert_eq!(delta("reasoning_content") + &delta("content"), whole);
     assert_eq!(
         content(&post(a, "/v1/chat/completions", k3_chat(json!({})))),

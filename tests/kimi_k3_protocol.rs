@@ -164,11 +164,7 @@ fn knobs_change_the_k3_prompt_and_reasoning_is_apart_from_content() {
     );
     let (evs, done) = events(&r.body);
     assert!(done);
-    let delta = |k: &str| -> String {
-        evs.iter()
-            .filter_map(|e| e["choices"][0]["delta"][k].as_str())
-            .collect()
-    };
+    let delta = |k: &str| delta_text(&evs, k);
     assert_eq!(delta("reasoning_content"), reasoning);
     assert_eq!(delta("content"), "");
     // A stop string applies to content, not to reasoning.

@@ -134,6 +134,15 @@ pub fn events(body: &str) -> (Vec<Value>, bool) {
     (out, done)
 }
 
+/// The text of every event's first-choice `delta[key]` (`content`,
+/// `reasoning_content`), joined.
+pub fn delta_text(events: &[Value], key: &str) -> String {
+    events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+        .collect()
+}
+
 /// The `error` object of an OpenAI error body; panics unless it has all of
 /// message, type, param and code.
 pub fn error_of(r: &Resp) -> Value {

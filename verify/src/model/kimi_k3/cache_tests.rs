@@ -5,12 +5,26 @@
 //! `format_tests.rs` on the bf16 and quantized GGUFs).
 
 use super::tests::{fixture, ids, json, max_diff, run, worst_top_logprob};
-use crate::model::{load_model, LogitsWanted, SeqInput};
+use crate::model::{load_model, LogitsWanted, Model, SeqInput};
 use crate::{CacheDtype, KvPool};
 use std::path::PathBuf;
 
 fn format(name: &str) -> PathBuf {
     fixture(&format!("formats/tiny-wc-k3-{name}.gguf"))
+}
+
+/// The whole-prompt logits of fixture prompt `p` with an f32 and then a
+/// bf16 latent cache (the model is left on bf16), after checking that the
+/// bf16 run chunked as the fixture says gives the same bits.
+fn f32_and_bf16_cache(m: &mut Model, p: &serde_json::Value) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let prompt = ids(&p["prompt"]);
+    m.set_latent_cache(CacheDtype::F32).unwrap();
+    let f32_cache = run(m, &prompt, &[prompt.len()]);
+    m.set_latent_cache(CacheDtype::Bf16).unwrap();
+    let bf16_cache = run(m, &prompt, &[prompt.len()]);
+    let chunks: Vec<usize> = ids(&p["chunks"]).into_iter().map(|c| c as usize).collect();
+    assert_eq!(bf16_cache, run(m, &prompt, &chunks));
+    (f32_cache, bf16_cache)
 }
 
 /// f32 weights keep an f32 cache; bf16 and quantized ones load with bf16,
@@ -81,13 +95,8 @@ fn bf16_latent_cache_changes_logits_within_a_measured_bound() {
         let mut m = load_model(&path).unwrap();
         let (mut worst, mut worst_lp) = (0f32, 0f64);
         for p in fx["prompts"].as_array().unwrap() {
+            let (f32_cache, bf16_cache) = f32_and_bf16_cache(&mut m, p);
             let prompt = ids(&p["prompt"]);
-            m.set_latent_cache(CacheDtype::F32).unwrap();
-            let f32_cache = run(&m, &prompt, &[prompt.len()]);
-            m.set_latent_cache(CacheDtype::Bf16).unwrap();
-            let bf16_cache = run(&m, &prompt, &[prompt.len()]);
-            let chunks: Vec<usize> = ids(&p["chunks"]).into_iter().map(|c| c as usize).collect();
-            assert_eq!(bf16_cache, run(&m, &prompt, &chunks));
             assert_eq!(bf16_cache, run(&m, &prompt, &vec![1; prompt.len()]));
             worst = worst.max(max_diff(&bf16_cache, &f32_cache));
             worst_lp = worst_lp.max(worst_top_logprob(&bf16_cache, &f32_cache));
@@ -122,17 +131,11 @@ fn slice_bf16_latent_cache_effect() {
     let mut m = load_model(&path).unwrap();
     eprintln!("{} loads with {:?}", path.display(), m.latent_cache());
     for p in fx["prompts"].as_array().unwrap() {
-        let prompt = ids(&p["prompt"]);
-        m.set_latent_cache(CacheDtype::F32).unwrap();
-        let f32_cache = run(&m, &prompt, &[prompt.len()]);
-        m.set_latent_cache(CacheDtype::Bf16).unwrap();
-        let bf16_cache = run(&m, &prompt, &[prompt.len()]);
-        let chunks: Vec<usize> = ids(&p["chunks"]).into_iter().map(|c| c as usize).collect();
-        assert_eq!(bf16_cache, run(&m, &prompt, &chunks));
+        let (f32_cache, bf16_cache) = f32_and_bf16_cache(&mut m, p);
         eprintln!(
             "{} prompt of {}: bf16 vs f32 latent cache: max |logit diff| {}, worst top-token logprob change {:.5} nat",
             path.display(),
-            prompt.len(),
+            ids(&p["prompt"]).len(),
             max_diff(&bf16_cache, &f32_cache),
             worst_top_logprob(&bf16_cache, &f32_cache)
         );
