@@ -261,14 +261,16 @@ lws_must_fail "a Service reaching workers too" -e '/worker-index: "0"/d'
 lws_must_fail "an unknown engine config key" -e 's/max_num_batched_tokens/max_batched_tokens/'
 lws_must_fail "a launch script that does not parse" -e 's/^\( *\)done$/\1don/'
 
-# sim_launch FILE DIR: the leader's launch script for real under Open MPI
-# (where mpirun is installed, as in CI), as a group of 3 on this machine:
-# ssh is replaced by a local shell and specgate by a stub rank. Every rank
-# must start with the serve command line, mpirun must reach the workers by
-# the names the hostfile gives them, and SIGTERM must drain rank 0 before
-# any other rank is told to stop.
+# sim_launch FILE DIR MODE: the leader's launch script for real under Open
+# MPI (where mpirun is installed, as in CI), as a group of 3 on this
+# machine: ssh is replaced by a local shell and specgate by a stub rank.
+# Every rank must start with the serve command line and mpirun must reach
+# the workers by the names the hostfile gives them. MODE drain: SIGTERM
+# must drain rank 0 before any other rank is told to stop. MODE fault: a
+# worker rank exits 3 on its own; the script must exit non-zero (so the
+# leader container restarts and LWS recreates the group).
 sim_launch() {
-  local dir=$2 pid i
+  local dir=$2 mode=$3 pid i status=0
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/ssh" && : >"$dir/ssh/id_ed25519" || return 1
   "$VENV/bin/python" - "$1" "$dir" <<'PY' || return 1
 import sys, yaml
@@ -292,10 +294,11 @@ SH
 log="${0%/bin/specgate}/rank$OMPI_COMM_WORLD_RANK.log"
 trap 'echo "term $(date +%s%N)" >>"$log"; sleep 1; echo "drained $(date +%s%N)" >>"$log"; exit 0' TERM
 echo "pid $$ size $OMPI_COMM_WORLD_SIZE args $*" >>"$log"
+if [[ $SIM_MODE == fault && $OMPI_COMM_WORLD_RANK == 2 ]]; then sleep 0.5; exit 3; fi
 while :; do sleep 0.1; done
 SH
   chmod +x "$dir/bin/ssh" "$dir/bin/specgate"
-  PATH="$dir/bin:$PATH" LWS_GROUP_SIZE=3 LWS_LEADER_ADDRESS="$HOSTNAME.specgate-k3.ns" \
+  SIM_MODE=$mode PATH="$dir/bin:$PATH" LWS_GROUP_SIZE=3 LWS_LEADER_ADDRESS="$HOSTNAME.specgate-k3.ns" \
     SPECGATE_MPI_IF=lo RUST_LOG=info OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     bash "$dir/launch.sh" >"$dir/out.log" 2>&1 &
   pid=$!
@@ -304,21 +307,21 @@ SH
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.2
   done
-  kill -TERM "$pid" 2>/dev/null
+  [[ $mode == fault ]] || kill -TERM "$pid" 2>/dev/null || true
   for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
   if kill -0 "$pid" 2>/dev/null; then
     kill -KILL "$pid"
-    echo "sim_launch: the group did not end within 60 s of SIGTERM" >&2
+    echo "sim_launch: the group did not end within 60 s ($mode)" >&2
   fi
-  wait "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || status=$?
   # Stub ranks that outlive their group (a broken copy's) end here, not later.
   for pid in $(sed -n 's/^pid \([0-9]*\) .*/\1/p' "$dir"/rank*.log 2>/dev/null); do
     for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     if grep -qs "$dir" "/proc/$pid/cmdline"; then kill -KILL "$pid" 2>/dev/null || true; fi
   done
-  "$VENV/bin/python" - "$dir" <<'PY'
-import glob, pathlib, sys
-d = pathlib.Path(sys.argv[1])
+  "$VENV/bin/python" - "$dir" "$mode" "$status" <<'PY'
+import pathlib, sys
+d, mode, status = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 def fail(msg):
     print(f"sim_launch: {msg}", file=sys.stderr)
     print((d / "out.log").read_text(), file=sys.stderr)
@@ -332,6 +335,12 @@ for r, lines in logs.items():
 hosts = set((d / "ssh-hosts").read_text().split())
 if not all(h.endswith(".specgate-k3.ns") for h in hosts) or len(hosts) != 2:
     fail(f"mpirun must ssh to the hostfile's worker names, got {sorted(hosts)}")
+if mode == "fault":
+    if status == 0 or status == 137:
+        fail(f"a worker rank exited 3 but the launch script ended with {status}")
+    print(f"validate-deploy: deploy/lws launch script: a failed worker rank ends the "
+          f"group with exit status {status}")
+    sys.exit(0)
 t = {r: {l.split()[0]: int(l.split()[1]) for l in ls if l.startswith(("term", "drained"))}
      for r, ls in logs.items()}
 if "drained" not in t[0]:
@@ -344,10 +353,16 @@ print("validate-deploy: deploy/lws launch script: a group of 3 under mpirun star
 PY
 }
 if command -v mpirun >/dev/null; then
-  sim_launch deploy/lws/kimi-k3.yaml "$tmp/sim"
+  sim_launch deploy/lws/kimi-k3.yaml "$tmp/sim" drain
+  sim_launch deploy/lws/kimi-k3.yaml "$tmp/sim" fault
   sed 's/kill -TERM "${pid:-$mpi}"/kill -TERM "$mpi"/' deploy/lws/kimi-k3.yaml >"$tmp/broken-lws.yaml"
-  if sim_launch "$tmp/broken-lws.yaml" "$tmp/sim-broken" >/dev/null 2>&1; then
+  if sim_launch "$tmp/broken-lws.yaml" "$tmp/sim-broken" drain >/dev/null 2>&1; then
     echo "validate-deploy: the launch check accepted a SIGTERM that stops every rank at once" >&2
+    exit 1
+  fi
+  sed 's/^    exit "$status"$/    exit 0/' deploy/lws/kimi-k3.yaml >"$tmp/broken-lws.yaml"
+  if sim_launch "$tmp/broken-lws.yaml" "$tmp/sim-broken" fault >/dev/null 2>&1; then
+    echo "validate-deploy: the launch check accepted a script that hides a failed rank" >&2
     exit 1
   fi
 else
