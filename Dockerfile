@@ -21,6 +21,11 @@
 # with rustup when `cargo` is missing. The `cuda` cargo feature must exist
 # in the workspace (it forwards to candle-core/cuda; see the GPU issue);
 # the CPU build needs nothing of it.
+#
+# MPI variant (one model across hosts, deploy/lws/kimi-k3.yaml):
+#   docker build -t specgate:0.1.0-mpi --build-arg CARGO_FEATURES=mpi .
+# adds Open MPI and libclang (the `mpi` crate's bindings) to the build stage,
+# and Open MPI's runtime, mpirun and ssh (its launcher) to the run stage.
 
 ARG BUILD_IMAGE=rust:1-bookworm
 ARG RUN_IMAGE=debian:bookworm-slim
@@ -33,6 +38,10 @@ RUN if ! command -v cargo >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends curl ca-certificates build-essential pkg-config && \
       curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --no-modify-path; \
     fi
+RUN case ",${CARGO_FEATURES}," in *,mpi,*) \
+      apt-get update && apt-get install -y --no-install-recommends libopenmpi-dev libclang-dev && \
+      rm -rf /var/lib/apt/lists/* ;; \
+    esac
 WORKDIR /src
 COPY . .
 # RUSTFLAGS overrides .cargo/config.toml's target-cpu=native, which would
@@ -46,9 +55,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cp target/release/specgate /usr/local/bin/specgate
 
 FROM ${RUN_IMAGE}
-# python3 + pip + coreutils: scripts/fetch-models.sh (the init container).
+ARG CARGO_FEATURES=
+# python3 + pip + coreutils: scripts/fetch-models.sh (the init container);
+# with the mpi feature also Open MPI (libmpi, mpirun) and ssh for its launcher.
 RUN apt-get update && \
     apt-get install -y --no-install-recommends python3 python3-pip ca-certificates && \
+    case ",${CARGO_FEATURES}," in *,mpi,*) \
+      apt-get install -y --no-install-recommends openmpi-bin openssh-server openssh-client ;; \
+    esac && \
     rm -rf /var/lib/apt/lists/* && \
     useradd --uid 10001 --create-home specgate
 COPY --from=build /usr/local/bin/specgate /usr/local/bin/specgate

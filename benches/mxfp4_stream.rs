@@ -151,6 +151,65 @@ fn main() {
         );
     }
     println!("({} MB of MXFP4 weights per pass)", bytes / 1_000_000);
+    in_cache();
+}
+
+/// The same kernels on one small matrix that stays in L2 (each thread's
+/// share of 512 x 2048 MXFP4, 557 KB, or of a Q4_K matrix of the same
+/// bytes), multiplied over and over: no memory traffic, so the times are
+/// the kernels' compute alone. Their R-row / 1-row ratio is the floor a
+/// memory-bound pass of R rows approaches once the kernel's compute
+/// exceeds the time its bytes take to stream.
+fn in_cache() {
+    const REPS: usize = 200;
+    let (out_n, inp) = (512, 2048);
+    let w = Mxfp4Matrix::from_ggml(
+        weights(99)[..out_n * inp / 32 * BLOCK_BYTES].to_vec(),
+        out_n,
+        inp,
+    )
+    .unwrap();
+    let isa = Isa::current();
+    let w = if prefers_tiles(isa) { w.tiled() } else { w };
+    let (qn, qk) = (480, 2048);
+    let qt = Tensor::from_vec(random(qn * qk, 5), (qn, qk), &Device::Cpu).unwrap();
+    let q = QWeight::new(Arc::new(QTensor::quantize(&qt, GgmlDType::Q4K).unwrap())).unwrap();
+    let (mut m1, mut q1) = (0f64, 0f64);
+    for rows in [1, 2, 3, 4, 8] {
+        let x = random(rows * inp.max(qk), 3);
+        let mut out = vec![0f32; rows * out_n.max(qn)];
+        let acts = Q8Acts::new(&x[..rows * inp], rows, inp);
+        let (med, _) = time(PASSES, || {
+            for _ in 0..REPS {
+                let mut p = [Mxfp4Product {
+                    w: &w,
+                    acts: &acts,
+                    out: &mut out[..rows * out_n],
+                }];
+                matmul_grouped_with(isa, &mut p);
+            }
+        });
+        let (qmed, _) = time(PASSES, || {
+            for _ in 0..REPS {
+                let mut p = [Product {
+                    w: &q,
+                    out: &mut out[..rows * qn],
+                }];
+                matmul_many_with(isa, &x[..rows * qk], rows, &mut p);
+            }
+        });
+        if rows == 1 {
+            (m1, q1) = (med, qmed);
+        }
+        println!(
+            "in cache, {rows} rows {}: mxfp4 {:.1} GB/s ({:.2}x the 1-row time), q4k {:.1} GB/s ({:.2}x)",
+            isa.name(),
+            (w.bytes() * REPS) as f64 / med / 1e9,
+            med / m1,
+            (q.bytes() * REPS) as f64 / qmed / 1e9,
+            qmed / q1,
+        );
+    }
 }
 
 /// The kernel before the SIMD ones, as it was (for the comparison only):
