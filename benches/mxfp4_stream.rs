@@ -60,6 +60,11 @@ fn time(passes: usize, mut f: impl FnMut()) -> (f64, f64) {
 }
 
 fn main() {
+    // `cargo bench --bench mxfp4_stream -- routed`: that part alone.
+    if std::env::args().any(|a| a == "routed") {
+        routed();
+        return;
+    }
     println!(
         "mxfp4_stream: {OUT}x{INP} x{COPIES}, {} threads, median / best of {PASSES} passes",
         specgate_verify::team::threads()
@@ -151,7 +156,92 @@ fn main() {
         );
     }
     println!("({} MB of MXFP4 weights per pass)", bytes / 1_000_000);
+    routed();
     in_cache();
+}
+
+/// One MoE layer's routed experts as a K3 verify pass of 1 and of 4
+/// tokens runs them (`matmul_grouped`, each expert's gate and up sharing
+/// its rows' quantized activations): 32 experts of 3072 x 3584, each token
+/// routed to 16 of them (a fixed pseudo-random choice), so 4 tokens reach
+/// most experts with 1-4 rows each. The ratio of the two is what the
+/// experts add to a 4-row pass over a 1-row one.
+fn routed() {
+    const E: usize = 32;
+    const TOP: usize = 16;
+    let (out_n, inp) = (3072, 3584);
+    let mats: Vec<[Mxfp4Matrix; 2]> = (0..E)
+        .map(|e| {
+            [0, 1].map(|m| {
+                let w = Mxfp4Matrix::from_ggml(
+                    weights(1000 + 2 * e as u32 + m)[..out_n * inp / 32 * BLOCK_BYTES].to_vec(),
+                    out_n,
+                    inp,
+                )
+                .unwrap();
+                if prefers_tiles(Isa::current()) {
+                    w.tiled()
+                } else {
+                    w
+                }
+            })
+        })
+        .collect();
+    let mut t1 = 0f64;
+    for tokens in [1usize, 2, 4] {
+        // Token t's experts: TOP of E by a multiplicative hash.
+        let mut rows_of = vec![0usize; E];
+        for t in 0..tokens {
+            let mut order: Vec<usize> = (0..E).collect();
+            order.sort_by_key(|&e| (e * 2654435761 + t * 40503 + 17) % 4093);
+            for &e in &order[..TOP] {
+                rows_of[e] += 1;
+            }
+        }
+        let active: Vec<usize> = (0..E).filter(|&e| rows_of[e] > 0).collect();
+        let x = random(tokens * inp, 11);
+        let acts: Vec<Q8Acts> = active
+            .iter()
+            .map(|&e| Q8Acts::new(&x[..rows_of[e] * inp], rows_of[e], inp))
+            .collect();
+        let mut outs: Vec<[Vec<f32>; 2]> = active
+            .iter()
+            .map(|&e| {
+                [
+                    vec![0f32; rows_of[e] * out_n],
+                    vec![0f32; rows_of[e] * out_n],
+                ]
+            })
+            .collect();
+        let (med, _) = time(PASSES, || {
+            let mut p: Vec<Mxfp4Product> = Vec::new();
+            for ((&e, a), o) in active.iter().zip(&acts).zip(outs.iter_mut()) {
+                let [g, u] = o;
+                p.push(Mxfp4Product {
+                    w: &mats[e][0],
+                    acts: a,
+                    out: g,
+                });
+                p.push(Mxfp4Product {
+                    w: &mats[e][1],
+                    acts: a,
+                    out: u,
+                });
+            }
+            matmul_grouped_with(Isa::current(), &mut p);
+        });
+        if tokens == 1 {
+            t1 = med;
+        }
+        let b: usize = active.iter().map(|&e| 2 * mats[e][0].bytes()).sum();
+        println!(
+            "routed, {tokens} tokens: {} experts, {:.2} ms, {:.1} GB/s, {:.2}x the 1-token time",
+            active.len(),
+            med * 1e3,
+            b as f64 / med / 1e9,
+            med / t1
+        );
+    }
 }
 
 /// The same kernels on one small matrix that stays in L2 (each thread's
