@@ -60,9 +60,14 @@ fn time(passes: usize, mut f: impl FnMut()) -> (f64, f64) {
 }
 
 fn main() {
-    // `cargo bench --bench mxfp4_stream -- routed`: that part alone.
+    // `cargo bench --bench mxfp4_stream -- routed` (or `in-cache`): that
+    // part alone.
     if std::env::args().any(|a| a == "routed") {
         routed();
+        return;
+    }
+    if std::env::args().any(|a| a == "in-cache") {
+        in_cache();
         return;
     }
     println!(
@@ -244,14 +249,17 @@ fn routed() {
     }
 }
 
-/// The same kernels on one small matrix that stays in L2 (each thread's
-/// share of 512 x 2048 MXFP4, 557 KB, or of a Q4_K matrix of the same
-/// bytes), multiplied over and over: no memory traffic, so the times are
+/// The same kernels on one small matrix that stays in L2 (512 x 2048
+/// MXFP4, 557 KB, or a Q4_K matrix of the same bytes; each thread reads
+/// about half), multiplied over and over: no memory traffic, so the times are
 /// the kernels' compute alone. Their R-row / 1-row ratio is the floor a
 /// memory-bound pass of R rows approaches once the kernel's compute
 /// exceeds the time its bytes take to stream.
 fn in_cache() {
-    const REPS: usize = 200;
+    // Calls of PER products each (the same matrix): enough work per call
+    // that quantizing the activations and waking the team do not count.
+    const REPS: usize = 50;
+    const PER: usize = 8;
     let (out_n, inp) = (512, 2048);
     let w = Mxfp4Matrix::from_ggml(
         weights(99)[..out_n * inp / 32 * BLOCK_BYTES].to_vec(),
@@ -267,24 +275,30 @@ fn in_cache() {
     let (mut m1, mut q1) = (0f64, 0f64);
     for rows in [1, 2, 3, 4, 8] {
         let x = random(rows * inp.max(qk), 3);
-        let mut out = vec![0f32; rows * out_n.max(qn)];
+        let mut outs = vec![vec![0f32; rows * out_n.max(qn)]; PER];
         let acts = Q8Acts::new(&x[..rows * inp], rows, inp);
         let (med, _) = time(PASSES, || {
             for _ in 0..REPS {
-                let mut p = [Mxfp4Product {
-                    w: &w,
-                    acts: &acts,
-                    out: &mut out[..rows * out_n],
-                }];
+                let mut p: Vec<Mxfp4Product> = outs
+                    .iter_mut()
+                    .map(|o| Mxfp4Product {
+                        w: &w,
+                        acts: &acts,
+                        out: &mut o[..rows * out_n],
+                    })
+                    .collect();
                 matmul_grouped_with(isa, &mut p);
             }
         });
         let (qmed, _) = time(PASSES, || {
             for _ in 0..REPS {
-                let mut p = [Product {
-                    w: &q,
-                    out: &mut out[..rows * qn],
-                }];
+                let mut p: Vec<Product> = outs
+                    .iter_mut()
+                    .map(|o| Product {
+                        w: &q,
+                        out: &mut o[..rows * qn],
+                    })
+                    .collect();
                 matmul_many_with(isa, &x[..rows * qk], rows, &mut p);
             }
         });
@@ -294,9 +308,9 @@ fn in_cache() {
         println!(
             "in cache, {rows} rows {}: mxfp4 {:.1} GB/s ({:.2}x the 1-row time), q4k {:.1} GB/s ({:.2}x)",
             isa.name(),
-            (w.bytes() * REPS) as f64 / med / 1e9,
+            (w.bytes() * REPS * PER) as f64 / med / 1e9,
             med / m1,
-            (q.bytes() * REPS) as f64 / qmed / 1e9,
+            (q.bytes() * REPS * PER) as f64 / qmed / 1e9,
             qmed / q1,
         );
     }

@@ -133,11 +133,7 @@ impl Expert {
         };
         let g = mul(&self.gate, x)?;
         let u = mul(&self.up, x)?;
-        let a: Vec<f32> = g
-            .iter()
-            .zip(&u)
-            .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
-            .collect();
+        let a = situ_all(&g, &u, k3);
         mul(&self.down, &a)
     }
 }
@@ -352,6 +348,22 @@ fn situ(g: f32, u: f32, beta: f32, lb: f32) -> f32 {
     a * u
 }
 
+/// [`situ`] of every `(g, u)` pair, in chunks over the forward's thread
+/// team: two `tanh` and an `exp` a value make it the costliest elementwise
+/// step (the dense layer's 33792 a row, or 4 rows' routed experts: some
+/// 200 000 values a layer, milliseconds on one core).
+fn situ_all(g: &[f32], u: &[f32], k3: &K3Config) -> Vec<f32> {
+    const CHUNK: usize = 4096;
+    let mut a = vec![0f32; g.len().min(u.len())];
+    team::for_each_chunk(&mut a, CHUNK, |i, out| {
+        let (g, u) = (&g[i * CHUNK..], &u[i * CHUNK..]);
+        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+            *o = situ(g, u, k3.situ_beta, k3.situ_linear_beta);
+        }
+    });
+    a
+}
+
 impl SituMlp {
     fn forward(&self, x: &[f32], k3: &K3Config) -> Result<Vec<f32>> {
         let (n, k) = (self.gate.out_features()?, self.gate.in_features()?);
@@ -359,12 +371,7 @@ impl SituMlp {
         let (mut g, mut u) = (vec![0f32; rows * n], vec![0f32; rows * n]);
         // gate and up share their input: one pass, one conversion of it.
         forward_many(&[&self.gate, &self.up], x, rows, &mut [&mut g, &mut u])?;
-        let a: Vec<f32> = g
-            .iter()
-            .zip(&u)
-            .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
-            .collect();
-        self.down.apply(&a)
+        self.down.apply(&situ_all(&g, &u, k3))
     }
 }
 
@@ -708,18 +715,19 @@ fn grouped_experts(
         });
     }
     mxfp4::matmul_grouped(&mut products);
-    let hidden_acts: Vec<Q8Acts> = gu
-        .iter()
-        .zip(&mats)
-        .map(|((g, u), m)| {
-            let a: Vec<f32> = g
-                .iter()
-                .zip(u)
-                .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
-                .collect();
-            Q8Acts::new(&a, a.len() / m[2].inp(), m[2].inp())
-        })
-        .collect();
+    // Every expert's activation on the team at once (one expert's few
+    // rows are too little to split).
+    let mut hidden_acts: Vec<Option<Q8Acts>> = (0..gu.len()).map(|_| None).collect();
+    team::for_each_chunk(&mut hidden_acts, 1, |i, slot| {
+        let ((g, u), m) = (&gu[i], &mats[i]);
+        let a: Vec<f32> = g
+            .iter()
+            .zip(u)
+            .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
+            .collect();
+        slot[0] = Some(Q8Acts::new(&a, a.len() / m[2].inp(), m[2].inp()));
+    });
+    let hidden_acts: Vec<Q8Acts> = hidden_acts.into_iter().flatten().collect();
     let mut outs: Vec<Vec<f32>> = mats
         .iter()
         .zip(&hidden_acts)
