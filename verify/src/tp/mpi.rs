@@ -299,24 +299,27 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        let n = count(buf.len())?;
-        let bufs = (buf.to_vec(), vec![0f32; buf.len()]);
-        let (_, out) = self.collective(bufs, Some(self.deadline), "all-reduce", |k, req| {
-            // SAFETY: both buffers hold `n` floats and live until the
-            // request completes (or are leaked).
-            unsafe {
-                ffi::MPI_Iallreduce(
-                    k.0.as_ptr() as *const c_void,
-                    k.1.as_ptr() as *mut c_void,
-                    n,
-                    ffi::RSMPI_FLOAT,
-                    ffi::RSMPI_SUM,
-                    ffi::RSMPI_COMM_WORLD,
-                    req,
-                )
+        // Every rank gathers every contribution and sums them in rank
+        // order, as `ThreadComm` does: the result is the same bits on every
+        // rank and equals the threaded group's, whatever algorithm and
+        // transport MPI picks (MPI_Allreduce's order varies with them, and
+        // a greedy token can flip on the last bit). It moves `world` times
+        // the bytes of a reduce-scatter all-reduce: see BENCHMARKS.md.
+        let n = buf.len();
+        let all = self.all_gather(buf)?;
+        if all.len() != n * self.world {
+            return Err(VerifyError::BadBatch(format!(
+                "all-reduce: {} values gathered from {} ranks of {n}",
+                all.len(),
+                self.world
+            )));
+        }
+        buf.copy_from_slice(&all[..n]);
+        for r in 1..self.world {
+            for (b, o) in buf.iter_mut().zip(&all[r * n..(r + 1) * n]) {
+                *b += o;
             }
-        })?;
-        buf.copy_from_slice(&out);
+        }
         Ok(())
     }
 
