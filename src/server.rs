@@ -31,6 +31,11 @@ pub struct Running {
     pub shutdown: oneshot::Sender<()>,
     /// Ends when the server has drained.
     pub done: tokio::task::JoinHandle<()>,
+    /// How long a server whose engine died keeps answering (/health 503)
+    /// before it drains and exits: zero, except for rank 0 of ranks run as
+    /// processes, where the job's end is its supervisor's only signal
+    /// otherwise, and probes should see why.
+    pub linger_on_death: Duration,
 }
 
 /// The model name served on /v1/models and expected in requests.
@@ -70,6 +75,7 @@ pub async fn start_with(
     file: Option<ConfigFile>,
     leader: Option<Box<dyn specgate_verify::Communicator>>,
 ) -> Result<Running> {
+    let distributed = leader.is_some();
     let metrics = crate::metrics::install();
     let s = &cfg.server;
     let settings = HttpSettings {
@@ -158,6 +164,11 @@ pub async fn start_with(
         }
     }
     Ok(Running {
+        linger_on_death: if distributed {
+            Duration::from_secs(3)
+        } else {
+            Duration::ZERO
+        },
         addr,
         engine,
         shutdown: tx,
@@ -511,6 +522,7 @@ pub async fn serve_until_exit(
     };
     if died {
         tracing::error!("the engine died: shutting down so the process can be restarted");
+        tokio::time::sleep(running.linger_on_death).await;
     } else {
         tracing::info!("shutting down: draining in-flight requests");
     }

@@ -429,8 +429,8 @@ fn serving_over_mpi_gives_the_text_of_one_process() {
 
 /// Sends a long streaming request; returns a thread that reads it to its
 /// end and returns (whether it ended with an error event or a cut
-/// connection, and when it ended).
-fn in_flight(addr: SocketAddr) -> thread::JoinHandle<(bool, Instant)> {
+/// connection, when it ended, what it read).
+fn in_flight(addr: SocketAddr) -> thread::JoinHandle<(bool, Instant, String)> {
     let body = k3_chat("a long story", 3000, json!({"stream": true})).to_string();
     let conn = send(
         addr,
@@ -445,9 +445,9 @@ fn in_flight(addr: SocketAddr) -> thread::JoinHandle<(bool, Instant)> {
             .unwrap();
         let mut raw = Vec::new();
         let _ = std::io::Read::read_to_end(&mut conn, &mut raw);
-        let text = String::from_utf8_lossy(&raw);
+        let text = String::from_utf8_lossy(&raw).into_owned();
         let failed = text.contains("\"error\"") || !text.contains("[DONE]");
-        (failed, Instant::now())
+        (failed, Instant::now(), text)
     })
 }
 
@@ -492,7 +492,7 @@ fn a_killed_or_hung_worker_fails_the_job_loudly() {
             .unwrap()
             .success());
         let (detected, how) = until_unhealthy(s.addr, t0, Duration::from_secs(30));
-        let (failed, ended) = req.join().unwrap();
+        let (failed, ended, body) = req.join().unwrap();
         let status = s.wait_exit(Duration::from_secs(30)).expect("the job ends");
         eprintln!(
             "worker {signal}: /health {how} after {:.2} s; request ended (failed: {failed}) \
@@ -504,6 +504,10 @@ fn a_killed_or_hung_worker_fails_the_job_loudly() {
         if signal == "-STOP" {
             // Rank 0 itself saw the hang: it served 503, not a dead port.
             assert_eq!(how, "503", "a hung worker: rank 0 answers 503");
+            assert!(
+                body.contains("rank group failed"),
+                "a hung worker: the request's error says why: {body}"
+            );
             let _ = Command::new("kill")
                 .args(["-CONT", &pid.to_string()])
                 .status();

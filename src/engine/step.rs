@@ -420,9 +420,7 @@ impl Engine {
             }
             self.step();
             if let Some(why) = self.target.group_failure() {
-                self.fail_all(&format!(
-                    "the model's rank group failed ({why}); the server is restarting"
-                ));
+                self.fail_all(&group_failed(&why));
                 self.publish();
                 return Some(why);
             }
@@ -1313,11 +1311,20 @@ impl Engine {
             return;
         }
         tracing::error!(engine_request = id, error = %e, "request failed in the engine");
+        if let Some(why) = self.target.group_failure() {
+            let _ = s.tx.send(Event::Error(group_failed(&why)));
+            return;
+        }
         let _ = s.tx.send(Event::Error(format!(
             "internal error: the server could not process this request (engine request {id}); \
              the server log has the details"
         )));
     }
+}
+
+/// What a request hears when the target's rank group failed under it.
+fn group_failed(why: &str) -> String {
+    format!("the model's rank group failed ({why}); the server is restarting")
 }
 
 /// Emit: the prompt logprobs if they are due (once, before any tokens),

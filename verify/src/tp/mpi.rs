@@ -9,7 +9,8 @@
 //! its buffers are leaked (MPI may still write them), later collectives
 //! fail at once, and the whole job is brought down with `MPI_Abort` after
 //! a grace period in which rank 0 answers `/health` with 503 and ends its
-//! requests with an error. A worker that fails aborts the job at once.
+//! requests with an error. A worker that fails aborts the job at once
+//! (`mpirun` then ends every rank, rank 0 included).
 //!
 //! Threads: MPI is initialised as `MPI_THREAD_SERIALIZED` (calls from any
 //! thread, never two at once); one mutex serialises every call.
@@ -40,9 +41,10 @@ pub struct MpiComm {
     released: Arc<Released>,
 }
 
+/// Whether the comm was dropped, and whether its group had failed then.
 #[derive(Default)]
 struct Released {
-    done: Mutex<bool>,
+    done: Mutex<(bool, bool)>,
     cv: Condvar,
 }
 
@@ -50,8 +52,9 @@ struct Released {
 /// [`MpiComm::init`] and kept by the thread that called it (MPI wants to
 /// be finalised there). Dropping it waits (up to a minute) until the comm
 /// is dropped, e.g. with the model that holds it on an engine thread,
-/// then finalises MPI: a process that exits without finalising is a
-/// failure to `mpirun`.
+/// then finalises MPI (a process that exits without finalising is a
+/// failure to `mpirun`), or aborts the job when the group had failed
+/// (finalising with collectives in flight would hang).
 pub struct MpiSession {
     universe: Option<mpi::environment::Universe>,
     released: Arc<Released>,
@@ -61,7 +64,7 @@ impl Drop for MpiSession {
     fn drop(&mut self) {
         let mut done = self.released.done.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !*done {
+        while !done.0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 eprintln!("specgate: the MPI communicator is still in use at exit");
@@ -74,7 +77,14 @@ impl Drop for MpiSession {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        let failed = done.1;
         drop(done);
+        if failed {
+            // SAFETY: MPI is initialised; MPI_Abort does not return.
+            unsafe {
+                ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+            }
+        }
         // Finalises MPI.
         self.universe.take();
     }
@@ -397,12 +407,15 @@ impl Communicator for MpiComm {
 
 impl Drop for MpiComm {
     fn drop(&mut self) {
-        // Finalising with collectives left in flight would hang: a failed
-        // group ends the job instead.
-        if self.lock().failed.is_some() {
+        // A failed group's job ends by MPI_Abort: at once on a worker (it
+        // aborted when it failed), on rank 0 by the grace timer or when
+        // its session ends, whichever is first, so its server keeps
+        // answering 503 until then.
+        let failed = self.lock().failed.is_some();
+        if failed && self.rank != 0 {
             self.abort_job();
         }
-        *self.released.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *self.released.done.lock().unwrap_or_else(|e| e.into_inner()) = (true, failed);
         self.released.cv.notify_all();
     }
 }
