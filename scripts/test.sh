@@ -23,5 +23,17 @@ scripts/soak.sh -n 300 -c 16
 scripts/test-openai.sh
 SPECGATE_CONFIG=configs/kimi-k3-tiny.toml SPECGATE_MODEL=kimi-k3-tiny SPECGATE_RANDOM_WEIGHTS=1 \
     scripts/test-openai.sh
+# Ranks as processes under mpirun (tests/mpi.rs: logits at 2 and 4 ranks over
+# shared memory and TCP, serving equal to one process, a killed or hung
+# worker). Open MPI is installed when missing; the `mpi` feature rebuilds only
+# the workspace's crates (mpi-sys's bindgen needs libclang).
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null \
+    || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
+    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        openmpi-bin libopenmpi-dev libclang-dev >/dev/null
+fi
+cargo test --release -p specgate --features mpi --test mpi
 # Kubernetes manifests against the schemas, the Grafana dashboard's metric names.
 scripts/validate-deploy.sh

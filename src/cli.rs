@@ -66,6 +66,16 @@ pub struct ServeArgs {
     /// tensor_parallel_size).
     #[arg(long, value_name = "N")]
     pub tensor_parallel_size: Option<usize>,
+    /// Where the target's ranks run: none (threads of this process) or mpi
+    /// (one process per rank under mpirun; rank 0 serves) (overrides [model]
+    /// distributed).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub distributed: Option<crate::config::Distributed>,
+    /// With --distributed mpi: seconds a rank waits for the others in one
+    /// collective before the group is declared failed (overrides [model]
+    /// rank_timeout_secs).
+    #[arg(long, value_name = "SECS")]
+    pub rank_timeout_secs: Option<u64>,
     /// Longest context (prompt + output tokens) a request may use; at most the
     /// model's own (overrides [model] max_model_len).
     #[arg(long, value_name = "TOKENS")]
@@ -145,6 +155,8 @@ impl ServeArgs {
             request_timeout_secs,
             model,
             tensor_parallel_size,
+            distributed,
+            rank_timeout_secs,
             max_model_len,
             chat_template,
             draft,
@@ -181,6 +193,8 @@ impl ServeArgs {
         let m = &mut cfg.model;
         set(&mut m.path, model);
         set(&mut m.tensor_parallel_size, tensor_parallel_size);
+        set(&mut m.distributed, distributed);
+        set(&mut m.rank_timeout_secs, rank_timeout_secs);
         set(&mut m.max_model_len, max_model_len.map(Some));
         set(&mut m.chat_template, chat_template.map(Some));
         set(&mut cfg.draft.path, draft.map(Some));

@@ -141,6 +141,40 @@ pub struct ModelConfig {
     /// A Jinja chat template file that replaces the model's own (for a model
     /// without one, or to change its prompt format). Compiled at start.
     pub chat_template: Option<PathBuf>,
+    /// How the target's ranks run: `none` (threads of this process,
+    /// `tensor_parallel_size` of them) or `mpi` (one process per rank,
+    /// started by `mpirun`; needs a build with the `mpi` feature).
+    pub distributed: Distributed,
+    /// With `distributed = "mpi"`: the longest a rank waits for the others
+    /// in one collective (a step's compute included) before the group is
+    /// declared failed (a rank dead or hung).
+    pub rank_timeout_secs: u64,
+}
+
+/// `model.distributed` (and `--distributed`): where the target's ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(try_from = "String", rename_all = "lowercase")]
+pub enum Distributed {
+    /// In this process (threads).
+    None,
+    /// One process per rank under `mpirun`, on one host or many: rank 0
+    /// serves, the others follow its steps.
+    Mpi,
+}
+
+impl TryFrom<String> for Distributed {
+    type Error = String;
+
+    /// Errors: a name that is not a variant's, with the allowed names.
+    fn try_from(text: String) -> Result<Self, String> {
+        parse_choice("model.distributed", &text)
+    }
+}
+
+impl std::fmt::Display for Distributed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&choice_name(self))
+    }
 }
 
 impl Default for ModelConfig {
@@ -150,6 +184,8 @@ impl Default for ModelConfig {
             tensor_parallel_size: 1,
             max_model_len: None,
             chat_template: None,
+            distributed: Distributed::None,
+            rank_timeout_secs: 60,
         }
     }
 }
@@ -773,6 +809,7 @@ impl Config {
     /// | `server.cors_allow_origins` | at most 64; `"*"` alone, or origins `scheme://host[:port]` of at most 256 bytes | a browser's `Origin` is exactly that |
     /// | `model.path`, `draft.path`, `draft.head_tokens` | not empty | |
     /// | `model.tensor_parallel_size` | 1..=64 | |
+    /// | `model.rank_timeout_secs` | 1..=86400 | |
     /// | `model.max_model_len` | 1..=16777216 (and at most the model's context, checked at load) | |
     /// | `model.chat_template` | not empty | |
     /// | `kv.block_size` | 1..=256 | |
@@ -859,6 +896,11 @@ impl Config {
             "model.tensor_parallel_size",
             self.model.tensor_parallel_size,
             1..=64,
+        )?;
+        in_range(
+            "model.rank_timeout_secs",
+            self.model.rank_timeout_secs,
+            1..=86400,
         )?;
         if let Some(n) = self.model.max_model_len {
             in_range("model.max_model_len", n, 1..=MAX_MODEL_LEN)?;

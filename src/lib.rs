@@ -4,6 +4,7 @@ pub mod api;
 pub mod chat_format;
 pub mod cli;
 pub mod config;
+pub mod distributed;
 pub mod engine;
 pub mod generate;
 pub mod grammar;

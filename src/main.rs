@@ -65,13 +65,22 @@ fn route(args: specgate::cli::RouteArgs) -> anyhow::Result<()> {
 /// server until SIGTERM/Ctrl-C or the engine's death.
 fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
     let (cfg, file) = args.resolve()?;
+    // Under mpirun every rank runs this command: rank 0 serves, the
+    // others follow it and end here.
+    let (leader, _mpi) = match cfg.model.distributed {
+        specgate::config::Distributed::None => (None, None),
+        specgate::config::Distributed::Mpi => match specgate::distributed::join(&cfg)? {
+            specgate::distributed::Part::Lead(comm, session) => (Some(comm), Some(session)),
+            specgate::distributed::Part::Done => return Ok(()),
+        },
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async {
-        let running = specgate::server::start(cfg, file).await?;
+        let running = specgate::server::start_with(cfg, file, leader).await?;
         let addr = running.addr;
         tracing::info!(%addr, "specgate listening on http://{addr}");
         specgate::server::serve_until_exit(running, specgate::server::termination()).await

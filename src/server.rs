@@ -12,7 +12,8 @@ use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
 use specgate_verify::model::{
-    load_model, load_model_tp, read_token_list, token_list_vocabulary, vocab_fingerprint,
+    load_model, load_model_shard, load_model_tp, read_token_list, token_list_vocabulary,
+    vocab_fingerprint,
 };
 use specgate_verify::{CacheDtype, Model};
 use std::net::SocketAddr;
@@ -30,6 +31,11 @@ pub struct Running {
     pub shutdown: oneshot::Sender<()>,
     /// Ends when the server has drained.
     pub done: tokio::task::JoinHandle<()>,
+    /// How long a server whose engine died keeps answering (/health 503)
+    /// before it drains and exits: zero, except for rank 0 of ranks run as
+    /// processes, where the job's end is its supervisor's only signal
+    /// otherwise, and probes should see why.
+    pub linger_on_death: Duration,
 }
 
 /// The model name served on /v1/models and expected in requests.
@@ -58,6 +64,18 @@ pub struct ConfigFile {
 /// Binds the listener and starts answering (503 while loading), loads the
 /// models, starts the engine, and returns once the server is ready.
 pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
+    start_with(cfg, file, None).await
+}
+
+/// [`start`] as rank 0 of ranks run as processes (`leader`: its end of
+/// the group, see `crate::distributed`): the target is this rank's shard,
+/// and it leads the other ranks through every step.
+pub async fn start_with(
+    cfg: Config,
+    file: Option<ConfigFile>,
+    leader: Option<Box<dyn specgate_verify::Communicator>>,
+) -> Result<Running> {
+    let distributed = leader.is_some();
     let metrics = crate::metrics::install();
     let s = &cfg.server;
     let settings = HttpSettings {
@@ -107,9 +125,10 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
         .await;
     });
     let load_cfg = cfg.clone();
-    let (engine, tokenizer, grammars) = tokio::task::spawn_blocking(move || load(&load_cfg))
-        .await
-        .context("the model loader panicked")??;
+    let (engine, tokenizer, grammars) =
+        tokio::task::spawn_blocking(move || load(&load_cfg, leader))
+            .await
+            .context("the model loader panicked")??;
     state.set_ready(Backend {
         engine: engine.clone(),
         tokenizer,
@@ -145,6 +164,11 @@ pub async fn start(cfg: Config, file: Option<ConfigFile>) -> Result<Running> {
         }
     }
     Ok(Running {
+        linger_on_death: if distributed {
+            Duration::from_secs(3)
+        } else {
+            Duration::ZERO
+        },
         addr,
         engine,
         shutdown: tx,
@@ -195,11 +219,24 @@ pub(crate) fn apply_latent_dtype(model: &mut Model, dtype: LatentDtype) -> Resul
 /// Loads the target, the draft and the tokenizer, builds the grammar
 /// engine (`None`, with a warning, when the tokenizer does not allow one:
 /// structured output is then refused per request), and starts the engine.
-fn load(cfg: &Config) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Grammars>)> {
+fn load(
+    cfg: &Config,
+    leader: Option<Box<dyn specgate_verify::Communicator>>,
+) -> Result<(EngineHandle, Arc<TextTokenizer>, Option<Grammars>)> {
     tracing::info!(model = %cfg.model.path.display(), "loading the target model");
     let started = std::time::Instant::now();
-    let mut target = load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
-        .with_context(|| format!("loading model {}", cfg.model.path.display()))?;
+    let mut target = match leader {
+        // Rank 0 of ranks run as processes: its own shard only.
+        Some(comm) => {
+            let mut m = load_model_shard(&cfg.model.path, comm).with_context(|| {
+                format!("loading rank 0's shard of {}", cfg.model.path.display())
+            })?;
+            m.lead()?;
+            m
+        }
+        None => load_model_tp(&cfg.model.path, cfg.model.tensor_parallel_size)
+            .with_context(|| format!("loading model {}", cfg.model.path.display()))?,
+    };
     let load_secs = started.elapsed().as_secs_f64();
     apply_latent_dtype(&mut target, cfg.kv.latent_dtype)?;
     let (rss, peak) = memory_mib();
@@ -485,6 +522,7 @@ pub async fn serve_until_exit(
     };
     if died {
         tracing::error!("the engine died: shutting down so the process can be restarted");
+        tokio::time::sleep(running.linger_on_death).await;
     } else {
         tracing::info!("shutting down: draining in-flight requests");
     }
@@ -492,7 +530,7 @@ pub async fn serve_until_exit(
     let _ = running.done.await;
     running.engine.shutdown();
     if died {
-        anyhow::bail!("the engine thread died (see the panic above)");
+        anyhow::bail!("the engine thread died (see the error above)");
     }
     Ok(())
 }

@@ -105,6 +105,12 @@ const ROWS: &[Row] = &[
     ("--kv-memory-mib", "2048", "kv.memory_mib", |c| {
         c.kv.memory_mib.to_string()
     }),
+    ("--distributed", "mpi", "model.distributed", |c| {
+        c.model.distributed.to_string()
+    }),
+    ("--rank-timeout-secs", "5", "model.rank_timeout_secs", |c| {
+        c.model.rank_timeout_secs.to_string()
+    }),
     ("--kv-latent-dtype", "bf16", "kv.latent_dtype", |c| {
         c.kv.latent_dtype.to_string()
     }),

@@ -448,14 +448,15 @@ impl EngineHandle {
             .map_err(|_| EngineError::Stopped)
     }
 
-    /// False once the engine thread has died of a panic: nothing it held
-    /// will ever answer again, so the process should be restarted.
+    /// False once the engine thread has died of a panic or ended because
+    /// the target's rank group failed: nothing it held will ever answer
+    /// again, so the process should be restarted.
     pub fn is_alive(&self) -> bool {
         !*self.dead.borrow()
     }
 
-    /// Resolves when the engine thread dies of a panic; never after a
-    /// normal shutdown.
+    /// Resolves when the engine thread dies of a panic or of a failed rank
+    /// group; never after a normal shutdown.
     pub async fn died(&self) {
         let mut rx = self.dead.clone();
         if rx.wait_for(|&dead| dead).await.is_err() {
@@ -574,8 +575,11 @@ pub fn spawn(
     let join = std::thread::Builder::new()
         .name("specgate-engine".into())
         .spawn(move || {
-            let _guard = DeathNotice(dead_tx);
-            engine.run(rx)
+            let guard = DeathNotice(dead_tx);
+            if let Some(why) = engine.run(rx) {
+                tracing::error!(reason = %why, "the target's rank group failed; the server cannot serve any more");
+                guard.0.send_replace(true);
+            }
         })
         .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
     Ok((

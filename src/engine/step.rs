@@ -380,13 +380,17 @@ impl Engine {
 
     /// The thread body: take submissions, step while there is work, sleep
     /// on the channel while there is none.
-    pub(crate) fn run(mut self, rx: mpsc::Receiver<Command>) {
+    /// Returns `Some(reason)` when it ends because the target's rank group
+    /// failed (a rank run as a process died, hung or failed its step):
+    /// every request has its error event by then, and nothing can be
+    /// served again.
+    pub(crate) fn run(mut self, rx: mpsc::Receiver<Command>) -> Option<String> {
         loop {
             let idle = self.running.is_empty() && self.waiting.is_empty();
             let first = if idle {
                 match rx.recv() {
                     Ok(c) => Some(c),
-                    Err(_) => return,
+                    Err(_) => return None,
                 }
             } else {
                 None
@@ -409,12 +413,17 @@ impl Engine {
             if stop {
                 self.fail_all("the engine is shutting down");
                 self.publish();
-                return;
+                return None;
             }
             if let Some(Fault::SlowSteps(ms)) = self.fault {
                 std::thread::sleep(std::time::Duration::from_millis(ms));
             }
             self.step();
+            if let Some(why) = self.target.group_failure() {
+                self.fail_all(&group_failed(&why));
+                self.publish();
+                return Some(why);
+            }
             self.publish();
         }
     }
@@ -1302,11 +1311,20 @@ impl Engine {
             return;
         }
         tracing::error!(engine_request = id, error = %e, "request failed in the engine");
+        if let Some(why) = self.target.group_failure() {
+            let _ = s.tx.send(Event::Error(group_failed(&why)));
+            return;
+        }
         let _ = s.tx.send(Event::Error(format!(
             "internal error: the server could not process this request (engine request {id}); \
              the server log has the details"
         )));
     }
+}
+
+/// What a request hears when the target's rank group failed under it.
+fn group_failed(why: &str) -> String {
+    format!("the model's rank group failed ({why}); the server is restarting")
 }
 
 /// Emit: the prompt logprobs if they are due (once, before any tokens),

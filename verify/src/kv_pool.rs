@@ -67,6 +67,21 @@ pub struct KvPool {
     /// Recurrent-state slots (0 for models without recurrent layers).
     num_state_slots: usize,
     shards: Vec<KvShard>,
+    /// Set on rank 0 of ranks run as processes: the pool's id among the
+    /// leader's pools and the operations on its data since the last
+    /// forward, which the next forward ships to the other ranks' pools.
+    pub(crate) mirror: Option<(u32, Vec<PoolOp>)>,
+}
+
+/// An operation on a pool's data outside a forward, as rank 0 of ranks run
+/// as processes records it for the others to replay (in order, before the
+/// next forward).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PoolOp {
+    /// [`KvPool::keep_rows`].
+    KeepRows { slot: u32, rows: usize },
+    /// [`KvPool::release_state`].
+    ReleaseState { slot: u32 },
 }
 
 /// What a [`KvPool`] holds, as a model describes it (`Model::kv_layout`,
@@ -178,6 +193,7 @@ impl KvPool {
             num_blocks,
             num_state_slots: state_slots,
             shards,
+            mirror: None,
         })
     }
 
@@ -199,6 +215,10 @@ impl KvPool {
     /// Errors: no recorded rows for `slot` (no verification of two or more
     /// rows ran since the last commit), or `rows` outside `1..=recorded`.
     pub fn keep_rows(&mut self, slot: u32, rows: usize) -> Result<()> {
+        if let Some((_, ops)) = &mut self.mirror {
+            // Replayed as is: the other ranks' pools fail the same way.
+            ops.push(PoolOp::KeepRows { slot, rows });
+        }
         // Every shard recorded the same rows: check once, apply to all.
         let n = match self.shards.first().and_then(|s| s.row_states.get(&slot)) {
             Some(r) if r.rows > 0 => r.rows,
@@ -246,9 +266,16 @@ impl KvPool {
 
     /// Puts back a state read by [`KvPool::read_state`].
     ///
-    /// Errors: a slot outside the pool, or a state of another shape.
+    /// Errors: a slot outside the pool, a state of another shape, or a
+    /// pool of ranks run as processes (whose other shards this process
+    /// does not hold).
     pub fn write_state(&mut self, slot: u32, state: &[Vec<f32>]) -> Result<()> {
         self.check_state_slot(slot)?;
+        if self.mirror.is_some() {
+            return Err(VerifyError::BadBatch(
+                "states of a model run as processes cannot be written back".into(),
+            ));
+        }
         if state.len() != self.shards.len()
             || self
                 .shards
@@ -273,6 +300,9 @@ impl KvPool {
     /// Forgets a slot's recorded rows (its sequence ended or was preempted:
     /// the slot's state is dead until a sequence starts over in it).
     pub fn release_state(&mut self, slot: u32) {
+        if let Some((_, ops)) = &mut self.mirror {
+            ops.push(PoolOp::ReleaseState { slot });
+        }
         for shard in &mut self.shards {
             shard.row_states.remove(&slot);
         }

@@ -3,8 +3,10 @@
 //!
 //! A [`Communicator`] is one rank's end of a group. [`LocalComm`] is the
 //! group of one (every collective is the identity); [`ThreadComm`] is N ranks
-//! as N threads of one process exchanging through shared memory. An NCCL
-//! communicator would implement the same trait behind a `cuda` feature.
+//! as N threads of one process exchanging through shared memory; `MpiComm`
+//! (behind the cargo feature `mpi`, in `tp/mpi.rs`) is N ranks as N
+//! processes started by `mpirun`, on one host or many. An NCCL communicator
+//! would implement the same trait behind a `cuda` feature.
 //!
 //! Determinism: every rank of a [`ThreadComm`] sums the contributions in rank
 //! order, so all ranks hold bit-identical results after an all-reduce, and
@@ -12,6 +14,11 @@
 
 use crate::error::{Result, VerifyError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "mpi")]
+pub use self::mpi::{MpiComm, MpiSession};
 
 /// One rank's handle on a communication group.
 ///
@@ -37,6 +44,33 @@ pub trait Communicator: Send + Sync {
     /// group, return an error instead of waiting forever. Irreversible.
     /// The default (a group of one) has nobody to wake.
     fn abort(&self) {}
+    /// Replaces `buf` on every rank by rank 0's `buf` (lengths may differ
+    /// before the call). The step messages of ranks run as processes
+    /// ([`crate::model::serve_worker`]) travel this way.
+    ///
+    /// Errors: a failed group, or a communicator that cannot broadcast
+    /// (the default, except for a group of one, where it is the identity).
+    fn broadcast_bytes(&self, _buf: &mut Vec<u8>) -> Result<()> {
+        if self.world_size() == 1 {
+            Ok(())
+        } else {
+            Err(VerifyError::BadConfig(
+                "this communicator cannot broadcast".into(),
+            ))
+        }
+    }
+    /// [`Communicator::broadcast_bytes`] as a worker waiting for rank 0's
+    /// next message calls it: the wait may last as long as rank 0 is idle,
+    /// so a communicator with deadlines does not apply them to it.
+    fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
+        self.broadcast_bytes(buf)
+    }
+    /// Why the group can no longer run collectives (a rank that failed,
+    /// died or missed a deadline), once it cannot; `None` while healthy.
+    /// A server turns unhealthy when this is set.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The group of one: collectives are identities.
@@ -234,6 +268,37 @@ impl Communicator for ThreadComm {
     fn abort(&self) {
         self.shared.barrier.abort();
     }
+
+    fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
+        // The slots hold f32: bytes travel as their bit patterns, four to a
+        // float, after the length (copies keep every bit, NaNs included).
+        if self.rank == 0 {
+            let mut packed = vec![f32::from_bits(buf.len() as u32)];
+            packed.extend(buf.chunks(4).map(|c| {
+                let mut w = [0u8; 4];
+                w[..c.len()].copy_from_slice(c);
+                f32::from_bits(u32::from_le_bytes(w))
+            }));
+            self.publish(&packed);
+        }
+        self.shared.barrier.wait()?;
+        if self.rank != 0 {
+            let slot = self.slot(0);
+            let n = slot.first().map_or(0, |f| f.to_bits() as usize);
+            buf.clear();
+            buf.extend(slot[1..].iter().flat_map(|f| f.to_bits().to_le_bytes()));
+            buf.truncate(n);
+        }
+        self.shared.barrier.wait()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.shared
+            .barrier
+            .lock()
+            .broken
+            .then(|| "a rank of the thread group failed".to_string())
+    }
 }
 
 #[cfg(test)]
@@ -318,6 +383,29 @@ mod tests {
             (first, later)
         });
         assert_eq!(results, vec![(true, true); 3]);
+    }
+
+    #[test]
+    fn broadcast_bytes_hands_rank_0s_bytes_to_every_rank() {
+        let results = run_group(3, |c| {
+            let mut out = Vec::new();
+            for len in [0usize, 1, 5, 8, 1001] {
+                let mut buf: Vec<u8> = if c.rank() == 0 {
+                    (0..len).map(|i| (i * 7 + 3) as u8).collect()
+                } else {
+                    vec![9; c.rank() * 3]
+                };
+                c.broadcast_bytes(&mut buf).unwrap();
+                out.push(buf);
+            }
+            out
+        });
+        for per_rank in results {
+            for (buf, len) in per_rank.iter().zip([0usize, 1, 5, 8, 1001]) {
+                let expected: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+                assert_eq!(buf, &expected);
+            }
+        }
     }
 
     #[test]

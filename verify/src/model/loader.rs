@@ -228,12 +228,44 @@ fn read_hf_dir(dir: &Path) -> Result<(serde_json::Value, ModelConfig, Safetensor
 /// across the group (the error names the tensor and the world sizes that
 /// work), or a llama/qwen2 directory (not sharded by this loader).
 pub fn load_safetensors_shard(dir: &Path, comm: Box<dyn Communicator>) -> Result<Model> {
-    let (_, cfg, weights) = read_hf_dir(dir)?;
+    let (json, cfg, weights) = read_hf_dir(dir)?;
     match family(cfg.arch).safetensors_shard {
-        Some(load) => load(&weights, cfg, comm),
+        Some(load) => load(&json, &weights, cfg, comm),
         None => Err(VerifyError::BadConfig(format!(
-            "sharded safetensors loading serves the DeepSeek-V3 family, not {:?}",
+            "sharded safetensors loading serves the DeepSeek-V3 family and Kimi K3, not {:?}",
             cfg.arch
+        ))),
+    }
+}
+
+/// Loads one rank's shard of a `.gguf` file (Kimi K3) or a safetensors
+/// directory (the DeepSeek-V3 family, Kimi K3) for `comm`'s group, whose
+/// other ranks load theirs (ranks run as processes: each reads only its
+/// own shard's bytes of the memory-mapped files). The model holds one
+/// rank: rank 0 leads ([`Model::lead`]), the others serve
+/// ([`super::serve_worker`]).
+///
+/// Errors: those of [`load_safetensors_shard`] and [`load_gguf`], or a
+/// family without a lone-rank loader (llama, qwen2).
+pub fn load_model_shard(path: &Path, comm: Box<dyn Communicator>) -> Result<Model> {
+    if path.is_dir() {
+        return load_safetensors_shard(path, comm);
+    }
+    let raw = Gguf::open(path)?;
+    let arch = match raw.metadata.get("general.architecture") {
+        Some(gguf_file::Value::String(a)) => Arch::from_name(a)?,
+        _ => return Err(VerifyError::MissingMetadata("general.architecture".into())),
+    };
+    match family(arch).gguf_raw_shard {
+        Some(load) => {
+            raw.prefault();
+            load(&raw, comm)
+        }
+        None => Err(VerifyError::BadConfig(format!(
+            "{}: one rank of a {} GGUF cannot be loaded alone; load a safetensors \
+             directory (DeepSeek-V3 family) or a Kimi K3 file",
+            path.display(),
+            family(arch).name
         ))),
     }
 }
@@ -288,8 +320,14 @@ type HfConfigFn = fn(&serde_json::Value, Arch) -> Result<ModelConfig>;
 type SafetensorsFn =
     fn(&serde_json::Value, &SafetensorsWeights, ModelConfig, usize) -> Result<Model>;
 /// Loads one rank of a group its caller drives (its communicator given).
-type SafetensorsShardFn =
-    fn(&SafetensorsWeights, ModelConfig, Box<dyn Communicator>) -> Result<Model>;
+type SafetensorsShardFn = fn(
+    &serde_json::Value,
+    &SafetensorsWeights,
+    ModelConfig,
+    Box<dyn Communicator>,
+) -> Result<Model>;
+/// Loads one rank of a group its caller drives from a GGUF file.
+type GgufRawShardFn = fn(&Gguf, Box<dyn Communicator>) -> Result<Model>;
 /// Loads a GGUF file of the given `Arch` sharded over `world` ranks.
 type GgufFn = fn(&mut GgufReader, Arch, usize) -> Result<Model>;
 /// Loads a GGUF file read by [`Gguf`] (any tensor type) over `world` ranks.
@@ -309,6 +347,8 @@ struct Family {
     gguf: Option<GgufFn>,
     /// The family's GGUF loader over [`Gguf`] instead of candle's reader.
     gguf_raw: Option<GgufRawFn>,
+    /// Its lone-rank form (`None`: no lone rank from GGUF).
+    gguf_raw_shard: Option<GgufRawShardFn>,
     /// Set for a family without weights: a directory is its config.json
     /// alone (no safetensors are opened).
     weightless: Option<WeightlessFn>,
@@ -325,15 +365,19 @@ fn family(arch: Arch) -> Family {
             safetensors_shard: None,
             gguf: Some(llama::load_gguf),
             gguf_raw: None,
+            gguf_raw_shard: None,
             weightless: None,
         },
         Arch::DeepseekV3 => Family {
             name: "DeepSeek-V3",
             hf_config: |json, _| deepseek::config_from_hf_json(json),
             safetensors: |_, weights, cfg, world| deepseek::load(weights, cfg, comms(world)?),
-            safetensors_shard: Some(|weights, cfg, comm| deepseek::load(weights, cfg, vec![comm])),
+            safetensors_shard: Some(|_, weights, cfg, comm| {
+                deepseek::load(weights, cfg, vec![comm])
+            }),
             gguf: None,
             gguf_raw: None,
+            gguf_raw_shard: None,
             weightless: None,
         },
         Arch::KimiK3 => Family {
@@ -343,9 +387,13 @@ fn family(arch: Arch) -> Family {
                 let (cfg, k3) = kimi_k3::config_from_hf_json(json)?;
                 kimi_k3::load_hf(weights, cfg, k3, comms(world)?)
             },
-            safetensors_shard: None,
+            safetensors_shard: Some(|json, weights, _, comm| {
+                let (cfg, k3) = kimi_k3::config_from_hf_json(json)?;
+                kimi_k3::load_hf(weights, cfg, k3, vec![comm])
+            }),
             gguf: None,
             gguf_raw: Some(|g, world| kimi_k3::load_gguf(g, comms(world)?)),
+            gguf_raw_shard: Some(|g, comm| kimi_k3::load_gguf(g, vec![comm])),
             weightless: None,
         },
         Arch::Scripted => Family {
@@ -355,6 +403,7 @@ fn family(arch: Arch) -> Family {
             safetensors_shard: None,
             gguf: None,
             gguf_raw: None,
+            gguf_raw_shard: None,
             weightless: Some(scripted::load),
         },
     }

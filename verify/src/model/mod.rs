@@ -30,6 +30,7 @@ mod moe;
 mod ops;
 mod pool;
 mod ranks;
+mod remote;
 mod rows;
 mod scripted;
 mod shard;
@@ -46,9 +47,10 @@ pub use config::{
 };
 pub use deepseek::MlaPrefill;
 pub use loader::{
-    config_from_hf_json, load_gguf, load_gguf_tp, load_model, load_model_tp, load_safetensors,
-    load_safetensors_shard, load_safetensors_tp, read_gguf_content,
+    config_from_hf_json, load_gguf, load_gguf_tp, load_model, load_model_shard, load_model_tp,
+    load_safetensors, load_safetensors_shard, load_safetensors_tp, read_gguf_content,
 };
+pub use remote::serve_worker;
 pub use rows::{LogitsWanted, SeqInput};
 
 /// Family-specific checks of [`ModelConfig::validate`], by architecture.
@@ -87,6 +89,9 @@ pub(crate) enum Body {
 /// At world size 1 a forward runs inline on the calling thread; at world
 /// size N it runs the N shards on N threads (see `ranks.rs`) and returns
 /// rank 0's logits, which equal world size 1's up to float summation order.
+/// A model loaded as one rank of ranks run as processes
+/// ([`load_model_shard`]) holds its shard alone: rank 0 leads
+/// ([`Model::lead`]), the others run [`serve_worker`] (see `remote.rs`).
 pub struct Model {
     /// The unsharded model's config; per-rank head counts live in the shards.
     pub(crate) cfg: ModelConfig,
@@ -105,6 +110,9 @@ pub struct Model {
     /// How a pool for this model stores latent rows ([`Model::set_latent_cache`];
     /// unused without latent attention).
     pub(crate) latent_cache: CacheDtype,
+    /// Set on rank 0 of ranks run as processes ([`Model::lead`]): pools
+    /// and forwards are broadcast to the other ranks first.
+    pub(crate) leader: Option<remote::Leader>,
 }
 
 impl Model {
@@ -281,6 +289,8 @@ impl Model {
     /// a pool built for another model shape or world size, or (sharded) a
     /// rank that failed ([`VerifyError::RankFailed`]).
     pub fn forward(&self, pool: &mut KvPool, seqs: &[SeqInput]) -> Result<Tensor> {
+        // Rank 0 of ranks run as processes: the others run the same step.
+        self.send_step(pool, seqs)?;
         match &self.body {
             Body::Llama(shards) => llama::forward(self, shards, pool, seqs),
             Body::Deepseek(ranks) => deepseek::forward(self, ranks, pool, seqs),

@@ -104,6 +104,9 @@ impl KvPool {
                 "a model with recurrent layers needs at least one state slot".into(),
             ));
         }
-        Self::with_layout(&layout, num_blocks, block_size, state_slots)
+        let mut pool = Self::with_layout(&layout, num_blocks, block_size, state_slots)?;
+        // Rank 0 of ranks run as processes: the others make theirs too.
+        model.announce_pool(&mut pool)?;
+        Ok(pool)
     }
 }

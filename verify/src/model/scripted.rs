@@ -140,6 +140,7 @@ pub(crate) fn load(json: &serde_json::Value, world: usize) -> Result<Model> {
         // Token ids are the cached values: bf16 would round ids past 256.
         latent_cache: crate::kv_pool::CacheDtype::F32,
         step: std::sync::Mutex::new(()),
+        leader: None,
     })
 }
 

@@ -322,6 +322,7 @@ pub(crate) fn load(
         head_tokens: None,
         lm_bytes: 0,
         step: std::sync::Mutex::new(()),
+        leader: None,
         latent_cache: CacheDtype::F32,
     })
 }

@@ -975,6 +975,7 @@ fn assemble(ranks: Vec<Weights>, cfg: ModelConfig) -> Model {
         head_tokens: None,
         lm_bytes: 0,
         step: std::sync::Mutex::new(()),
+        leader: None,
         latent_cache,
     }
 }

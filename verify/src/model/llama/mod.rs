@@ -118,6 +118,7 @@ pub(crate) fn from_rank_parts(
         head_tokens: None,
         lm_bytes,
         step: std::sync::Mutex::new(()),
+        leader: None,
         latent_cache: CacheDtype::F32,
     })
 }

@@ -1,0 +1,421 @@
+//! [`MpiComm`]: the ranks of one model as processes started by `mpirun`, on
+//! one host or many; Open MPI does the transport (shared memory inside a
+//! host, TCP or RDMA between hosts) and the collective algorithms.
+//!
+//! Every collective is a non-blocking MPI call polled to completion against
+//! a deadline, so a rank that hangs or dies turns into an error on the
+//! ranks that wait for it instead of a hang. MPI cannot cancel a
+//! collective in flight, so after a miss the group is failed for good:
+//! its buffers are leaked (MPI may still write them), later collectives
+//! fail at once, and the whole job is brought down with `MPI_Abort` after
+//! a grace period in which rank 0 answers `/health` with 503 and ends its
+//! requests with an error. A worker that fails aborts the job at once
+//! (`mpirun` then ends every rank, rank 0 included).
+//!
+//! Threads: MPI is initialised as `MPI_THREAD_SERIALIZED` (calls from any
+//! thread, never two at once); one mutex serialises every call.
+
+use super::Communicator;
+use crate::error::{Result, VerifyError};
+use mpi::ffi;
+use std::os::raw::{c_int, c_void};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// One process's end of the `MPI_COMM_WORLD` group.
+///
+/// Invariant: MPI is initialised for as long as this value lives (its
+/// [`MpiSession`] finalises MPI only after it is dropped). Dropping it
+/// when the group failed aborts the job. At most one exists per process.
+pub struct MpiComm {
+    rank: usize,
+    world: usize,
+    /// Longest a collective may wait for the other ranks.
+    deadline: Duration,
+    /// How long a failed rank 0 keeps serving (503) before it aborts the
+    /// job.
+    grace: Duration,
+    /// Serialises MPI calls; holds the failure once the group failed.
+    state: Mutex<State>,
+    /// Set when this comm is dropped: MPI may be finalised.
+    released: Arc<Released>,
+}
+
+/// Whether the comm was dropped, and whether its group had failed then.
+#[derive(Default)]
+struct Released {
+    done: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+/// MPI's lifetime in this process: made with the [`MpiComm`] by
+/// [`MpiComm::init`] and kept by the thread that called it (MPI wants to
+/// be finalised there). Dropping it waits (up to a minute) until the comm
+/// is dropped, e.g. with the model that holds it on an engine thread,
+/// then finalises MPI (a process that exits without finalising is a
+/// failure to `mpirun`), or aborts the job when the group had failed
+/// (finalising with collectives in flight would hang).
+pub struct MpiSession {
+    universe: Option<mpi::environment::Universe>,
+    released: Arc<Released>,
+}
+
+impl Drop for MpiSession {
+    fn drop(&mut self) {
+        let mut done = self.released.done.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done.0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                eprintln!("specgate: the MPI communicator is still in use at exit");
+                break;
+            }
+            done = self
+                .released
+                .cv
+                .wait_timeout(done, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let failed = done.1;
+        drop(done);
+        if failed {
+            // SAFETY: MPI is initialised; MPI_Abort does not return.
+            unsafe {
+                ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+            }
+        }
+        // Finalises MPI.
+        self.universe.take();
+    }
+}
+
+#[derive(Default)]
+struct State {
+    failed: Option<String>,
+}
+
+// SAFETY: MPI is initialised with at least MPI_THREAD_SERIALIZED and every
+// MPI call goes through `state`'s mutex, so no two threads call MPI at
+// once; the universe holds no thread-affine data.
+unsafe impl Send for MpiComm {}
+unsafe impl Sync for MpiComm {}
+
+impl MpiComm {
+    /// Initialises MPI (the process must have been started by `mpirun`, or
+    /// be a lone rank of world size 1) and returns this process's rank of
+    /// `MPI_COMM_WORLD`. `deadline` bounds every collective's wait for the
+    /// other ranks (a step's compute included): set it above the slowest
+    /// forward; `grace` is how long a failed rank 0 keeps answering before
+    /// it aborts the job.
+    ///
+    /// Errors: MPI initialised already, or a library without
+    /// `MPI_THREAD_SERIALIZED`.
+    pub fn init(deadline: Duration, grace: Duration) -> Result<(MpiComm, MpiSession)> {
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+            .ok_or_else(|| {
+                VerifyError::BadConfig("MPI is initialised already in this process".into())
+            })?;
+        if threading < mpi::Threading::Serialized {
+            return Err(VerifyError::BadConfig(format!(
+                "the MPI library offers {threading:?} threading; MPI_THREAD_SERIALIZED is needed"
+            )));
+        }
+        let (mut rank, mut world) = (0, 0);
+        // SAFETY: MPI is initialised; the out-pointers are valid ints.
+        unsafe {
+            ffi::MPI_Comm_rank(ffi::RSMPI_COMM_WORLD, &mut rank);
+            ffi::MPI_Comm_size(ffi::RSMPI_COMM_WORLD, &mut world);
+        }
+        let released = Arc::new(Released::default());
+        let comm = MpiComm {
+            rank: rank as usize,
+            world: world as usize,
+            deadline,
+            grace,
+            state: Mutex::new(State::default()),
+            released: released.clone(),
+        };
+        let session = MpiSession {
+            universe: Some(universe),
+            released,
+        };
+        Ok((comm, session))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the whole job now with a non-zero status (every rank).
+    fn abort_job(&self) -> ! {
+        // SAFETY: MPI is initialised; MPI_Abort does not return.
+        unsafe {
+            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+        }
+        std::process::exit(1)
+    }
+
+    /// Marks the group failed for `why`. A worker aborts the job at once
+    /// (it has nobody to report to); rank 0 keeps running for the grace
+    /// period (so its server answers 503 and ends its requests with an
+    /// error), then aborts the job.
+    fn fail(&self, st: &mut State, why: String) -> VerifyError {
+        if st.failed.is_none() {
+            eprintln!("specgate: MPI rank {} of {}: {why}", self.rank, self.world);
+            st.failed = Some(why.clone());
+            if self.rank != 0 {
+                self.abort_job();
+            }
+            let grace = self.grace;
+            std::thread::spawn(move || {
+                std::thread::sleep(grace);
+                eprintln!("specgate: the MPI group failed; aborting the job");
+                // SAFETY: MPI is initialised (the comm lives as long as the
+                // process serves); no other MPI call is made once the
+                // group failed, so this one does not race another.
+                unsafe {
+                    ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+                }
+            });
+        }
+        VerifyError::RankFailed(why)
+    }
+
+    /// Polls `req` until it completes. `deadline`: `None` waits without a
+    /// bound (a worker idle between steps). A miss fails the group.
+    fn wait(
+        &self,
+        st: &mut State,
+        mut req: ffi::MPI_Request,
+        deadline: Option<Duration>,
+        what: &str,
+    ) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let mut done: c_int = 0;
+            // SAFETY: `req` is a live request of this process.
+            let rc = unsafe { ffi::MPI_Test(&mut req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+            if rc != 0 {
+                return Err(self.fail(st, format!("{what} failed with MPI error {rc}")));
+            }
+            if done != 0 {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if deadline.is_some_and(|d| waited > d) {
+                return Err(self.fail(
+                    st,
+                    format!(
+                        "{what}: another rank did not answer within {:.1} s (dead or hung)",
+                        waited.as_secs_f64()
+                    ),
+                ));
+            }
+            // Collectives inside a forward finish in microseconds: yield
+            // first; a wait that lasts (an idle worker) sleeps, so it costs
+            // no core.
+            if waited < Duration::from_millis(2) {
+                std::thread::yield_now();
+            } else if waited < Duration::from_millis(50) {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        }
+    }
+
+    /// Runs one non-blocking collective started by `start` over `keep`
+    /// (buffers it reads and writes), polled against `deadline`. On a miss
+    /// the buffers are leaked: MPI may still write them.
+    fn collective<K>(
+        &self,
+        keep: K,
+        deadline: Option<Duration>,
+        what: &str,
+        start: impl FnOnce(&K, *mut ffi::MPI_Request) -> c_int,
+    ) -> Result<K> {
+        let mut st = self.lock();
+        if let Some(why) = &st.failed {
+            return Err(VerifyError::RankFailed(why.clone()));
+        }
+        // SAFETY: the request handle is written by `start` before use.
+        let mut req: ffi::MPI_Request = unsafe { std::mem::zeroed() };
+        let rc = start(&keep, &mut req);
+        if rc != 0 {
+            std::mem::forget(keep);
+            return Err(self.fail(&mut st, format!("{what} failed to start: MPI error {rc}")));
+        }
+        match self.wait(&mut st, req, deadline, what) {
+            Ok(()) => Ok(keep),
+            Err(e) => {
+                std::mem::forget(keep);
+                Err(e)
+            }
+        }
+    }
+
+    /// Broadcasts rank 0's `buf` with the given deadline for its data (the
+    /// length travels first, waited for with `len_deadline`).
+    fn broadcast(&self, buf: &mut Vec<u8>, len_deadline: Option<Duration>) -> Result<()> {
+        let len = Box::new([buf.len() as u64]);
+        let len = self.collective(len, len_deadline, "broadcast (length)", |k, req| {
+            // SAFETY: `k` lives until the request completes (or is leaked).
+            unsafe {
+                ffi::MPI_Ibcast(
+                    k.as_ptr() as *mut c_void,
+                    1,
+                    ffi::RSMPI_UINT64_T,
+                    0,
+                    ffi::RSMPI_COMM_WORLD,
+                    req,
+                )
+            }
+        })?;
+        let n = len[0] as usize;
+        let mut data = std::mem::take(buf);
+        data.resize(n, 0);
+        let data = self.collective(data, Some(self.deadline), "broadcast", |k, req| {
+            // SAFETY: as above; `n` bytes are allocated on every rank.
+            unsafe {
+                ffi::MPI_Ibcast(
+                    k.as_ptr() as *mut c_void,
+                    n as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    0,
+                    ffi::RSMPI_COMM_WORLD,
+                    req,
+                )
+            }
+        })?;
+        *buf = data;
+        Ok(())
+    }
+}
+
+/// An MPI count, refused when it does not fit (2^31 values).
+fn count(n: usize) -> Result<c_int> {
+    c_int::try_from(n)
+        .map_err(|_| VerifyError::BadBatch(format!("{n} values in one MPI collective")))
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        // Every rank gathers every contribution and sums them in rank
+        // order, as `ThreadComm` does: the result is the same bits on every
+        // rank and equals the threaded group's, whatever algorithm and
+        // transport MPI picks (MPI_Allreduce's order varies with them, and
+        // a greedy token can flip on the last bit). It moves `world` times
+        // the bytes of a reduce-scatter all-reduce: see BENCHMARKS.md.
+        let n = buf.len();
+        let all = self.all_gather(buf)?;
+        if all.len() != n * self.world {
+            return Err(VerifyError::BadBatch(format!(
+                "all-reduce: {} values gathered from {} ranks of {n}",
+                all.len(),
+                self.world
+            )));
+        }
+        buf.copy_from_slice(&all[..n]);
+        for r in 1..self.world {
+            for (b, o) in buf.iter_mut().zip(&all[r * n..(r + 1) * n]) {
+                *b += o;
+            }
+        }
+        Ok(())
+    }
+
+    fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+        // Lengths first (uneven vocabulary shards), then the data.
+        let n = count(local.len())?;
+        let lens = (Box::new([n]), vec![0 as c_int; self.world]);
+        let (_, counts) = self.collective(
+            lens,
+            Some(self.deadline),
+            "all-gather (lengths)",
+            |k, req| {
+                // SAFETY: one int sent, `world` ints received, both live.
+                unsafe {
+                    ffi::MPI_Iallgather(
+                        k.0.as_ptr() as *const c_void,
+                        1,
+                        ffi::RSMPI_INT32_T,
+                        k.1.as_ptr() as *mut c_void,
+                        1,
+                        ffi::RSMPI_INT32_T,
+                        ffi::RSMPI_COMM_WORLD,
+                        req,
+                    )
+                }
+            },
+        )?;
+        let mut displs = Vec::with_capacity(self.world);
+        let mut total: usize = 0;
+        for &c in &counts {
+            displs.push(count(total)?);
+            total += c as usize;
+        }
+        let bufs = (local.to_vec(), vec![0f32; total], counts, displs);
+        let (_, out, _, _) =
+            self.collective(bufs, Some(self.deadline), "all-gather", |k, req| {
+                // SAFETY: the receive buffer holds the sum of `counts` floats at
+                // `displs`; all four buffers live until the request completes.
+                unsafe {
+                    ffi::MPI_Iallgatherv(
+                        k.0.as_ptr() as *const c_void,
+                        n,
+                        ffi::RSMPI_FLOAT,
+                        k.1.as_ptr() as *mut c_void,
+                        k.2.as_ptr(),
+                        k.3.as_ptr(),
+                        ffi::RSMPI_FLOAT,
+                        ffi::RSMPI_COMM_WORLD,
+                        req,
+                    )
+                }
+            })?;
+        Ok(out)
+    }
+
+    fn abort(&self) {
+        let mut st = self.lock();
+        let _ = self.fail(&mut st, format!("rank {} failed its step", self.rank));
+    }
+
+    fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
+        self.broadcast(buf, Some(self.deadline))
+    }
+
+    fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
+        // Unbounded wait for the message (rank 0 may be idle for hours);
+        // the message itself keeps the deadline.
+        self.broadcast(buf, None)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        // A failed group's job ends by MPI_Abort: at once on a worker (it
+        // aborted when it failed), on rank 0 by the grace timer or when
+        // its session ends, whichever is first, so its server keeps
+        // answering 503 until then.
+        let failed = self.lock().failed.is_some();
+        if failed && self.rank != 0 {
+            self.abort_job();
+        }
+        *self.released.done.lock().unwrap_or_else(|e| e.into_inner()) = (true, failed);
+        self.released.cv.notify_all();
+    }
+}
