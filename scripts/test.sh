@@ -34,6 +34,8 @@ if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null \
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         openmpi-bin libopenmpi-dev libclang-dev >/dev/null
 fi
-cargo test --release -p specgate --features mpi --test mpi
+# --workspace keeps the dependencies' features those of the build above
+# (-p specgate alone would unify them differently and compile candle again).
+cargo test --release --workspace --features specgate/mpi --test mpi
 # Kubernetes manifests against the schemas, the Grafana dashboard's metric names.
 scripts/validate-deploy.sh

@@ -59,9 +59,11 @@ pub trait Communicator: Send + Sync {
             ))
         }
     }
-    /// [`Communicator::broadcast_bytes`] as a worker waiting for rank 0's
-    /// next message calls it: the wait may last as long as rank 0 is idle,
-    /// so a communicator with deadlines does not apply them to it.
+    /// [`Communicator::broadcast_bytes`] whose start waits without a
+    /// deadline: a worker waiting for rank 0's next message (rank 0 may be
+    /// idle for hours), or rank 0 announcing a pool while workers may still
+    /// be loading their shards. A communicator with deadlines applies them
+    /// to the message itself only.
     fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
         self.broadcast_bytes(buf)
     }

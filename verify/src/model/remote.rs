@@ -251,7 +251,12 @@ impl Model {
         w.u64(pool.block_size());
         w.u64(pool.state_slots());
         w.u8(dtype_code(self.latent_cache()));
-        comm.broadcast_bytes(&mut w.0)?;
+        // The first message after loading: a worker with a bigger shard or
+        // a slower disk may still be loading (minutes at full K3 size), so
+        // its start waits without the per-collective deadline, as a
+        // worker's wait for rank 0 does. A worker that dies meanwhile ends
+        // the job (mpirun); /health stays 503 until every rank is here.
+        comm.receive_broadcast(&mut w.0)?;
         pool.mirror = Some((id, Vec::new()));
         Ok(())
     }
