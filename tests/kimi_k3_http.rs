@@ -25,19 +25,6 @@ fn k3_chat(extra: Value) -> Value {
     b
 }
 
-/// The turn's text: its reasoning (thinking is on by default, so a random
-/// model's text is reasoning) then its content.
-fn content(r: &Resp) -> String {
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v: Value = serde_json::from_str(&r.body).unwrap();
-    let m = &v["choices"][0]["message"];
-    format!(
-        "{}{}",
-        m["reasoning_content"].as_str().unwrap_or_default(),
-        m["content"].as_str().unwrap_or_default()
-    )
-}
-
 #[test]
 fn the_tiny_k3_config_serves_over_http() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -53,7 +40,7 @@ fn the_tiny_k3_config_serves_over_http() {
 
     // Whole and streamed greedy answers agree; a second identical request
     // (no prefix cache to hit) gives the same text.
-    let whole = content(&post(a, "/v1/chat/completions", k3_chat(json!({}))));
+    let whole = turn_text(&post(a, "/v1/chat/completions", k3_chat(json!({}))));
     assert!(!whole.is_empty());
     let r = post(a, "/v1/chat/completions", k3_chat(json!({"stream": true})));
     let (evs, done) = events(&r.body);
@@ -61,7 +48,7 @@ fn the_tiny_k3_config_serves_over_http() {
     let delta = |k: &str| delta_text(&evs, k);
     assert_eq!(delta("reasoning_content") + &delta("content"), whole);
     assert_eq!(
-        content(&post(a, "/v1/chat/completions", k3_chat(json!({})))),
+        turn_text(&post(a, "/v1/chat/completions", k3_chat(json!({})))),
         whole
     );
     // Speculation off and n-gram for one request: the same greedy text.
@@ -74,7 +61,7 @@ fn the_tiny_k3_config_serves_over_http() {
             "/v1/chat/completions",
             k3_chat(json!({"speculative": spec})),
         );
-        assert_eq!(content(&r), whole, "{spec}");
+        assert_eq!(turn_text(&r), whole, "{spec}");
     }
     let r = post(
         a,

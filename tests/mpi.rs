@@ -344,15 +344,7 @@ fn k3_chat(content: &str, max_tokens: usize, extra: Value) -> Value {
 
 /// A chat turn's whole text (reasoning then content).
 fn text(addr: SocketAddr, body: Value) -> String {
-    let r = post(addr, "/v1/chat/completions", body);
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v: Value = serde_json::from_str(&r.body).unwrap();
-    let m = &v["choices"][0]["message"];
-    format!(
-        "{}{}",
-        m["reasoning_content"].as_str().unwrap_or_default(),
-        m["content"].as_str().unwrap_or_default()
-    )
+    turn_text(&post(addr, "/v1/chat/completions", body))
 }
 
 /// Greedy answers of one server: draft-model, n-gram and no speculation,

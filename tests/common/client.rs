@@ -143,6 +143,20 @@ pub fn delta_text(events: &[Value], key: &str) -> String {
         .collect()
 }
 
+/// A whole chat turn's text: its reasoning (a K3 model thinks by default,
+/// so a random one's text is mostly reasoning) then its content. Panics
+/// unless the response is a 200.
+pub fn turn_text(r: &Resp) -> String {
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    let m = &v["choices"][0]["message"];
+    format!(
+        "{}{}",
+        m["reasoning_content"].as_str().unwrap_or_default(),
+        m["content"].as_str().unwrap_or_default()
+    )
+}
+
 /// The `error` object of an OpenAI error body; panics unless it has all of
 /// message, type, param and code.
 pub fn error_of(r: &Resp) -> Value {
