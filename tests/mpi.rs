@@ -342,9 +342,19 @@ fn k3_chat(content: &str, max_tokens: usize, extra: Value) -> Value {
     b
 }
 
-/// A chat turn's whole text (reasoning then content).
+/// A chat turn's whole text (reasoning then content). Read with a long
+/// timeout: 12 of these at once over 4 ranks on 2 cores of a loaded host
+/// outlast the usual 30 s.
 fn text(addr: SocketAddr, body: Value) -> String {
-    turn_text(&post(addr, "/v1/chat/completions", body))
+    let s = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        &body.to_string(),
+    );
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    turn_text(&read_response(s))
 }
 
 /// Greedy answers of one server: draft-model, n-gram and no speculation,
