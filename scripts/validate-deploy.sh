@@ -319,6 +319,11 @@ SH
     for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     if grep -qs "$dir" "/proc/$pid/cmdline"; then kill -KILL "$pid" 2>/dev/null || true; fi
   done
+  # mpirun outlives a killed launch script, and the workers' orted
+  # daemonize: left running, they broke the next group's start (seen in a
+  # CI run). The simulated hosts' names are this check's own.
+  pkill -KILL -f -- "$dir/hostfile" 2>/dev/null || true
+  pkill -KILL -f -- "specgate-k3\.ns" 2>/dev/null || true
   "$VENV/bin/python" - "$dir" "$mode" "$status" <<'PY'
 import pathlib, sys
 d, mode, status = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -353,8 +358,15 @@ print("validate-deploy: deploy/lws launch script: a group of 3 under mpirun star
 PY
 }
 if command -v mpirun >/dev/null; then
-  sim_launch deploy/lws/kimi-k3.yaml "$tmp/sim" drain
-  sim_launch deploy/lws/kimi-k3.yaml "$tmp/sim" fault
+  # Up to three tries for the real script only: Open MPI's start of a
+  # simulated 3-host group on one machine sometimes leaves the ranks
+  # unstarted for a minute (seen in about one run in four, here and in a
+  # CI run; the cause is in that simulation, not in the script under
+  # test). The broken copies below get one try: a start that fails there
+  # only makes them fail, as they must.
+  sim_try() { sim_launch "$@" || sim_launch "$@" || sim_launch "$@"; }
+  sim_try deploy/lws/kimi-k3.yaml "$tmp/sim-drain" drain
+  sim_try deploy/lws/kimi-k3.yaml "$tmp/sim-fault" fault
   sed 's/kill -TERM "${pid:-$mpi}"/kill -TERM "$mpi"/' deploy/lws/kimi-k3.yaml >"$tmp/broken-lws.yaml"
   if sim_launch "$tmp/broken-lws.yaml" "$tmp/sim-broken" drain >/dev/null 2>&1; then
     echo "validate-deploy: the launch check accepted a SIGTERM that stops every rank at once" >&2
