@@ -109,8 +109,13 @@ pub(crate) fn attend_rows(
     let dst = SharedMut::new(out);
     team::for_each(d.heads, |hh| {
         SCRATCH.with_borrow_mut(|scratch| {
-            let mut o = vec![0f32; d.v];
             for r in (0..n).filter(|&r| !skip(r)) {
+                // SAFETY: head hh writes only its own `v` floats of row r,
+                // inside `out` (asserted above); no other task touches
+                // them while this slice lives.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(dst.at((r * d.heads + hh) * d.v), d.v)
+                };
                 attend_head(
                     d,
                     kv_b,
@@ -120,15 +125,9 @@ pub(crate) fn attend_rows(
                     rows.positions[r] + 1,
                     &q[r * qd..(r + 1) * qd],
                     hh,
-                    &mut o,
+                    o,
                     scratch,
                 );
-                // SAFETY: head hh writes only its own `v` floats of row r,
-                // inside `out` (asserted above); no other task writes them.
-                unsafe {
-                    let at = dst.at((r * d.heads + hh) * d.v);
-                    std::ptr::copy_nonoverlapping(o.as_ptr(), at, d.v);
-                }
             }
         })
     });

@@ -356,12 +356,16 @@ fn situ_all(g: &[f32], u: &[f32], k3: &K3Config) -> Vec<f32> {
     const CHUNK: usize = 4096;
     let mut a = vec![0f32; g.len().min(u.len())];
     team::for_each_chunk(&mut a, CHUNK, |i, out| {
-        let (g, u) = (&g[i * CHUNK..], &u[i * CHUNK..]);
-        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-            *o = situ(g, u, k3.situ_beta, k3.situ_linear_beta);
-        }
+        situ_into(out, &g[i * CHUNK..], &u[i * CHUNK..], k3)
     });
     a
+}
+
+/// [`situ`] of the pairs `(g[i], u[i])` into `out[i]`, on this thread.
+fn situ_into(out: &mut [f32], g: &[f32], u: &[f32], k3: &K3Config) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = situ(g, u, k3.situ_beta, k3.situ_linear_beta);
+    }
 }
 
 impl SituMlp {
@@ -720,11 +724,8 @@ fn grouped_experts(
     let mut hidden_acts: Vec<Option<Q8Acts>> = (0..gu.len()).map(|_| None).collect();
     team::for_each_chunk(&mut hidden_acts, 1, |i, slot| {
         let ((g, u), m) = (&gu[i], &mats[i]);
-        let a: Vec<f32> = g
-            .iter()
-            .zip(u)
-            .map(|(&g, &u)| situ(g, u, k3.situ_beta, k3.situ_linear_beta))
-            .collect();
+        let mut a = vec![0f32; g.len()];
+        situ_into(&mut a, g, u, k3);
         slot[0] = Some(Q8Acts::new(&a, a.len() / m[2].inp(), m[2].inp()));
     });
     let hidden_acts: Vec<Q8Acts> = hidden_acts.into_iter().flatten().collect();
