@@ -132,6 +132,7 @@ fn mpi_child_rank() {
         let (comm, session) =
             MpiComm::init(Duration::from_secs(60), Duration::from_secs(1)).unwrap();
         let rank = comm.rank();
+        check_all_reduce(&comm);
         let mut m = load_model_shard(Path::new(&dir), Box::new(comm)).unwrap();
         if rank == 0 {
             m.lead().unwrap();
@@ -147,6 +148,46 @@ fn mpi_child_rank() {
     }
     #[cfg(not(feature = "mpi"))]
     panic!("{CHILD_DIR} set in a build without MPI ({dir})");
+}
+
+/// Every rank's contribution to the all-reduce checks: values whose sum
+/// depends on the order of addition.
+#[cfg(feature = "mpi")]
+fn contribution(rank: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((rank * 7919 + i * 104_729) % 1000) as f32 * 1.37e-3 + (rank as f32) * 1e-7)
+        .collect()
+}
+
+/// The all-reduce of a process group equals the rank-ordered sum (the
+/// threaded group's) bit for bit, on both of its algorithms: the gather
+/// for small buffers, the scatter-sum-gather for large ones at 3 or more
+/// ranks (70,001 floats: not a multiple of the world size). The stats
+/// count every call.
+#[cfg(feature = "mpi")]
+fn check_all_reduce(comm: &dyn specgate_verify::Communicator) {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let before = comm.stats();
+    let sizes = [1usize, 5, 1000, 70_001];
+    for n in sizes {
+        let mut buf = contribution(rank, n);
+        comm.all_reduce_sum(&mut buf).unwrap();
+        let mut expected = contribution(0, n);
+        for r in 1..world {
+            for (e, c) in expected.iter_mut().zip(contribution(r, n)) {
+                *e += c;
+            }
+        }
+        let same = buf
+            .iter()
+            .zip(&expected)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "rank {rank} of {world}: all-reduce of {n} floats");
+    }
+    let spent = comm.stats().since(&before);
+    assert_eq!(spent.calls, sizes.len() as u64, "rank {rank}");
+    let floats: usize = sizes.iter().sum();
+    assert!(spent.bytes_out >= 4 * floats as u64, "rank {rank}: {spent:?}");
 }
 
 fn max_rel_diff(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
@@ -523,4 +564,38 @@ fn a_killed_or_hung_worker_fails_the_job_loudly() {
             "worker {signal}: the job must exit non-zero"
         );
     }
+}
+
+/// A worker whose forward fails (on purpose, at its 30th step: no real
+/// batch fails on a worker alone, since rank 0 checks each one first)
+/// tells rank 0 why: rank 0 answers 503, the in-flight request ends with
+/// an error that carries the worker's reason, and the job exits non-zero.
+#[test]
+fn a_worker_that_fails_its_forward_fails_the_requests_with_its_reason() {
+    if mpirun().is_none() {
+        return;
+    }
+    let mut cmd = k3_serve(2, None, &[]);
+    // mpirun's ranks on this host inherit its environment.
+    cmd.env(specgate_verify::model::FAULT_STEP_ENV, "30");
+    let mut s = Serve::start(cmd);
+    let t0 = Instant::now();
+    let req = in_flight(s.addr);
+    let (detected, how) = until_unhealthy(s.addr, t0, Duration::from_secs(60));
+    let (failed, ended, body) = req.join().unwrap();
+    let status = s.wait_exit(Duration::from_secs(30)).expect("the job ends");
+    eprintln!(
+        "worker fails step 30: /health {how} after {:.2} s; request ended after {:.2} s; \
+         job exit {status} after {:.2} s",
+        detected.as_secs_f64(),
+        ended.duration_since(t0).as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(how, "503", "rank 0 heard the worker and answers 503");
+    assert!(failed, "the in-flight request must fail, not finish");
+    assert!(
+        body.contains("rank group failed") && body.contains("failed on purpose"),
+        "the request's error carries the worker's reason: {body}"
+    );
+    assert!(!status.success(), "the job must exit non-zero");
 }

@@ -23,4 +23,4 @@ pub use kv_pool::{CacheDtype, KvLayout, KvPool, TokenRow};
 pub use model::{Arch, LogitsWanted, Model, ModelConfig, RopeStyle, SeqInput};
 pub use process::{Controls, TokenLogprob};
 pub use sample::{Sampler, SamplingParams};
-pub use tp::{Communicator, LocalComm, ThreadComm};
+pub use tp::{CommStats, Communicator, LocalComm, ThreadComm};

@@ -13,7 +13,9 @@
 //! repeated runs are reproducible.
 
 use crate::error::{Result, VerifyError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -44,6 +46,12 @@ pub trait Communicator: Send + Sync {
     /// group, return an error instead of waiting forever. Irreversible.
     /// The default (a group of one) has nobody to wake.
     fn abort(&self) {}
+    /// [`Communicator::abort`], saying why: a communicator that can tell
+    /// the other ranks (ranks run as processes) passes `why` on, so rank 0
+    /// reports a worker's own error. The default just aborts.
+    fn abort_because(&self, _why: &str) {
+        self.abort()
+    }
     /// Replaces `buf` on every rank by rank 0's `buf` (lengths may differ
     /// before the call). The step messages of ranks run as processes
     /// ([`crate::model::serve_worker`]) travel this way.
@@ -72,6 +80,74 @@ pub trait Communicator: Send + Sync {
     /// A server turns unhealthy when this is set.
     fn failure(&self) -> Option<String> {
         None
+    }
+    /// What this rank's collectives cost so far (zero for a communicator
+    /// that does not count, such as the group of one, whose collectives
+    /// are free).
+    fn stats(&self) -> CommStats {
+        CommStats::default()
+    }
+}
+
+/// One rank's collective traffic since its communicator was made: what a
+/// benchmark reads before and after a step ([`CommStats::since`]).
+///
+/// Bytes are what the collective's algorithm moves for this rank (its
+/// contribution sent once, the others' received), not what the transport
+/// adds; time is wall time inside the calls, so it includes waiting for
+/// the slowest rank to arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CommStats {
+    /// Collectives called (all-reduce, all-gather, broadcast).
+    pub calls: u64,
+    /// Bytes this rank contributed.
+    pub bytes_out: u64,
+    /// Bytes this rank received from the others.
+    pub bytes_in: u64,
+    /// Seconds inside the calls.
+    pub seconds: f64,
+}
+
+impl CommStats {
+    /// The traffic between `earlier` and `self`.
+    pub fn since(&self, earlier: &CommStats) -> CommStats {
+        CommStats {
+            calls: self.calls - earlier.calls,
+            bytes_out: self.bytes_out - earlier.bytes_out,
+            bytes_in: self.bytes_in - earlier.bytes_in,
+            seconds: self.seconds - earlier.seconds,
+        }
+    }
+}
+
+/// Running [`CommStats`] a communicator keeps (lock-free: a rank's
+/// collectives never overlap, but a reader may be another thread).
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    calls: AtomicU64,
+    bytes_out: AtomicU64,
+    bytes_in: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl Tally {
+    /// Counts one collective that began at `start`, moving `out` and `in_`
+    /// floats-or-bytes already converted to bytes.
+    pub(crate) fn record(&self, start: Instant, out: usize, in_: usize) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.bytes_out.fetch_add(out as u64, Ordering::Relaxed);
+        self.bytes_in.fetch_add(in_ as u64, Ordering::Relaxed);
+        self.nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> CommStats {
+        CommStats {
+            calls: self.calls.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            seconds: self.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
     }
 }
 
@@ -174,6 +250,7 @@ struct Shared {
 pub struct ThreadComm {
     rank: usize,
     shared: Arc<Shared>,
+    tally: Tally,
 }
 
 impl ThreadComm {
@@ -195,6 +272,7 @@ impl ThreadComm {
             .map(|rank| ThreadComm {
                 rank,
                 shared: shared.clone(),
+                tally: Tally::default(),
             })
             .collect())
     }
@@ -224,6 +302,50 @@ impl Communicator for ThreadComm {
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        let start = Instant::now();
+        let bytes = std::mem::size_of_val(buf);
+        let r = self.all_reduce_inner(buf);
+        self.tally
+            .record(start, bytes, bytes * (self.world_size() - 1));
+        r
+    }
+
+    fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+        let start = Instant::now();
+        let r = self.all_gather_inner(local);
+        let total = r.as_ref().map_or(0, |v| v.len());
+        self.tally
+            .record(start, local.len() * 4, total.saturating_sub(local.len()) * 4);
+        r
+    }
+
+    fn abort(&self) {
+        self.shared.barrier.abort();
+    }
+
+    fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
+        let start = Instant::now();
+        let r = self.broadcast_inner(buf);
+        let (out, in_) = if self.rank == 0 { (buf.len(), 0) } else { (0, buf.len()) };
+        self.tally.record(start, out, in_);
+        r
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.shared
+            .barrier
+            .lock()
+            .broken
+            .then(|| "a rank of the thread group failed".to_string())
+    }
+
+    fn stats(&self) -> CommStats {
+        self.tally.get()
+    }
+}
+
+impl ThreadComm {
+    fn all_reduce_inner(&self, buf: &mut [f32]) -> Result<()> {
         self.publish(buf);
         self.shared.barrier.wait()?;
         // Every rank checks every length, so all agree on the error and none
@@ -256,7 +378,7 @@ impl Communicator for ThreadComm {
         }
     }
 
-    fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+    fn all_gather_inner(&self, local: &[f32]) -> Result<Vec<f32>> {
         self.publish(local);
         self.shared.barrier.wait()?;
         let mut out = Vec::new();
@@ -267,11 +389,7 @@ impl Communicator for ThreadComm {
         Ok(out)
     }
 
-    fn abort(&self) {
-        self.shared.barrier.abort();
-    }
-
-    fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
+    fn broadcast_inner(&self, buf: &mut Vec<u8>) -> Result<()> {
         // The slots hold f32: bytes travel as their bit patterns, four to a
         // float, after the length (copies keep every bit, NaNs included).
         if self.rank == 0 {
@@ -292,14 +410,6 @@ impl Communicator for ThreadComm {
             buf.truncate(n);
         }
         self.shared.barrier.wait()
-    }
-
-    fn failure(&self) -> Option<String> {
-        self.shared
-            .barrier
-            .lock()
-            .broken
-            .then(|| "a rank of the thread group failed".to_string())
     }
 }
 
@@ -408,6 +518,26 @@ mod tests {
                 assert_eq!(buf, &expected);
             }
         }
+    }
+
+    #[test]
+    fn stats_count_calls_and_bytes_per_rank() {
+        let results = run_group(3, |c| {
+            let before = c.stats();
+            let mut buf = vec![1.0f32; 10];
+            c.all_reduce_sum(&mut buf).unwrap();
+            c.all_gather(&buf[..c.rank() + 1]).unwrap();
+            c.stats().since(&before)
+        });
+        for (rank, s) in results.iter().enumerate() {
+            assert_eq!(s.calls, 2);
+            // 40 bytes out and 2 x 40 in for the all-reduce; the gather
+            // sends rank + 1 floats and receives the other 6 - (rank + 1).
+            assert_eq!(s.bytes_out, 40 + 4 * (rank as u64 + 1));
+            assert_eq!(s.bytes_in, 80 + 4 * (5 - rank as u64));
+            assert!(s.seconds >= 0.0);
+        }
+        assert_eq!(LocalComm.stats(), CommStats::default());
     }
 
     #[test]

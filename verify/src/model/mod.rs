@@ -50,7 +50,7 @@ pub use loader::{
     config_from_hf_json, load_gguf, load_gguf_tp, load_model, load_model_shard, load_model_tp,
     load_safetensors, load_safetensors_shard, load_safetensors_tp, read_gguf_content,
 };
-pub use remote::serve_worker;
+pub use remote::{serve_worker, FAULT_STEP_ENV};
 pub use rows::{LogitsWanted, SeqInput};
 
 /// Family-specific checks of [`ModelConfig::validate`], by architecture.

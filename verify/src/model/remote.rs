@@ -237,6 +237,19 @@ impl Model {
         }
     }
 
+    /// What this model's rank 0 (the rank this process runs, for ranks run
+    /// as processes) has spent in collectives so far; zero for a model of
+    /// one rank. Benchmarks read it around a step.
+    pub fn comm_stats(&self) -> crate::tp::CommStats {
+        use super::ranks::Rank;
+        match &self.body {
+            super::Body::Deepseek(r) => r[0].comm().stats(),
+            super::Body::KimiK3(r) => r[0].comm().stats(),
+            super::Body::Llama(s) => s[0].comm().stats(),
+            super::Body::Scripted(_) => crate::tp::CommStats::default(),
+        }
+    }
+
     /// Rank 0: announces a new pool to the other ranks and marks `pool`
     /// as mirrored to them. A no-op for a model that does not lead.
     pub(crate) fn announce_pool(&self, pool: &mut KvPool) -> Result<()> {
@@ -321,19 +334,30 @@ pub fn serve_worker(model: &mut Model) -> Result<()> {
         ));
     }
     let r = follow(model);
-    if r.is_err() {
-        // Rank 0 must not wait for this rank in its next collective.
+    if let Err(e) = &r {
+        // Rank 0 must not wait for this rank in its next collective, and
+        // should say why the group failed.
         if let Some(c) = model.lone_rank() {
-            c.abort();
+            c.abort_because(&e.to_string());
         }
     }
     r
 }
 
+/// The environment variable that makes a worker fail its Nth step on
+/// purpose (1-based), for the fault tests: a forward that errs on a worker
+/// only, which no real batch can make happen on demand (rank 0 checks every
+/// batch before it sends it). Unset in real use.
+pub const FAULT_STEP_ENV: &str = "SPECGATE_FAULT_WORKER_STEP";
+
 /// [`serve_worker`]'s loop.
 fn follow(model: &mut Model) -> Result<()> {
     let mut pool: Option<(u32, KvPool)> = None;
     let mut buf = Vec::new();
+    let fault_at: Option<u64> = std::env::var(FAULT_STEP_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut steps = 0u64;
     loop {
         buf.clear();
         model
@@ -359,6 +383,12 @@ fn follow(model: &mut Model) -> Result<()> {
                 ));
             }
             STEP => {
+                steps += 1;
+                if fault_at == Some(steps) {
+                    return Err(VerifyError::BadBatch(format!(
+                        "step {steps} failed on purpose ({FAULT_STEP_ENV})"
+                    )));
+                }
                 let (id, ops, seqs) = decode_step(&mut r)?;
                 let Some((_, p)) = pool.as_mut().filter(|(pid, _)| *pid == id) else {
                     return Err(bad("a step over a pool never announced"));

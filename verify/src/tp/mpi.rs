@@ -9,13 +9,18 @@
 //! its buffers are leaked (MPI may still write them), later collectives
 //! fail at once, and the whole job is brought down with `MPI_Abort` after
 //! a grace period in which rank 0 answers `/health` with 503 and ends its
-//! requests with an error. A worker that fails aborts the job at once
-//! (`mpirun` then ends every rank, rank 0 included).
+//! requests with an error. A worker that fails (its forward errs, or it
+//! misses a deadline) sends rank 0 a failure notice, a point-to-point
+//! message that rank 0 looks for while it waits in a collective and when
+//! asked for the group's health, so rank 0 fails its requests with the
+//! worker's reason and answers 503 before the job ends; the worker aborts
+//! the job itself only if rank 0 has not within its deadline. A worker
+//! killed outright cannot send one: `mpirun` ends the job then.
 //!
 //! Threads: MPI is initialised as `MPI_THREAD_SERIALIZED` (calls from any
 //! thread, never two at once); one mutex serialises every call.
 
-use super::Communicator;
+use super::{CommStats, Communicator, Tally};
 use crate::error::{Result, VerifyError};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -39,6 +44,26 @@ pub struct MpiComm {
     state: Mutex<State>,
     /// Set when this comm is dropped: MPI may be finalised.
     released: Arc<Released>,
+    tally: Tally,
+}
+
+/// Above this many bytes received per rank by the gathering all-reduce,
+/// a group of 3 or more ranks reduces scattered chunks instead: the
+/// gather moves `world - 1` contributions into every rank, the scatter
+/// and gather `2 (world - 1) / world` of one, at the price of a second
+/// collective's latency (tens of microseconds between hosts). At 2 ranks
+/// both move the same bytes and the gather wins.
+const GATHER_ALL_REDUCE_MAX: usize = 256 * 1024;
+
+/// `out = parts[0] + parts[1] + ...`, element-wise in rank order (the
+/// order of [`super::ThreadComm`], so both give the same bits); `parts`
+/// holds `out.len()` values per rank, rank by rank.
+fn sum_in_rank_order(out: &mut [f32], parts: &[f32]) {
+    let n = out.len();
+    out.copy_from_slice(&parts[..n]);
+    for part in parts.chunks_exact(n).skip(1) {
+        out.iter_mut().zip(part).for_each(|(o, p)| *o += p);
+    }
 }
 
 /// Whether the comm was dropped, and whether its group had failed then.
@@ -95,6 +120,10 @@ struct State {
     failed: Option<String>,
 }
 
+/// The tag of a worker's failure notice to rank 0 (collectives do not
+/// match point-to-point messages, so any tag would do; this one is ours).
+const NOTICE_TAG: c_int = 0x5eca;
+
 // SAFETY: MPI is initialised with at least MPI_THREAD_SERIALIZED and every
 // MPI call goes through `state`'s mutex, so no two threads call MPI at
 // once; the universe holds no thread-affine data.
@@ -135,6 +164,7 @@ impl MpiComm {
             grace,
             state: Mutex::new(State::default()),
             released: released.clone(),
+            tally: Tally::default(),
         };
         let session = MpiSession {
             universe: Some(universe),
@@ -156,15 +186,19 @@ impl MpiComm {
         std::process::exit(1)
     }
 
-    /// Marks the group failed for `why`. A worker aborts the job at once
-    /// (it has nobody to report to); rank 0 keeps running for the grace
-    /// period (so its server answers 503 and ends its requests with an
-    /// error), then aborts the job.
+    /// Marks the group failed for `why`. A worker tells rank 0 why, then
+    /// waits for rank 0 to end the job (aborting it itself after the
+    /// deadline and grace, should rank 0 not look); rank 0 keeps running
+    /// for the grace period (so its server answers 503 and ends its
+    /// requests with an error), then aborts the job.
     fn fail(&self, st: &mut State, why: String) -> VerifyError {
         if st.failed.is_none() {
             eprintln!("specgate: MPI rank {} of {}: {why}", self.rank, self.world);
             st.failed = Some(why.clone());
             if self.rank != 0 {
+                self.notify_lead(&why);
+                std::thread::sleep(self.deadline + self.grace + Duration::from_secs(5));
+                eprintln!("specgate: rank 0 did not end the job; aborting it");
                 self.abort_job();
             }
             let grace = self.grace;
@@ -180,6 +214,81 @@ impl MpiComm {
             });
         }
         VerifyError::RankFailed(why)
+    }
+
+    /// A worker's failure notice to rank 0: `why`, sent without waiting
+    /// for rank 0 to receive it (a small message is buffered), given up
+    /// after a second.
+    fn notify_lead(&self, why: &str) {
+        let msg = format!("rank {} failed: {why}", self.rank).into_bytes();
+        let Ok(n) = c_int::try_from(msg.len()) else {
+            return;
+        };
+        // SAFETY: the request handle is written by MPI_Isend before use.
+        let mut req: ffi::MPI_Request = unsafe { std::mem::zeroed() };
+        // SAFETY: `msg` lives until the request completes or is leaked.
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                msg.as_ptr() as *const c_void,
+                n,
+                ffi::RSMPI_UINT8_T,
+                0,
+                NOTICE_TAG,
+                ffi::RSMPI_COMM_WORLD,
+                &mut req,
+            )
+        };
+        let start = Instant::now();
+        while rc == 0 && start.elapsed() < Duration::from_secs(1) {
+            let mut done: c_int = 0;
+            // SAFETY: `req` is a live request of this process.
+            unsafe { ffi::MPI_Test(&mut req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+            if done != 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Not sent yet: MPI may still read the message.
+        std::mem::forget(msg);
+    }
+
+    /// Rank 0: a worker's failure notice, when one has arrived.
+    fn take_notice(&self) -> Option<String> {
+        if self.rank != 0 {
+            return None;
+        }
+        let mut flag: c_int = 0;
+        // SAFETY: plain out-parameters; MPI is initialised.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        unsafe {
+            ffi::MPI_Iprobe(
+                ffi::RSMPI_ANY_SOURCE,
+                NOTICE_TAG,
+                ffi::RSMPI_COMM_WORLD,
+                &mut flag,
+                &mut status,
+            )
+        };
+        if flag == 0 {
+            return None;
+        }
+        let mut n: c_int = 0;
+        // SAFETY: `status` describes the probed message; `buf` holds its
+        // `n` bytes.
+        unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut n) };
+        let mut buf = vec![0u8; n.max(0) as usize];
+        unsafe {
+            ffi::MPI_Recv(
+                buf.as_mut_ptr() as *mut c_void,
+                n,
+                ffi::RSMPI_UINT8_T,
+                status.MPI_SOURCE,
+                NOTICE_TAG,
+                ffi::RSMPI_COMM_WORLD,
+                ffi::RSMPI_STATUS_IGNORE,
+            )
+        };
+        Some(String::from_utf8_lossy(&buf).into_owned())
     }
 
     /// Polls `req` until it completes. `deadline`: `None` waits without a
@@ -202,6 +311,9 @@ impl MpiComm {
             if done != 0 {
                 return Ok(());
             }
+            if let Some(why) = self.take_notice() {
+                return Err(self.fail(st, why));
+            }
             let waited = start.elapsed();
             if deadline.is_some_and(|d| waited > d) {
                 return Err(self.fail(
@@ -212,10 +324,19 @@ impl MpiComm {
                     ),
                 ));
             }
-            // Collectives inside a forward finish in microseconds: yield
-            // first; a wait that lasts (an idle worker) sleeps, so it costs
-            // no core.
-            if waited < Duration::from_millis(2) {
+            // MPI progresses a non-blocking collective only inside MPI
+            // calls: a collective inside a forward (bounded) is polled
+            // without sleeping for as long as another rank's share of a
+            // step may take (a sleep between polls stretched a 4 MB
+            // all-reduce 3x), while this rank's team has nothing to do; a
+            // wait that lasts past that, or an idle worker's unbounded
+            // wait for the next step, sleeps, so it costs no core.
+            let spin = if deadline.is_some() {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_millis(2)
+            };
+            if waited < spin {
                 std::thread::yield_now();
             } else if waited < Duration::from_millis(50) {
                 std::thread::sleep(Duration::from_micros(50));
@@ -309,31 +430,177 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        // Every rank gathers every contribution and sums them in rank
-        // order, as `ThreadComm` does: the result is the same bits on every
-        // rank and equals the threaded group's, whatever algorithm and
-        // transport MPI picks (MPI_Allreduce's order varies with them, and
-        // a greedy token can flip on the last bit). It moves `world` times
-        // the bytes of a reduce-scatter all-reduce: see BENCHMARKS.md.
-        let n = buf.len();
-        let all = self.all_gather(buf)?;
-        if all.len() != n * self.world {
-            return Err(VerifyError::BadBatch(format!(
-                "all-reduce: {} values gathered from {} ranks of {n}",
-                all.len(),
-                self.world
-            )));
+        // Every rank sums every contribution in rank order, as `ThreadComm`
+        // does: the result is the same bits on every rank and equals the
+        // threaded group's, whatever algorithm and transport MPI picks
+        // (MPI_Allreduce's order varies with them, and a greedy token can
+        // flip on the last bit). Lengths are not exchanged: the step
+        // message fixes every shape, so they agree by construction (a
+        // mismatch is an MPI truncation error, which aborts the job).
+        if self.world == 1 || buf.is_empty() {
+            return Ok(());
         }
-        buf.copy_from_slice(&all[..n]);
-        for r in 1..self.world {
-            for (b, o) in buf.iter_mut().zip(&all[r * n..(r + 1) * n]) {
-                *b += o;
-            }
-        }
-        Ok(())
+        let start = Instant::now();
+        let (w, bytes) = (self.world, std::mem::size_of_val(buf));
+        let (r, out, in_) = if w > 2 && bytes * (w - 1) > GATHER_ALL_REDUCE_MAX && buf.len() >= w
+        {
+            let chunk = buf.len().div_ceil(w) * 4;
+            let r = self.scatter_sum_gather(buf);
+            (r, chunk * w, 2 * chunk * (w - 1))
+        } else {
+            (self.gather_sum(buf), bytes, bytes * (w - 1))
+        };
+        self.tally.record(start, out, in_);
+        r
     }
 
     fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+        let start = Instant::now();
+        let r = self.gather_uneven(local);
+        let total = r.as_ref().map_or(0, |v| v.len());
+        self.tally.record(
+            start,
+            local.len() * 4,
+            total.saturating_sub(local.len()) * 4,
+        );
+        r
+    }
+
+    fn abort(&self) {
+        self.abort_because("its step failed");
+    }
+
+    fn abort_because(&self, why: &str) {
+        let mut st = self.lock();
+        let _ = self.fail(&mut st, why.to_string());
+    }
+
+    fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
+        self.counted_broadcast(buf, Some(self.deadline))
+    }
+
+    fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
+        // Unbounded wait for the message (rank 0 may be idle for hours);
+        // the message itself keeps the deadline.
+        self.counted_broadcast(buf, None)
+    }
+
+    fn failure(&self) -> Option<String> {
+        // Never waits for a collective in flight (it holds the lock for
+        // up to the deadline, and looks for notices itself meanwhile).
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        if st.failed.is_none() {
+            if let Some(why) = self.take_notice() {
+                let _ = self.fail(&mut st, why);
+            }
+        }
+        st.failed.clone()
+    }
+
+    fn stats(&self) -> CommStats {
+        self.tally.get()
+    }
+}
+
+impl MpiComm {
+    /// [`MpiComm::broadcast`], counted in the stats.
+    fn counted_broadcast(&self, buf: &mut Vec<u8>, len_deadline: Option<Duration>) -> Result<()> {
+        let start = Instant::now();
+        let r = self.broadcast(buf, len_deadline);
+        let (out, in_) = if self.rank == 0 {
+            (buf.len(), 0)
+        } else {
+            (0, buf.len())
+        };
+        self.tally.record(start, out, in_);
+        r
+    }
+
+    /// All-reduce by gathering every rank's whole buffer (one collective).
+    fn gather_sum(&self, buf: &mut [f32]) -> Result<()> {
+        let n = count(buf.len())?;
+        let bufs = (buf.to_vec(), vec![0f32; buf.len() * self.world]);
+        let (_, all) = self.collective(bufs, Some(self.deadline), "all-reduce", |k, req| {
+            // SAFETY: `n` floats sent, `world * n` received; both buffers
+            // live until the request completes (or are leaked).
+            unsafe {
+                ffi::MPI_Iallgather(
+                    k.0.as_ptr() as *const c_void,
+                    n,
+                    ffi::RSMPI_FLOAT,
+                    k.1.as_ptr() as *mut c_void,
+                    n,
+                    ffi::RSMPI_FLOAT,
+                    ffi::RSMPI_COMM_WORLD,
+                    req,
+                )
+            }
+        })?;
+        sum_in_rank_order(buf, &all);
+        Ok(())
+    }
+
+    /// All-reduce in two collectives: each rank receives every rank's
+    /// values of its own chunk (all-to-all), sums them in rank order, and
+    /// the summed chunks are gathered. The buffer is padded to a whole
+    /// number of chunks; the padding is dropped.
+    fn scatter_sum_gather(&self, buf: &mut [f32]) -> Result<()> {
+        let w = self.world;
+        let chunk = buf.len().div_ceil(w);
+        let c = count(chunk)?;
+        let mut send = buf.to_vec();
+        send.resize(chunk * w, 0.0);
+        let bufs = (send, vec![0f32; chunk * w]);
+        let (_, parts) = self.collective(
+            bufs,
+            Some(self.deadline),
+            "all-reduce (scatter)",
+            |k, req| {
+                // SAFETY: `chunk` floats to and from each of `w` ranks;
+                // both buffers hold `chunk * w` and live until completion.
+                unsafe {
+                    ffi::MPI_Ialltoall(
+                        k.0.as_ptr() as *const c_void,
+                        c,
+                        ffi::RSMPI_FLOAT,
+                        k.1.as_ptr() as *mut c_void,
+                        c,
+                        ffi::RSMPI_FLOAT,
+                        ffi::RSMPI_COMM_WORLD,
+                        req,
+                    )
+                }
+            },
+        )?;
+        let mut mine = vec![0f32; chunk];
+        sum_in_rank_order(&mut mine, &parts);
+        let bufs = (mine, vec![0f32; chunk * w]);
+        let (_, all) = self.collective(bufs, Some(self.deadline), "all-reduce (gather)", |k, req| {
+            // SAFETY: as in `gather_sum`, with `chunk` floats per rank.
+            unsafe {
+                ffi::MPI_Iallgather(
+                    k.0.as_ptr() as *const c_void,
+                    c,
+                    ffi::RSMPI_FLOAT,
+                    k.1.as_ptr() as *mut c_void,
+                    c,
+                    ffi::RSMPI_FLOAT,
+                    ffi::RSMPI_COMM_WORLD,
+                    req,
+                )
+            }
+        })?;
+        let n = buf.len();
+        buf.copy_from_slice(&all[..n]);
+        Ok(())
+    }
+
+    /// All-gather of buffers whose lengths may differ between ranks.
+    fn gather_uneven(&self, local: &[f32]) -> Result<Vec<f32>> {
         // Lengths first (uneven vocabulary shards), then the data.
         let n = count(local.len())?;
         let lens = (Box::new([n]), vec![0 as c_int; self.world]);
@@ -383,25 +650,6 @@ impl Communicator for MpiComm {
                 }
             })?;
         Ok(out)
-    }
-
-    fn abort(&self) {
-        let mut st = self.lock();
-        let _ = self.fail(&mut st, format!("rank {} failed its step", self.rank));
-    }
-
-    fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
-        self.broadcast(buf, Some(self.deadline))
-    }
-
-    fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
-        // Unbounded wait for the message (rank 0 may be idle for hours);
-        // the message itself keeps the deadline.
-        self.broadcast(buf, None)
-    }
-
-    fn failure(&self) -> Option<String> {
-        self.lock().failed.clone()
     }
 }
 
