@@ -8,7 +8,8 @@
 //! [--btl self,tcp]`. MODEL is a K3 GGUF or safetensors directory (the
 //! real-width slice of BENCHMARKS.md, "Kimi K3 slices"; default the tiny
 //! fixture). The bench starts itself under `mpirun -np N` (default 2),
-//! every process with one thread (`RAYON_NUM_THREADS=1`); rank 0 also
+//! every process with `--threads T` threads (`RAYON_NUM_THREADS`, default
+//! 1: N processes of one thread fill N cores); rank 0 also
 //! loads the model as N threads, and rounds alternate processes and
 //! threads so load from elsewhere hits both alike. `--btl self,tcp`
 //! makes the ranks talk over TCP, as between hosts.
@@ -53,6 +54,7 @@ mod ranks {
         model: PathBuf,
         np: usize,
         btl: Option<String>,
+        threads: usize,
     }
 
     fn args() -> Args {
@@ -61,12 +63,16 @@ mod ranks {
             model: root.join("tests/fixtures/kimi_k3/tiny-k3.gguf"),
             np: 2,
             btl: None,
+            threads: 1,
         };
         let mut it = std::env::args().skip(1);
         while let Some(x) = it.next() {
             match x.as_str() {
                 "--np" => a.np = it.next().and_then(|v| v.parse().ok()).expect("--np N"),
                 "--btl" => a.btl = Some(it.next().expect("--btl LIST")),
+                "--threads" => {
+                    a.threads = it.next().and_then(|v| v.parse().ok()).expect("--threads N")
+                }
                 "--bench" => {}
                 other if !other.starts_with('-') => a.model = PathBuf::from(other),
                 other => panic!("unknown argument {other}"),
@@ -81,11 +87,13 @@ mod ranks {
         let exe = std::env::current_exe().unwrap();
         let mut c = Command::new("mpirun");
         c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]);
-        c.args(["-np", &a.np.to_string(), "-x", "RAYON_NUM_THREADS=1"]);
+        let threads = format!("RAYON_NUM_THREADS={}", a.threads);
+        c.args(["-np", &a.np.to_string(), "-x", &threads]);
         if let Some(b) = &a.btl {
             c.args(["--mca", "btl", b]);
         }
         c.arg(exe).arg(&a.model).args(["--np", &a.np.to_string()]);
+        c.args(["--threads", &a.threads.to_string()]);
         if let Some(b) = &a.btl {
             c.args(["--btl", b]);
         }
@@ -191,9 +199,14 @@ mod ranks {
         model.lead().unwrap();
         let threads = load_model_tp(&a.model, world).unwrap();
         println!(
-            "model {}: hidden {hidden}; {world} ranks; btl {}; rounds {ROUNDS} x {STEPS} steps",
+            "model {}: hidden {hidden}; {world} ranks, {} thread(s) each; btl {}; \
+             rounds {ROUNDS} x {STEPS} steps; weight bytes per decode step: rank 0's \
+             shard {}, the threads' model {}",
             a.model.display(),
-            a.btl.as_deref().unwrap_or("default (shared memory on one host)")
+            a.threads,
+            a.btl.as_deref().unwrap_or("default (shared memory on one host)"),
+            model.weight_bytes_per_step(),
+            threads.weight_bytes_per_step()
         );
         println!("\n| all-reduce alone, floats | bytes per rank | median us | GB/s (bytes x (ranks - 1) / time) |");
         println!("|---:|---:|---:|---:|");

@@ -162,13 +162,14 @@ fn contribution(rank: usize, n: usize) -> Vec<f32> {
 /// The all-reduce of a process group equals the rank-ordered sum (the
 /// threaded group's) bit for bit, on both of its algorithms: the gather
 /// for small buffers, the scatter-sum-gather for large ones at 3 or more
-/// ranks (70,001 floats: not a multiple of the world size). The stats
+/// ranks (140,001 floats: past 1 MiB gathered at 4 ranks, and not a
+/// multiple of the world size). The stats
 /// count every call.
 #[cfg(feature = "mpi")]
 fn check_all_reduce(comm: &dyn specgate_verify::Communicator) {
     let (rank, world) = (comm.rank(), comm.world_size());
     let before = comm.stats();
-    let sizes = [1usize, 5, 1000, 70_001];
+    let sizes = [1usize, 5, 1000, 140_001];
     for n in sizes {
         let mut buf = contribution(rank, n);
         comm.all_reduce_sum(&mut buf).unwrap();

@@ -217,11 +217,13 @@ impl Admission {
             .map_err(|_| ApiError::internal("The blocking-job pool is closed."))?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let handle = tokio::task::spawn_blocking(move || {
-            let _place = place;
             if tx.is_closed() {
                 return;
             }
             let out = job();
+            // The place is free before the caller hears the job ended (a
+            // caller that counts places then sees its own returned).
+            drop(place);
             let _ = tx.send((out, admit));
         });
         match rx.await {

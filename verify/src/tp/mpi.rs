@@ -51,9 +51,11 @@ pub struct MpiComm {
 /// a group of 3 or more ranks reduces scattered chunks instead: the
 /// gather moves `world - 1` contributions into every rank, the scatter
 /// and gather `2 (world - 1) / world` of one, at the price of a second
-/// collective's latency (tens of microseconds between hosts). At 2 ranks
-/// both move the same bytes and the gather wins.
-const GATHER_ALL_REDUCE_MAX: usize = 256 * 1024;
+/// collective's latency. 1 MiB is about 80 us at 100 Gb/s, a few
+/// collective latencies between hosts: below it the gather's one latency
+/// wins. At 2 ranks both move the same bytes and the gather always wins.
+/// (BENCHMARKS.md, "Kimi K3 across processes".)
+const GATHER_ALL_REDUCE_MAX: usize = 1 << 20;
 
 /// `out = parts[0] + parts[1] + ...`, element-wise in rank order (the
 /// order of [`super::ThreadComm`], so both give the same bits); `parts`

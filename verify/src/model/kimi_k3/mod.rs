@@ -659,8 +659,17 @@ impl LatentMoe {
             comm.all_reduce_sum(&mut shared)?;
             return Ok(shared);
         }
-        comm.all_reduce_sum(&mut yl)?;
-        comm.all_reduce_sum(&mut shared)?;
+        if comm.world_size() > 1 {
+            // One collective for both sums: between hosts a collective's
+            // latency, not its bytes, dominates a decode step (92 fewer of
+            // 280 per step at full size; BENCHMARKS.md, "Kimi K3 across
+            // processes"). Element-wise sums: the same bits as two.
+            let routed_len = yl.len();
+            yl.extend_from_slice(&shared);
+            comm.all_reduce_sum(&mut yl)?;
+            shared.copy_from_slice(&yl[routed_len..]);
+            yl.truncate(routed_len);
+        }
         let normed = match &self.norm {
             Some(w) => rms_norm(&yl, w, eps),
             None => yl,
