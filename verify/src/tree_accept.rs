@@ -48,7 +48,11 @@
 //!   with probability r(c), and any other x with probability
 //!   (1 - r(c)) * r(x) / (1 - r(c)) = r(x): again r, by induction over the
 //!   candidates. This is sampling without replacement from a one-hot q, and
-//!   for one candidate it is the chain rule with q one-hot.
+//!   for one candidate it is the chain rule with q one-hot. The argument
+//!   holds for any candidate list fixed before the target's coins are
+//!   drawn, so this rule is also exact for sampled candidates (merged
+//!   repeats, a mix of draft and n-gram children), only less often
+//!   accepting than the q rule where that one applies.
 //! - When every child is rejected the correction is drawn from the
 //!   residual, which by the same induction is what remains of p; at a leaf
 //!   the bonus is drawn from p itself.
@@ -365,13 +369,15 @@ pub fn accept_tree_greedy(
 /// rows (row 0 after the last committed token, row `1 + i` after node i),
 /// processed in place along the accepted path only. `q`, when given, holds
 /// the draft's processed, warped distribution per position in the same
-/// indexing, from which that position's children were drawn i.i.d.; rows
-/// of positions without children are never read (may be empty). `None`
-/// means the candidates are deterministic. Greedy params take the greedy
-/// walk.
+/// indexing, from which that position's children were drawn i.i.d.
+/// (repeats kept as separate nodes); an empty row means that position's
+/// children are deterministic candidates (or any list not drawn i.i.d.
+/// from a q), as `None` means for every position. Rows of positions
+/// without children are never read. Greedy params take the greedy walk.
 ///
-/// Panics if `rows.len() != tree.len() + 1`, or if `q` lacks a full row for
-/// a position with children that the walk reaches.
+/// Panics if `rows.len() != tree.len() + 1`, or if `q` lacks a row for a
+/// position with children that the walk reaches, or that row is neither
+/// empty nor as long as the logit row.
 ///
 /// Errors: the sampler's processing fails (a grammar error, or a token the
 /// grammar refuses at commit); the request cannot go on.
@@ -414,11 +420,10 @@ fn walk(
         } else if kids.is_empty() {
             (sampler.draw(&params.warp(row)), None)
         } else {
-            let qi = q.map(|q| {
-                let qi = q[pos].as_slice();
+            let qi = q.map(|q| q[pos].as_slice()).filter(|qi| !qi.is_empty());
+            if let Some(qi) = qi {
                 assert_eq!(qi.len(), row.len(), "q row {pos} is not a full row");
-                qi
-            });
+            }
             try_children(row, tree, kids, qi, sampler)
         };
         if let Some(top) = sampler.logprobs() {

@@ -495,6 +495,31 @@ fn sampled_tree_with_deterministic_candidates_follows_the_target_law() {
 }
 
 #[test]
+fn sampled_tree_mixing_both_rules_follows_the_target_law() {
+    // Three i.i.d. draws at the root (the q rule there); under the first
+    // of them the draft's top 2 plus a fixed "n-gram" token, tried without
+    // replacement (an empty q row: the deterministic rule there).
+    let mut rng = StdRng::seed_from_u64(4);
+    check_law("mixed", 200_000, |s| {
+        let q_root = law(s, DRAFT, &[], 1.5);
+        let mut tree = TokenTree::new();
+        for x in iid(&mut rng, &q_root, 3) {
+            tree.push(x, None).unwrap();
+        }
+        let mut under = top(&law(s, DRAFT, &[tree.token(0)], 1.5), 2);
+        if !under.contains(&5) {
+            under.push(5);
+        }
+        for y in under {
+            tree.push(y, Some(0)).unwrap();
+        }
+        let mut q = vec![Vec::new(); tree.len() + 1];
+        q[0] = q_root;
+        (tree, Some(q))
+    });
+}
+
+#[test]
 fn only_the_accepted_path_keeps_its_rows() {
     let vocab = 4;
     let mut rng = StdRng::seed_from_u64(8);
