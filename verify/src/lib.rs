@@ -16,6 +16,7 @@ pub mod sample;
 pub mod team;
 pub mod tiny;
 pub mod tp;
+pub mod tree_accept;
 
 pub use constraint::{ConstraintError, ConstraintSource, TokenConstraint, TokenMask};
 pub use error::VerifyError;
@@ -24,3 +25,4 @@ pub use model::{Arch, LogitsWanted, Model, ModelConfig, RopeStyle, SeqInput};
 pub use process::{Controls, TokenLogprob};
 pub use sample::{Sampler, SamplingParams};
 pub use tp::{CommStats, Communicator, LocalComm, ThreadComm};
+pub use tree_accept::{accept_tree, accept_tree_greedy, TokenTree, TreeError, TreeVerdict};
