@@ -86,7 +86,12 @@ mod ranks {
         let a = args();
         let exe = std::env::current_exe().unwrap();
         let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]);
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ]);
         let threads = format!("RAYON_NUM_THREADS={}", a.threads);
         c.args(["-np", &a.np.to_string(), "-x", &threads]);
         if let Some(b) = &a.btl {
@@ -171,7 +176,9 @@ mod ranks {
             for _ in 0..STEPS {
                 let one = self.step(&[self.pos as u32 % 500 + 3], LogitsWanted::Last);
                 self.steps[0].push(one);
-                let rows: Vec<u32> = (0..=K as u32).map(|i| (self.pos as u32 + i) % 500 + 3).collect();
+                let rows: Vec<u32> = (0..=K as u32)
+                    .map(|i| (self.pos as u32 + i) % 500 + 3)
+                    .collect();
                 let verify = self.step(&rows, LogitsWanted::All);
                 self.steps[1].push(verify);
             }
@@ -204,7 +211,9 @@ mod ranks {
              shard {}, the threads' model {}",
             a.model.display(),
             a.threads,
-            a.btl.as_deref().unwrap_or("default (shared memory on one host)"),
+            a.btl
+                .as_deref()
+                .unwrap_or("default (shared memory on one host)"),
             model.weight_bytes_per_step(),
             threads.weight_bytes_per_step()
         );
@@ -218,7 +227,10 @@ mod ranks {
                 (n * 4 * (world - 1)) as f64 / t / 1e9
             );
         }
-        let mut sides = [Side::new("processes (MPI)", model), Side::new("threads", threads)];
+        let mut sides = [
+            Side::new("processes (MPI)", model),
+            Side::new("threads", threads),
+        ];
         for r in 0..ROUNDS {
             let order: [usize; 2] = if r % 2 == 0 { [0, 1] } else { [1, 0] };
             for i in order {

@@ -188,7 +188,10 @@ fn check_all_reduce(comm: &dyn specgate_verify::Communicator) {
     let spent = comm.stats().since(&before);
     assert_eq!(spent.calls, sizes.len() as u64, "rank {rank}");
     let floats: usize = sizes.iter().sum();
-    assert!(spent.bytes_out >= 4 * floats as u64, "rank {rank}: {spent:?}");
+    assert!(
+        spent.bytes_out >= 4 * floats as u64,
+        "rank {rank}: {spent:?}"
+    );
 }
 
 fn max_rel_diff(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {

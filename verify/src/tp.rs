@@ -314,8 +314,11 @@ impl Communicator for ThreadComm {
         let start = Instant::now();
         let r = self.all_gather_inner(local);
         let total = r.as_ref().map_or(0, |v| v.len());
-        self.tally
-            .record(start, local.len() * 4, total.saturating_sub(local.len()) * 4);
+        self.tally.record(
+            start,
+            local.len() * 4,
+            total.saturating_sub(local.len()) * 4,
+        );
         r
     }
 
@@ -326,7 +329,11 @@ impl Communicator for ThreadComm {
     fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
         let start = Instant::now();
         let r = self.broadcast_inner(buf);
-        let (out, in_) = if self.rank == 0 { (buf.len(), 0) } else { (0, buf.len()) };
+        let (out, in_) = if self.rank == 0 {
+            (buf.len(), 0)
+        } else {
+            (0, buf.len())
+        };
         self.tally.record(start, out, in_);
         r
     }

@@ -444,8 +444,7 @@ impl Communicator for MpiComm {
         }
         let start = Instant::now();
         let (w, bytes) = (self.world, std::mem::size_of_val(buf));
-        let (r, out, in_) = if w > 2 && bytes * (w - 1) > GATHER_ALL_REDUCE_MAX && buf.len() >= w
-        {
+        let (r, out, in_) = if w > 2 && bytes * (w - 1) > GATHER_ALL_REDUCE_MAX && buf.len() >= w {
             let chunk = buf.len().div_ceil(w) * 4;
             let r = self.scatter_sum_gather(buf);
             (r, chunk * w, 2 * chunk * (w - 1))
@@ -581,21 +580,26 @@ impl MpiComm {
         let mut mine = vec![0f32; chunk];
         sum_in_rank_order(&mut mine, &parts);
         let bufs = (mine, vec![0f32; chunk * w]);
-        let (_, all) = self.collective(bufs, Some(self.deadline), "all-reduce (gather)", |k, req| {
-            // SAFETY: as in `gather_sum`, with `chunk` floats per rank.
-            unsafe {
-                ffi::MPI_Iallgather(
-                    k.0.as_ptr() as *const c_void,
-                    c,
-                    ffi::RSMPI_FLOAT,
-                    k.1.as_ptr() as *mut c_void,
-                    c,
-                    ffi::RSMPI_FLOAT,
-                    ffi::RSMPI_COMM_WORLD,
-                    req,
-                )
-            }
-        })?;
+        let (_, all) = self.collective(
+            bufs,
+            Some(self.deadline),
+            "all-reduce (gather)",
+            |k, req| {
+                // SAFETY: as in `gather_sum`, with `chunk` floats per rank.
+                unsafe {
+                    ffi::MPI_Iallgather(
+                        k.0.as_ptr() as *const c_void,
+                        c,
+                        ffi::RSMPI_FLOAT,
+                        k.1.as_ptr() as *mut c_void,
+                        c,
+                        ffi::RSMPI_FLOAT,
+                        ffi::RSMPI_COMM_WORLD,
+                        req,
+                    )
+                }
+            },
+        )?;
         let n = buf.len();
         buf.copy_from_slice(&all[..n]);
         Ok(())
