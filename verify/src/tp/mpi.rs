@@ -14,8 +14,8 @@
 //! message that rank 0 looks for while it waits in a collective and when
 //! asked for the group's health, so rank 0 fails its requests with the
 //! worker's reason and answers 503 before the job ends; the worker aborts
-//! the job itself only if rank 0 has not within its deadline. A worker
-//! killed outright cannot send one: `mpirun` ends the job then.
+//! the job itself only if rank 0 has not within the grace and 10 s more.
+//! A worker killed outright cannot send one: `mpirun` ends the job then.
 //!
 //! Threads: MPI is initialised as `MPI_THREAD_SERIALIZED` (calls from any
 //! thread, never two at once); one mutex serialises every call.
@@ -190,7 +190,7 @@ impl MpiComm {
 
     /// Marks the group failed for `why`. A worker tells rank 0 why, then
     /// waits for rank 0 to end the job (aborting it itself after the
-    /// deadline and grace, should rank 0 not look); rank 0 keeps running
+    /// grace and 10 s more, should rank 0 not look); rank 0 keeps running
     /// for the grace period (so its server answers 503 and ends its
     /// requests with an error), then aborts the job.
     fn fail(&self, st: &mut State, why: String) -> VerifyError {
@@ -199,7 +199,10 @@ impl MpiComm {
             st.failed = Some(why.clone());
             if self.rank != 0 {
                 self.notify_lead(&why);
-                std::thread::sleep(self.deadline + self.grace + Duration::from_secs(5));
+                // Rank 0 hears it within a poll when it waits in this
+                // step's collectives, or at its next /health probe; a rank
+                // 0 that hangs itself must not hold the job up for long.
+                std::thread::sleep(self.grace + Duration::from_secs(10));
                 eprintln!("specgate: rank 0 did not end the job; aborting it");
                 self.abort_job();
             }
