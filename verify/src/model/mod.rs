@@ -16,7 +16,10 @@
 //! attention + mixture of experts); `kimi_k3/` serves Kimi K3 (KDA linear
 //! attention + gated NoPE MLA, latent MoE, attention residuals); `scripted.rs`
 //! is a test double replaying token scripts. This file is the only other place that
-//! names them: [`Body`] and the dispatch methods of [`Model`].
+//! names them: [`Body`] and the dispatch methods of [`Model`]; and `tree.rs`,
+//! token-tree verification in one forward ([`Model::forward_trees`]: the
+//! per-row slots and visible slots of a tree, and its dispatch, which only
+//! the llama family takes so far).
 
 mod config;
 mod deepseek;
@@ -35,6 +38,7 @@ mod rows;
 mod scripted;
 mod shard;
 mod stored;
+mod tree;
 
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{CacheDtype, KvPool};

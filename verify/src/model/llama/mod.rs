@@ -7,7 +7,11 @@
 //! is one new token at its own position. Each layer first writes every new
 //! row's K/V into the pool, then each row attends over positions
 //! `0..=position` of its own sequence; since rows of one sequence carry
-//! consecutive positions, that is causal within the new rows too.
+//! consecutive positions, that is causal within the new rows too. A forward
+//! with token trees (`tree.rs`, [`Model::forward_trees`]) instead writes
+//! each row at the slot the tree layout names and attends only the slots it
+//! lists (the cached prefix, its ancestors, itself); without trees that
+//! path is not taken at all.
 //!
 //! Tensor parallelism: the same code runs on every rank over that rank's
 //! [`Shard`] (its heads, its MLP slice, its vocabulary rows) and its KV pool
@@ -29,6 +33,7 @@ use super::linear::{forward_many, Embedding, Linear};
 use super::ops;
 use super::ranks::{assemble_vocab, run_ranks, Rank};
 use super::rows::{flatten, Rows, SeqInput};
+use super::tree::TreeAttn;
 use super::{Body, Model};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::{CacheDtype, KvPool, KvShard};
@@ -208,6 +213,8 @@ impl RopeRows {
 /// Everything one forward shares across ranks (read-only).
 struct Step<'a> {
     rows: &'a Rows,
+    /// Per-row slots and visible slots of a forward with token trees.
+    tree: Option<&'a TreeAttn>,
     tables: &'a [&'a [u32]],
     rope: &'a RopeRows,
     eps: f32,
@@ -225,8 +232,23 @@ pub(crate) fn forward(
     pool: &mut KvPool,
     seqs: &[SeqInput],
 ) -> Result<Tensor> {
-    let cfg = &model.cfg;
     let rows = flatten(model, pool, seqs)?;
+    forward_rows(model, shards, pool, seqs, &rows, None)
+}
+
+/// The forward over `rows` (flattened from `seqs`); with `tree`, rows
+/// write and attend the slots it names ([`TreeAttn`], positions in `rows`
+/// already the RoPE positions), else slot == position and every row
+/// attends `0..=position`.
+pub(crate) fn forward_rows(
+    model: &Model,
+    shards: &[Shard],
+    pool: &mut KvPool,
+    seqs: &[SeqInput],
+    rows: &Rows,
+    tree: Option<&TreeAttn>,
+) -> Result<Tensor> {
+    let cfg = &model.cfg;
     let rope = RopeRows::new(
         cfg.head_dim,
         cfg.rope_theta,
@@ -236,7 +258,8 @@ pub(crate) fn forward(
     let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
     let vocab: Vec<Range<usize>> = shards.iter().map(|s| s.vocab.clone()).collect();
     let step = Step {
-        rows: &rows,
+        rows,
+        tree,
         tables: &tables,
         rope: &rope,
         eps: cfg.rms_norm_eps as f32,
@@ -326,7 +349,7 @@ impl Shard {
                 kv.write(
                     li,
                     tables[rows.seq[r]],
-                    rows.positions[r],
+                    step.tree.map_or(rows.positions[r], |t| t.slot[r]),
                     &k[r * kvd..(r + 1) * kvd],
                     &v[r * kvd..(r + 1) * kvd],
                 );
@@ -339,16 +362,30 @@ impl Shard {
             team::for_each_chunk(&mut attn, group * hd, |i, out| {
                 let (r, g) = (i / nkv, i % nkv);
                 let at = r * qd + g * group * hd;
-                kv_ref.attend_group(
-                    li,
-                    tables[rows.seq[r]],
-                    rows.positions[r] + 1,
-                    &q[at..at + group * hd],
-                    g,
-                    scale,
-                    out,
-                    &mut Vec::new(),
-                )
+                let (table, q) = (tables[rows.seq[r]], &q[at..at + group * hd]);
+                match step.tree {
+                    None => kv_ref.attend_group(
+                        li,
+                        table,
+                        rows.positions[r] + 1,
+                        q,
+                        g,
+                        scale,
+                        out,
+                        &mut Vec::new(),
+                    ),
+                    Some(t) => kv_ref.attend_group_tree(
+                        li,
+                        table,
+                        t.prefix[r],
+                        &t.extra[r],
+                        q,
+                        g,
+                        scale,
+                        out,
+                        &mut Vec::new(),
+                    ),
+                }
             });
             layer.o.forward_into(&attn, n, &mut part)?;
             self.comm.all_reduce_sum(&mut part)?;
