@@ -29,15 +29,15 @@
 //!
 //! A verified token tree's rows sit at contiguous slots, one per node; the
 //! accepted path is moved to consecutive slots afterwards
-//! ([`KvPool::compact_rows`], `compact.rs`), and attention over a tree row
-//! reads only the slots it may see ([`KvShard::attend_group_tree`]).
+//! ([`KvPool::compact_rows`]), and attention over a tree row reads only
+//! the slots it may see (`KvShard::attend_group_tree`); both in `tree.rs`.
 
 use crate::error::{Result, VerifyError};
 use crate::kernels::vector::{exp, F32Ops};
 use half::bf16;
 
-mod compact;
 mod latent;
+mod tree;
 
 pub use latent::CacheDtype;
 pub(crate) use latent::LatentRow;
@@ -591,44 +591,11 @@ impl KvShard {
         )
     }
 
-    /// [`KvShard::attend_group`] over the slots `0..prefix` followed by
-    /// `extra` (a token tree's row: its sequence's cached slots, then its
-    /// ancestors' and its own, ascending), and no other. The context is
-    /// read in that order with the same operations, so a row whose slots
-    /// are `0..prefix + extra.len()` gets attend_group's bits exactly.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attend_group_tree(
-        &self,
-        layer: usize,
-        block_table: &[u32],
-        prefix: usize,
-        extra: &[usize],
-        q: &[f32],
-        kvh: usize,
-        scale: f32,
-        out: &mut [f32],
-        scores: &mut Vec<f32>,
-    ) {
-        let slots = |t: usize| if t < prefix { t } else { extra[t - prefix] };
-        let ctx_len = prefix + extra.len();
-        self.attend_slots(
-            layer,
-            block_table,
-            ctx_len,
-            slots,
-            q,
-            kvh,
-            scale,
-            out,
-            scores,
-        )
-    }
-
     /// The attention kernel: context entry `t < ctx_len` is the token at
     /// cache slot `slot(t)`. Generic, so the contiguous case compiles to
     /// the plain loop it always was.
     #[allow(clippy::too_many_arguments)]
-    fn attend_slots(
+    pub(super) fn attend_slots(
         &self,
         layer: usize,
         block_table: &[u32],

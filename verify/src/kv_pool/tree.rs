@@ -1,11 +1,15 @@
-//! Compaction of a verified token tree's accepted path: a tree's rows are
-//! cached at distinct, contiguous slots (row `i` at `start + i`), but the
-//! sequence that goes on is the chain of the kept rows only, which must
-//! sit at consecutive slots from `start` for later forwards (slot ==
-//! position) to read it. [`KvPool::compact_rows`] moves them there, on
-//! every shard and every per-token cached layer, whatever the cache
-//! stores (K and V heads in f32, latent rows in f32 or bf16). Recurrent
-//! states are not per token and are not touched here.
+//! A verified token tree's cache: attention over a tree row's visible
+//! slots only, and compaction of the accepted path afterwards.
+//!
+//! A tree's rows are cached at distinct, contiguous slots (row `i` at
+//! `start + i`). A row attends its sequence's cached slots, then its
+//! ancestors' and its own ([`KvShard::attend_group_tree`]), never a
+//! sibling's. The sequence that goes on is the chain of the kept rows
+//! only, which must then sit at consecutive slots from `start` for later
+//! forwards (slot == position) to read it: [`KvPool::compact_rows`] moves
+//! them there, on every shard and every per-token cached layer, whatever
+//! the cache stores (K and V heads in f32, latent rows in f32 or bf16).
+//! Recurrent states are not per token and are not touched here.
 
 use super::{KvPool, KvShard};
 use crate::error::{Result, VerifyError};
@@ -56,6 +60,39 @@ impl KvPool {
 }
 
 impl KvShard {
+    /// [`KvShard::attend_group`] over the slots `0..prefix` followed by
+    /// `extra` (a token tree's row: its sequence's cached slots, then its
+    /// ancestors' and its own, ascending), and no other. The context is
+    /// read in that order with the same operations, so a row whose slots
+    /// are `0..prefix + extra.len()` gets attend_group's bits exactly.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend_group_tree(
+        &self,
+        layer: usize,
+        block_table: &[u32],
+        prefix: usize,
+        extra: &[usize],
+        q: &[f32],
+        kvh: usize,
+        scale: f32,
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let slots = |t: usize| if t < prefix { t } else { extra[t - prefix] };
+        let ctx_len = prefix + extra.len();
+        self.attend_slots(
+            layer,
+            block_table,
+            ctx_len,
+            slots,
+            q,
+            kvh,
+            scale,
+            out,
+            scores,
+        )
+    }
+
     /// This shard's part of [`KvPool::compact_rows`] (checked there).
     fn compact(&mut self, block_table: &[u32], start: usize, kept: &[usize]) {
         let (bs, heads, w) = (self.block_size, self.num_kv_heads, self.head_dim);
@@ -176,6 +213,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_tree_row_attends_exactly_its_listed_slots() {
+        let mut pool = heads_pool();
+        fill_heads(&mut pool, 12);
+        let shard = &pool.shards[0];
+        let q: Vec<f32> = (0..8).map(|i| (i as f32 * 0.3).sin() / 50.0).collect();
+        let attend = |prefix, extra: &[usize]| {
+            let mut out = vec![0f32; 8];
+            shard.attend_group_tree(
+                0,
+                &TABLE,
+                prefix,
+                extra,
+                &q,
+                1,
+                0.5,
+                &mut out,
+                &mut Vec::new(),
+            );
+            out
+        };
+        let dense = |slots: &[usize]| {
+            let mut out = vec![0f32; 8];
+            for h in 0..2 {
+                let qh = &q[h * 4..h * 4 + 4];
+                let key = |t: usize| read_heads(&pool, 0, 0, t);
+                let s: Vec<f32> = slots
+                    .iter()
+                    .map(|&t| 0.5 * (0..4).map(|d| qh[d] * key(t).0[4 + d]).sum::<f32>())
+                    .collect();
+                let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let z: f32 = s.iter().map(|x| (x - m).exp()).sum();
+                for (i, &t) in slots.iter().enumerate() {
+                    for d in 0..4 {
+                        out[h * 4 + d] += (s[i] - m).exp() / z * key(t).1[4 + d];
+                    }
+                }
+            }
+            out
+        };
+        let close = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1.0))
+        };
+        // Prefix 0..4, then row 0 (slot 4) and the ancestors at 6 and 9.
+        let got = attend(4, &[4, 6, 9]);
+        assert!(close(&got, &dense(&[0, 1, 2, 3, 4, 6, 9])));
+        // The same row seeing a sibling (slot 5) is another result.
+        assert!(!close(&got, &dense(&[0, 1, 2, 3, 4, 5, 6, 9])));
+        // A contiguous list is attend_group's bits.
+        let mut plain = vec![0f32; 8];
+        shard.attend_group(0, &TABLE, 7, &q, 1, 0.5, &mut plain, &mut Vec::new());
+        assert_eq!(attend(4, &[4, 5, 6]), plain);
     }
 
     #[test]
