@@ -388,8 +388,12 @@ fn other_families_and_malformed_inputs_are_refused() {
     let mut pool = KvPool::for_model(&llama, 4, BS).unwrap();
     let e = llama.forward_tree(&mut pool, &late, &tree).unwrap_err();
     assert!(e.to_string().contains("block table has 1 blocks"), "{e}");
+    let fits = SeqInput {
+        start_pos: 10,
+        ..late
+    };
     let e = llama
-        .forward_trees(&mut pool, &[late, late], &[Some(&tree)])
+        .forward_trees(&mut pool, &[fits, fits], &[Some(&tree)])
         .unwrap_err();
     assert!(e.to_string().contains("1 trees for a batch of 2"), "{e}");
 }
@@ -407,7 +411,10 @@ fn real_qwen_tree_matches_chains_and_compacts() {
     let mut rng = StdRng::seed_from_u64(5);
     // Token ids of ordinary text are in the low range of the vocabulary.
     let prompt = random_prompt(&mut rng, 24, 30_000);
-    let tree = random_tree(&mut rng, 3, 2, 30_000);
+    // A branching tree of at least 8 nodes (the first the seed gives).
+    let tree = std::iter::repeat_with(|| random_tree(&mut rng, 4, 3, 30_000))
+        .find(|t| t.len() >= 8 && !t.is_chain())
+        .unwrap();
     let worst = check_against_chains(&model, &prompt, &tree, TOL);
     eprintln!(
         "{} nodes, largest relative difference {worst:e}",
