@@ -337,6 +337,56 @@ fn tp2_tree_forward_and_compaction_equal_tp1() {
 }
 
 #[test]
+fn a_batch_mixes_trees_with_plain_rows() {
+    // As a verify pass will run it: a prompt chunk, a chain of drafts and
+    // a tree, three sequences in one forward over one pool, each row as
+    // its sequence alone gives it.
+    let model = tiny_model(&spec(), "batch.gguf");
+    let (pa, pb) = ([5u32, 6, 7, 8, 9], [100u32, 101, 102, 103]);
+    let chunk = [30u32, 31, 32];
+    let chain = [9u32, 14, 15];
+    let tree = two_branches();
+    let tree_toks = tree_tokens(103, &tree);
+    let mut pool = KvPool::for_model(&model, 8, BS).unwrap();
+    let tables: [&[u32]; 3] = [&[0, 1], &[2, 3], &[4, 5]];
+    model
+        .forward_one(&mut pool, &pa[..4], 0, tables[0], LogitsWanted::None)
+        .unwrap();
+    model
+        .forward_one(&mut pool, &pb[..3], 0, tables[1], LogitsWanted::None)
+        .unwrap();
+    let seq = |tokens, start_pos, block_table, logits| SeqInput {
+        tokens,
+        start_pos,
+        block_table,
+        logits,
+        state_slot: 0,
+    };
+    let all = LogitsWanted::All;
+    let seqs = [
+        seq(&chunk, 0, tables[2], LogitsWanted::Last),
+        seq(&chain, 4, tables[0], all),
+        seq(&tree_toks, 3, tables[1], all),
+    ];
+    let rows = model
+        .forward_trees(&mut pool, &seqs, &[None, None, Some(&tree)])
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert_eq!(rows.len(), 1 + chain.len() + tree_toks.len());
+    let alone_chunk = chain_last(&model, &[30, 31, 32], &[]);
+    let mut want = vec![alone_chunk];
+    for i in 0..chain.len() {
+        want.push(chain_last(&model, &pa, &chain[1..=i]));
+    }
+    want.extend(tree_forward(&model, &pb, &tree).0);
+    for (r, (got, want)) in rows.iter().zip(&want).enumerate() {
+        let d = rel_diff(got, want);
+        assert!(d <= TOL, "row {r}: relative diff {d}");
+    }
+}
+
+#[test]
 fn other_families_and_malformed_inputs_are_refused() {
     let tree = TokenTree::from_nodes([(5, None), (6, None), (7, Some(0))]).unwrap();
     let toks = [4u32, 5, 6, 7];
