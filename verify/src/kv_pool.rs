@@ -577,12 +577,11 @@ impl KvShard {
         out: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
-        let slots = |t: usize| t;
         self.attend_slots(
             layer,
             block_table,
             ctx_len,
-            slots,
+            |t| t,
             q,
             kvh,
             scale,
