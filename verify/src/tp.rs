@@ -141,6 +141,20 @@ impl Tally {
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// Counts an all-gather of `local` that returned `result`.
+    pub(crate) fn record_gather(&self, start: Instant, local: &[f32], result: &Result<Vec<f32>>) {
+        let total = result.as_ref().map_or(0, |v| v.len());
+        let others = total.saturating_sub(local.len());
+        self.record(start, std::mem::size_of_val(local), others * 4);
+    }
+
+    /// Counts a broadcast of `len` bytes: sent by rank 0, received by
+    /// the others.
+    pub(crate) fn record_broadcast(&self, start: Instant, rank: usize, len: usize) {
+        let (out, in_) = if rank == 0 { (len, 0) } else { (0, len) };
+        self.record(start, out, in_);
+    }
+
     pub(crate) fn get(&self) -> CommStats {
         CommStats {
             calls: self.calls.load(Ordering::Relaxed),
@@ -313,12 +327,7 @@ impl Communicator for ThreadComm {
     fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
         let start = Instant::now();
         let r = self.all_gather_inner(local);
-        let total = r.as_ref().map_or(0, |v| v.len());
-        self.tally.record(
-            start,
-            local.len() * 4,
-            total.saturating_sub(local.len()) * 4,
-        );
+        self.tally.record_gather(start, local, &r);
         r
     }
 
@@ -329,12 +338,7 @@ impl Communicator for ThreadComm {
     fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
         let start = Instant::now();
         let r = self.broadcast_inner(buf);
-        let (out, in_) = if self.rank == 0 {
-            (buf.len(), 0)
-        } else {
-            (0, buf.len())
-        };
-        self.tally.record(start, out, in_);
+        self.tally.record_broadcast(start, self.rank, buf.len());
         r
     }
 

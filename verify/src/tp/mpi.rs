@@ -461,12 +461,7 @@ impl Communicator for MpiComm {
     fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
         let start = Instant::now();
         let r = self.gather_uneven(local);
-        let total = r.as_ref().map_or(0, |v| v.len());
-        self.tally.record(
-            start,
-            local.len() * 4,
-            total.saturating_sub(local.len()) * 4,
-        );
+        self.tally.record_gather(start, local, &r);
         r
     }
 
@@ -515,28 +510,24 @@ impl MpiComm {
     fn counted_broadcast(&self, buf: &mut Vec<u8>, len_deadline: Option<Duration>) -> Result<()> {
         let start = Instant::now();
         let r = self.broadcast(buf, len_deadline);
-        let (out, in_) = if self.rank == 0 {
-            (buf.len(), 0)
-        } else {
-            (0, buf.len())
-        };
-        self.tally.record(start, out, in_);
+        self.tally.record_broadcast(start, self.rank, buf.len());
         r
     }
 
-    /// All-reduce by gathering every rank's whole buffer (one collective).
-    fn gather_sum(&self, buf: &mut [f32]) -> Result<()> {
-        let n = count(buf.len())?;
-        let bufs = (buf.to_vec(), vec![0f32; buf.len() * self.world]);
-        let (_, all) = self.collective(bufs, Some(self.deadline), "all-reduce", |k, req| {
+    /// Gathers every rank's `send` (the same length on every rank) into
+    /// one buffer, rank by rank (one `MPI_Iallgather`).
+    fn gather_equal(&self, send: Vec<f32>, what: &str) -> Result<Vec<f32>> {
+        let n = count(send.len())?;
+        let bufs = (vec![0f32; send.len() * self.world], send);
+        let (all, _) = self.collective(bufs, Some(self.deadline), what, |k, req| {
             // SAFETY: `n` floats sent, `world * n` received; both buffers
             // live until the request completes (or are leaked).
             unsafe {
                 ffi::MPI_Iallgather(
-                    k.0.as_ptr() as *const c_void,
+                    k.1.as_ptr() as *const c_void,
                     n,
                     ffi::RSMPI_FLOAT,
-                    k.1.as_ptr() as *mut c_void,
+                    k.0.as_ptr() as *mut c_void,
                     n,
                     ffi::RSMPI_FLOAT,
                     ffi::RSMPI_COMM_WORLD,
@@ -544,6 +535,12 @@ impl MpiComm {
                 )
             }
         })?;
+        Ok(all)
+    }
+
+    /// All-reduce by gathering every rank's whole buffer (one collective).
+    fn gather_sum(&self, buf: &mut [f32]) -> Result<()> {
+        let all = self.gather_equal(buf.to_vec(), "all-reduce")?;
         sum_in_rank_order(buf, &all);
         Ok(())
     }
@@ -582,27 +579,7 @@ impl MpiComm {
         )?;
         let mut mine = vec![0f32; chunk];
         sum_in_rank_order(&mut mine, &parts);
-        let bufs = (mine, vec![0f32; chunk * w]);
-        let (_, all) = self.collective(
-            bufs,
-            Some(self.deadline),
-            "all-reduce (gather)",
-            |k, req| {
-                // SAFETY: as in `gather_sum`, with `chunk` floats per rank.
-                unsafe {
-                    ffi::MPI_Iallgather(
-                        k.0.as_ptr() as *const c_void,
-                        c,
-                        ffi::RSMPI_FLOAT,
-                        k.1.as_ptr() as *mut c_void,
-                        c,
-                        ffi::RSMPI_FLOAT,
-                        ffi::RSMPI_COMM_WORLD,
-                        req,
-                    )
-                }
-            },
-        )?;
+        let all = self.gather_equal(mine, "all-reduce (gather)")?;
         let n = buf.len();
         buf.copy_from_slice(&all[..n]);
         Ok(())

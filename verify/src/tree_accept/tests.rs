@@ -331,30 +331,10 @@ fn a_chain_is_decided_bit_for_bit_as_by_the_chain_functions() {
     }
 }
 
-/// Chi-square statistic of `counts` (of `n`) against `exact`, cells with
-/// expected count < 5 pooled, and its critical value at significance 1e-6
-/// (the helper of tests/common/stats.rs).
-fn chi_square(exact: &[f64], counts: &[usize], n: usize) -> (f64, f64) {
-    let (mut stat, mut pooled_e, mut pooled_o, mut cells) = (0.0, 0.0, 0.0, 0usize);
-    for (&p, &c) in exact.iter().zip(counts) {
-        let e = p * n as f64;
-        if e >= 5.0 {
-            stat += (c as f64 - e).powi(2) / e;
-            cells += 1;
-        } else {
-            pooled_e += e;
-            pooled_o += c as f64;
-        }
-    }
-    if pooled_e > 0.0 {
-        stat += (pooled_o - pooled_e).powi(2) / pooled_e.max(1e-9);
-        cells += 1;
-    }
-    let df = (cells - 1) as f64;
-    let z = 4.753;
-    let a = 2.0 / (9.0 * df);
-    (stat, df * (1.0 - a + z * a.sqrt()).powi(3))
-}
+// The workspace's one chi-square helper, shared with the integration tests.
+#[path = "../../../tests/common/stats.rs"]
+mod stats;
+use stats::chi_square;
 
 const V: usize = 6;
 const TARGET: u64 = 101;
