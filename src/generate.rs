@@ -293,6 +293,7 @@ pub fn generate<P: Proposer + ?Sized>(
                 seq: &mut seq,
                 block_table: &table,
                 k,
+                branches: 0,
                 state_slot: 0,
             }],
             &[],

@@ -40,8 +40,11 @@ pub struct RoundInput<'a> {
     pub seq: &'a mut SpecSeq,
     /// Must cover `seq.tokens.len() + k` positions.
     pub block_table: &'a [u32],
-    /// Drafts wanted (0: plain decoding).
+    /// Chain drafts wanted (0: plain decoding).
     pub k: usize,
+    /// Branch nodes the proposer may add besides the chain; the block
+    /// table must cover `seq.tokens.len() + k + branches` slots.
+    pub branches: usize,
     /// The sequence's recurrent-state slot in the target's pool (see
     /// [`SeqInput::state_slot`]; ignored by models without recurrent layers).
     pub state_slot: u32,
@@ -172,6 +175,7 @@ pub fn propose<P: Proposer + ?Sized>(
             context: &r.seq.tokens,
             block_table: r.block_table,
             k: r.k,
+            branches: r.branches,
             sampler: &mut r.seq.sampler,
         })
         .collect();

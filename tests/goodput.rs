@@ -424,6 +424,7 @@ fn the_draft_reuses_its_cache_in_shared_blocks() {
                 context: ctx,
                 block_table: table,
                 k: 4,
+                branches: 0,
                 sampler: &mut sampler,
             }])
             .unwrap()

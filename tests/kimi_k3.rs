@@ -168,6 +168,7 @@ impl Proposer for Scripted {
                     .collect(),
                 q: None,
                 forced: 0,
+                branches: Vec::new(),
             })
             .collect())
     }
@@ -198,6 +199,7 @@ impl Proposer for Uniform {
                     q: Some(vec![q.clone(); tokens.len()]),
                     tokens,
                     forced: 0,
+                    branches: Vec::new(),
                 }
             })
             .collect())
@@ -486,6 +488,7 @@ fn chunked_draft_prefill_equals_catching_up_at_the_first_proposal() {
                 context: &prompt,
                 block_table: &table,
                 k: 5,
+                branches: 0,
                 sampler: &mut sampler,
             }])
             .unwrap()

@@ -280,6 +280,7 @@ impl Setup {
                     context: &tokens,
                     block_table: &self.table,
                     k: K,
+                    branches: 0,
                     sampler: &mut sampler,
                 }])
                 .unwrap()

@@ -25,19 +25,88 @@ pub use ngram::NgramProposer;
 pub use policy::{DraftPolicy, PolicyState, StepLimits, StepPlan, StepSeq};
 pub use suffix::{SuffixConfig, SuffixMatch, SuffixPool};
 
+use specgate_verify::tree_accept::{TokenTree, TreeError};
 use specgate_verify::{Sampler, VerifyError};
 
-/// Guessed continuation of one sequence.
+/// Guessed continuation of one sequence: a main chain, and optionally
+/// other candidates branching off it (a token tree, verified in the same
+/// pass; see [`specgate_verify::tree_accept`]).
 ///
-/// Invariant: when `q` is `Some`, it has one distribution per token.
+/// Tree nodes are numbered chain first: node `i < tokens.len()` is
+/// `tokens[i]` (its parent the node before it, the root for node 0), and
+/// node `tokens.len() + j` is `branches[j]`.
+///
+/// Invariants: when `q` is `Some`, it has one distribution per chain token
+/// (`q[i]` is what `tokens[i]` was drawn from); every branch's parent is
+/// an earlier node (`None`: the root, the last committed token).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Proposal {
     pub tokens: Vec<u32>,
-    /// The proposer's warped distribution for each token; `None` = one-hot.
+    /// The proposer's warped distribution for each chain token; `None` =
+    /// one-hot.
     pub q: Option<Vec<Vec<f32>>>,
     /// How many of the last `tokens` a grammar forced (jump-forward), added
     /// after the proposer answered; 0 from a proposer itself.
     pub forced: usize,
+    /// Other candidates, `(token, parent node)`: never a duplicate of a
+    /// sibling's token. Empty for a chain.
+    pub branches: Vec<(u32, Option<usize>)>,
+}
+
+impl Proposal {
+    /// A chain proposal (no branches).
+    pub fn chain(tokens: Vec<u32>, q: Option<Vec<Vec<f32>>>) -> Self {
+        Self {
+            tokens,
+            q,
+            forced: 0,
+            branches: Vec::new(),
+        }
+    }
+
+    /// Every drafted node: the chain and the branches.
+    pub fn nodes(&self) -> usize {
+        self.tokens.len() + self.branches.len()
+    }
+
+    /// Drops the branches that hang (directly or not) under a chain node
+    /// at index `>= chain_len` or under a dropped branch, and keeps at most
+    /// `max` of the others, renumbering their parents: what is left of the
+    /// tree after the chain was cut to `chain_len` tokens.
+    pub fn prune_branches(&mut self, chain_len: usize, max: usize) {
+        let old_chain = self.tokens.len();
+        // New index of each old branch node that survives.
+        let mut kept_at: Vec<Option<usize>> = Vec::with_capacity(self.branches.len());
+        let mut kept = Vec::new();
+        for &(token, parent) in &self.branches {
+            let new_parent = match parent {
+                None => Some(None),
+                Some(p) if p < old_chain => (p < chain_len).then_some(Some(p)),
+                Some(p) => kept_at.get(p - old_chain).copied().flatten().map(Some),
+            };
+            match new_parent {
+                Some(np) if kept.len() < max => {
+                    kept_at.push(Some(chain_len + kept.len()));
+                    kept.push((token, np));
+                }
+                _ => kept_at.push(None),
+            }
+        }
+        self.branches = kept;
+    }
+
+    /// The proposal as a [`TokenTree`] (chain nodes first).
+    ///
+    /// Errors: a branch whose parent is not an earlier node.
+    pub fn tree(&self) -> Result<TokenTree, TreeError> {
+        TokenTree::from_nodes(
+            self.tokens
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| (t, i.checked_sub(1)))
+                .chain(self.branches.iter().copied()),
+        )
+    }
 }
 
 /// One sequence asking for drafts.
@@ -49,8 +118,10 @@ pub struct ProposeRequest<'a> {
     /// The sequence's KV blocks; a model proposer writes its own cache at
     /// the same block ids. Must cover `context.len() + k` positions.
     pub block_table: &'a [u32],
-    /// Tokens wanted; 0 asks for none.
+    /// Chain tokens wanted; 0 asks for none.
     pub k: usize,
+    /// Branch nodes the proposer may add besides the chain (0: a chain).
+    pub branches: usize,
     /// The sequence's sampler: its processing state and params make q, its
     /// random stream draws. A proposer must not commit to it.
     pub sampler: &'a mut Sampler,
@@ -79,11 +150,7 @@ impl Proposer for NgramProposer {
     fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
         Ok(batch
             .iter()
-            .map(|r| Proposal {
-                tokens: self.lookup(r.context, r.k).to_vec(),
-                q: None,
-                forced: 0,
-            })
+            .map(|r| Proposal::chain(self.lookup(r.context, r.k).to_vec(), None))
             .collect())
     }
 }

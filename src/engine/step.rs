@@ -115,14 +115,14 @@ impl Proposer for Lookups<'_> {
     fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
         Ok(batch
             .iter()
-            .map(|r| Proposal {
-                tokens: self
-                    .0
-                    .get(&r.seq_id)
-                    .map_or(&[][..], |l| &l.tokens[..r.k.min(l.tokens.len())])
-                    .to_vec(),
-                q: None,
-                forced: 0,
+            .map(|r| {
+                Proposal::chain(
+                    self.0
+                        .get(&r.seq_id)
+                        .map_or(&[][..], |l| &l.tokens[..r.k.min(l.tokens.len())])
+                        .to_vec(),
+                    None,
+                )
             })
             .collect())
     }
@@ -1001,6 +1001,7 @@ impl Engine {
                 work.decodes.push(Decode {
                     idx,
                     k,
+                    branches: 0,
                     old_len: s.spec.tokens.len(),
                 });
             }
@@ -1398,7 +1399,10 @@ struct Prefill {
 /// plus up to `k` drafts; it held `old_len` tokens before.
 struct Decode {
     idx: usize,
+    /// Chain drafts.
     k: usize,
+    /// Branch nodes besides the chain (a token tree when > 0).
+    branches: usize,
     old_len: usize,
 }
 
@@ -1492,6 +1496,7 @@ fn inputs<'a>(
                 seq: &mut s.spec,
                 block_table: table,
                 k: d.k,
+                branches: d.branches,
                 state_slot,
             });
         }

@@ -55,6 +55,7 @@ pub fn spec_decode(
                 seq: &mut seq,
                 block_table: &table,
                 k: k.min(left - 1),
+                branches: 0,
                 state_slot: SLOT,
             }],
             &[],

@@ -128,14 +128,7 @@ impl Model {
         seqs: &[SeqInput],
         trees: &[Option<&TokenTree>],
     ) -> Result<Tensor> {
-        let family = match &self.body {
-            Body::Llama(_) if self.leader.is_some() => Some("a model run as processes"),
-            Body::Llama(_) => None,
-            Body::Deepseek(_) => Some("the DeepSeek-V3 family"),
-            Body::KimiK3(_) => Some("Kimi K3"),
-            Body::Scripted(_) => Some("the scripted model"),
-        };
-        if let Some(family) = family {
+        if let Some(family) = self.tree_refusal() {
             return Err(VerifyError::BadBatch(format!(
                 "tree verification is not supported for {family} yet"
             )));
@@ -146,6 +139,23 @@ impl Model {
         let mut rows = flatten(self, pool, seqs)?;
         let attn = TreeAttn::build(&mut rows, seqs, trees)?;
         llama::forward_rows(self, shards, pool, seqs, &rows, Some(&attn))
+    }
+
+    /// Whether [`Model::forward_trees`] verifies trees for this model (else
+    /// it refuses every call, and a caller drafts chains only).
+    pub fn supports_trees(&self) -> bool {
+        self.tree_refusal().is_none()
+    }
+
+    /// What [`Model::forward_trees`] names when it refuses this model.
+    fn tree_refusal(&self) -> Option<&'static str> {
+        match &self.body {
+            Body::Llama(_) if self.leader.is_some() => Some("a model run as processes"),
+            Body::Llama(_) => None,
+            Body::Deepseek(_) => Some("the DeepSeek-V3 family"),
+            Body::KimiK3(_) => Some("Kimi K3"),
+            Body::Scripted(_) => Some("the scripted model"),
+        }
     }
 
     /// [`Model::forward_trees`] for one sequence (its `logits` field is
