@@ -75,6 +75,7 @@ fn run(
         },
         policy: DraftPolicy::Fixed { k: 4 },
         suffix: None,
+        tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
     };
     let target = load_gguf(&dir.join(TARGET)).unwrap();
     let (h, _) = spawn(target, proposer, Some(tok.clone()), cfg).unwrap();

@@ -401,6 +401,9 @@ pub struct SpeculativeConfig {
     /// same either way; off exists to measure what it is worth. Fixed
     /// while running.
     pub jump_forward: bool,
+    /// The most branch nodes a sequence may verify beside its chain in one
+    /// step (token trees; 0: chains only). Fixed while running.
+    pub tree_branches: usize,
 }
 
 impl Default for SpeculativeConfig {
@@ -416,6 +419,7 @@ impl Default for SpeculativeConfig {
             goodput: GoodputConfig::default(),
             suffix: SuffixSection::default(),
             jump_forward: true,
+            tree_branches: crate::engine::DEFAULT_TREE_BRANCHES,
         }
     }
 }
@@ -599,6 +603,11 @@ impl SpeculativeConfig {
         in_range("speculative.suffix.max_scopes", x.max_scopes, 1..=4096)?;
         let g = &self.goodput;
         in_range("speculative.goodput.max_k", g.max_k, 0..=MAX_DRAFT_TOKENS)?;
+        in_range(
+            "speculative.tree_branches",
+            self.tree_branches,
+            0..=MAX_DRAFT_TOKENS,
+        )?;
         if !(g.alpha > 0.0 && g.alpha <= 1.0) {
             return Err(invalid(
                 "speculative.goodput.alpha",
@@ -687,6 +696,7 @@ impl SpeculativeConfig {
             goodput,
             suffix,
             jump_forward,
+            tree_branches,
         } = self;
         let SuffixSection {
             enabled: x_enabled,
@@ -734,6 +744,7 @@ impl SpeculativeConfig {
             ("suffix.max_tokens_per_scope", x_tokens.to_string()),
             ("suffix.max_scopes", x_scopes.to_string()),
             ("jump_forward", jump_forward.to_string()),
+            ("tree_branches", tree_branches.to_string()),
         ]
     }
 }
@@ -1049,6 +1060,13 @@ impl Config {
             )));
         }
 
+        if file.speculative.tree_branches != self.speculative.tree_branches {
+            return Err(refuse(format!(
+                "speculative.tree_branches changed ({} -> {}); it needs a restart",
+                self.speculative.tree_branches, file.speculative.tree_branches
+            )));
+        }
+
         if file.speculative.suffix != self.speculative.suffix {
             return Err(refuse(
                 "[speculative.suffix] changed; the cross-request proposer needs a restart".into(),
@@ -1058,6 +1076,7 @@ impl Config {
         let speculative = SpeculativeConfig {
             method: in_force.method,
             jump_forward: in_force.jump_forward,
+            tree_branches: in_force.tree_branches,
             suffix: in_force.suffix.clone(),
             ..file.speculative.clone()
         };

@@ -30,6 +30,12 @@ pub const SPEC_GRAMMAR_DRAFT_TOKENS: &str = "specgate_spec_decode_grammar_num_dr
 pub const SPEC_GRAMMAR_ACCEPTED_TOKENS: &str =
     "specgate_spec_decode_grammar_num_accepted_tokens_total";
 pub const SPEC_GRAMMAR_FORCED_TOKENS: &str = "specgate_spec_decode_grammar_forced_tokens_total";
+/// Token trees: verify rounds whose proposal branched, the branch nodes
+/// among the drafted tokens, and the rounds whose accepted path took a
+/// branch rather than the chain.
+pub const SPEC_TREE_ROUNDS: &str = "specgate_spec_decode_tree_verifications_total";
+pub const SPEC_BRANCH_TOKENS: &str = "specgate_spec_decode_num_branch_tokens_total";
+pub const SPEC_BRANCH_WINS: &str = "specgate_spec_decode_branch_wins_total";
 /// Drafted tokens that came from lookups chained before the method's
 /// proposer: in the sequence's own context, and in the cross-request pool.
 pub const SPEC_CONTEXT_DRAFT_TOKENS: &str = "specgate_spec_decode_context_num_draft_tokens_total";
@@ -107,6 +113,18 @@ fn describe() {
     describe_counter!(
         SPEC_GRAMMAR_FORCED_TOKENS,
         "Tokens a grammar forced into proposals (jump-forward)"
+    );
+    describe_counter!(
+        SPEC_TREE_ROUNDS,
+        "Verify rounds whose proposal was a token tree (it branched)"
+    );
+    describe_counter!(
+        SPEC_BRANCH_TOKENS,
+        "Of the drafted tokens, branch nodes verified besides the chains"
+    );
+    describe_counter!(
+        SPEC_BRANCH_WINS,
+        "Token-tree rounds whose accepted path took a branch, not the chain"
     );
     describe_counter!(
         SPEC_CONTEXT_DRAFT_TOKENS,

@@ -312,6 +312,7 @@ fn load(
             pool: sp.suffix.pool_config(),
             global: sp.suffix.scope == SuffixScope::Global,
         }),
+        tree_branches: sp.tree_branches,
     };
     let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
     let stats = engine.stats();

@@ -23,7 +23,8 @@ use specgate_draft::{DraftPolicy, PolicyState, Proposal, ProposeRequest, Propose
 use specgate_verify::accept::{accept_sampled, Verdict};
 use specgate_verify::process::rows_logprobs;
 use specgate_verify::{
-    ConstraintError, KvPool, LogitsWanted, Model, Sampler, SeqInput, TokenLogprob, VerifyError,
+    accept_tree, ConstraintError, KvPool, LogitsWanted, Model, Sampler, SeqInput, TokenLogprob,
+    TokenTree, VerifyError,
 };
 
 /// A sequence being decoded speculatively.
@@ -68,6 +69,12 @@ pub struct SpecStats {
     pub grammar_accepted_tokens: u64,
     /// Tokens a grammar forced into proposals (jump-forward).
     pub grammar_forced_tokens: u64,
+    /// Rounds verified as a token tree (a proposal with branches).
+    pub tree_rounds: u64,
+    /// Of `draft_tokens`, the branch nodes verified besides the chains.
+    pub branch_tokens: u64,
+    /// Tree rounds whose accepted path left the chain for a branch.
+    pub branch_wins: u64,
 }
 
 impl SpecStats {
@@ -89,10 +96,18 @@ impl SpecStats {
         }
     }
 
-    fn record(&mut self, p: &Proposal, v: &Verdict, grammar: bool) {
+    /// `on_chain`: the accepted drafts that are chain tokens (all of them
+    /// unless the path left the chain for a branch).
+    /// Grammar-constrained sequences draft chains only.
+    fn record(&mut self, p: &Proposal, v: &Verdict, grammar: bool, on_chain: usize) {
         let proposed = p.tokens.len();
         self.rounds += 1;
         self.emitted_tokens += v.tokens.len() as u64;
+        if !p.branches.is_empty() {
+            self.tree_rounds += 1;
+            self.branch_tokens += p.branches.len() as u64;
+            self.branch_wins += u64::from(on_chain < v.accepted);
+        }
         if proposed == 0 {
             return;
         }
@@ -101,13 +116,16 @@ impl SpecStats {
             self.grammar_accepted_tokens += v.accepted as u64;
             self.grammar_forced_tokens += p.forced as u64;
         }
+        // A tree's every node counts as drafted, its accepted path as
+        // accepted: tokens per verify pass stay `1 + accepted / drafts`.
+        let (drafted, accepted) = (p.nodes(), v.accepted);
         self.drafts += 1;
-        self.draft_tokens += proposed as u64;
-        self.accepted_tokens += v.accepted as u64;
-        if self.accepted_per_pos.len() < proposed {
-            self.accepted_per_pos.resize(proposed, 0);
+        self.draft_tokens += drafted as u64;
+        self.accepted_tokens += accepted as u64;
+        if self.accepted_per_pos.len() < accepted {
+            self.accepted_per_pos.resize(accepted, 0);
         }
-        for p in &mut self.accepted_per_pos[..v.accepted] {
+        for p in &mut self.accepted_per_pos[..accepted] {
             *p += 1;
         }
     }
@@ -183,11 +201,15 @@ pub fn propose<P: Proposer + ?Sized>(
     drop(reqs);
     for (i, mut p) in idx.into_iter().zip(got) {
         let r = &mut batch[i];
-        p.forced = r
-            .seq
-            .sampler
-            .processor_mut()
-            .shape_proposal(&mut p.tokens, &mut p.q, r.k);
+        let processor = r.seq.sampler.processor_mut();
+        // Under a grammar the chain is fitted to it and nothing branches
+        // (a branch would need its own fitting).
+        if processor.has_constraint() {
+            p.branches.clear();
+        }
+        p.forced = processor.shape_proposal(&mut p.tokens, &mut p.q, r.k);
+        // Within what was asked, whatever the proposer answered.
+        p.cut(r.k, r.branches);
         out[i] = p;
     }
     Ok(())
@@ -243,12 +265,20 @@ pub fn verify_round(
     scoring: &[Option<PromptScoring>],
     stats: &mut SpecStats,
 ) -> Result<RoundOutput, SpecError> {
+    // A proposal with branches is verified as a token tree (its rows: the
+    // last token, the chain, the branches); the others as chains.
+    let trees: Vec<Option<TokenTree>> = proposals
+        .iter()
+        .map(|p| (!p.branches.is_empty()).then(|| p.tree()).transpose())
+        .collect::<Result<_, _>>()
+        .map_err(|e| VerifyError::BadBatch(format!("malformed draft tree: {e}")))?;
     let rows_in: Vec<Vec<u32>> = batch
         .iter()
         .zip(proposals)
         .map(|(r, p)| {
             let mut row = vec![*r.seq.tokens.last().expect("a sequence has tokens")];
             row.extend_from_slice(&p.tokens);
+            row.extend(p.branches.iter().map(|&(t, _)| t));
             row
         })
         .collect();
@@ -266,7 +296,14 @@ pub fn verify_round(
     if inputs.is_empty() {
         return Ok(RoundOutput::default());
     }
-    let logits = target.forward(pool, &inputs)?;
+    let logits = if trees.iter().any(Option::is_some) {
+        let shapes: Vec<Option<&TokenTree>> = std::iter::repeat_n(None, prefills.len())
+            .chain(trees.iter().map(Option::as_ref))
+            .collect();
+        target.forward_trees(pool, &inputs, &shapes)?
+    } else {
+        target.forward(pool, &inputs)?
+    };
     let recurrent = target.has_recurrent_state();
     let mut out = RoundOutput::default();
     let mut row = 0;
@@ -299,23 +336,79 @@ pub fn verify_round(
             .map_err(VerifyError::from)?,
     };
     let mut rows = decode_rows.into_iter();
-    for (r, p) in batch.iter_mut().zip(proposals) {
-        let mut mine: Vec<Vec<f32>> = rows.by_ref().take(p.tokens.len() + 1).collect();
+    for ((r, p), tree) in batch.iter_mut().zip(proposals).zip(&trees) {
+        let mut mine: Vec<Vec<f32>> = rows.by_ref().take(p.nodes() + 1).collect();
         let grammar = r.seq.sampler.processor().has_constraint();
-        let v = accept_sampled(&mut mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
-        if let Ok(v) = &v {
-            if recurrent && !p.tokens.is_empty() {
-                // The last token and the accepted drafts stay in the state;
-                // the rejected drafts' rows are dropped.
-                pool.keep_rows(r.state_slot, v.accepted + 1)?;
+        // The verdict, how many of its drafts are chain tokens, and the row
+        // whose recurrent state is the accepted leaf's.
+        let (v, on_chain, leaf_row) = match tree {
+            None => {
+                let v = accept_sampled(&mut mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
+                let leaf = v.as_ref().map_or(0, |v| v.accepted);
+                (v, leaf, leaf)
             }
-            stats.record(p, v, grammar);
-            policy.observe(&mut r.seq.policy_state, p.tokens.len(), v.accepted);
+            Some(tree) => {
+                let q = tree_q(p, tree, r.seq.sampler.params().is_greedy());
+                match accept_tree(&mut mine, tree, q.as_deref(), &mut r.seq.sampler) {
+                    Ok(tv) => {
+                        let keep = tv.rows_to_keep(tree).map_err(|e| {
+                            VerifyError::BadBatch(format!("tree verdict does not fit: {e}"))
+                        })?;
+                        // The kept rows' K/V move to the slots their
+                        // positions address; siblings' rows are dropped.
+                        pool.compact_rows(r.block_table, r.seq.tokens.len() - 1, &keep)?;
+                        let on_chain = tv.path.iter().take_while(|&&n| n < p.tokens.len()).count();
+                        let leaf = keep.last().copied().unwrap_or(0);
+                        (Ok(tv.into_verdict()), on_chain, leaf)
+                    }
+                    Err(e) => (Err(e), 0, 0),
+                }
+            }
+        };
+        if let Ok(v) = &v {
+            if recurrent && p.nodes() > 0 {
+                // The state after the accepted leaf's row stays (a tree's
+                // forward derives each row's state from its parent's, so
+                // that row's state has absorbed exactly the kept path); the
+                // other rows' are dropped.
+                pool.keep_rows(r.state_slot, leaf_row + 1)?;
+            }
+            stats.record(p, v, grammar, on_chain);
+            // The policy learns how far the chain went.
+            policy.observe(&mut r.seq.policy_state, p.tokens.len(), on_chain);
+            policy.observe_branches(
+                &mut r.seq.policy_state,
+                p.branches.len(),
+                v.accepted - on_chain,
+            );
             r.seq.tokens.extend_from_slice(&v.tokens);
         }
         out.verdicts.push(v);
     }
     Ok(out)
+}
+
+/// The draft distributions [`accept_tree`] takes for proposal `p` verified
+/// as `tree`, per position (row 0 the root's children): a chain token's q
+/// where it is its position's only child; an empty row (deterministic
+/// candidates, exact for any list fixed before the target's draws) where
+/// branches join it or hang below. `None` when greedy (q is not read) or
+/// the proposer gave no q.
+fn tree_q(p: &Proposal, tree: &TokenTree, greedy: bool) -> Option<Vec<Vec<f32>>> {
+    let q = p.q.as_ref().filter(|_| !greedy)?;
+    Some(
+        (0..=tree.len())
+            .map(|pos| {
+                let parent = pos.checked_sub(1);
+                match q.get(pos) {
+                    Some(row) if pos < p.tokens.len() && tree.children(parent).len() == 1 => {
+                        row.clone()
+                    }
+                    _ => Vec::new(),
+                }
+            })
+            .collect(),
+    )
 }
 
 /// Runs `f(rows, vocab)` on rows `start..start + n` of a `[rows, vocab]`

@@ -68,6 +68,7 @@ fn engine_with(
         },
         policy: DraftPolicy::Fixed { k: 3 },
         suffix: None,
+        tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }
@@ -373,6 +374,7 @@ fn a_draft_with_a_shorter_context_does_not_fail_the_batch() {
         },
         policy: DraftPolicy::Fixed { k: 3 },
         suffix: None,
+        tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
     };
     let h = spawn(target(), ProposerKind::Draft(short_draft), None, cfg)
         .unwrap()
@@ -476,6 +478,7 @@ fn real_target_concurrent_requests_match_alone() {
         },
         policy: DraftPolicy::Fixed { k },
         suffix: None,
+        tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
     };
     let solo = spawn(
         load_gguf(&tp).unwrap(),
@@ -525,6 +528,7 @@ fn memory_budget_sets_the_block_count_for_draft_and_target() {
         },
         policy: DraftPolicy::Fixed { k: 2 },
         suffix: None,
+        tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
     };
     let bytes = 10 * 16 * (per_token + d_per_token) + 5;
     let (h, _) = spawn(

@@ -87,6 +87,7 @@ fn engine(
         },
         policy,
         suffix,
+        tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }

@@ -331,6 +331,7 @@ fn engine(
         },
         policy: DraftPolicy::Fixed { k: 3 },
         suffix: None,
+        tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }
@@ -544,6 +545,7 @@ fn bf16_latent_cache_doubles_the_blocks_in_the_same_memory() {
             },
             policy: DraftPolicy::Fixed { k: 3 },
             suffix: None,
+            tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         };
         let h = spawn(m, ProposerKind::None, None, cfg).unwrap().0;
         wait_idle(&h).num_blocks

@@ -17,6 +17,7 @@ pub mod model;
 pub mod ngram;
 pub mod policy;
 pub mod suffix;
+pub mod tree_shape;
 
 pub use cost::{CostCurve, CostModel};
 pub use guard::ModelGuard;
@@ -24,6 +25,7 @@ pub use model::{DraftChunk, ModelDraft};
 pub use ngram::NgramProposer;
 pub use policy::{DraftPolicy, PolicyState, StepLimits, StepPlan, StepSeq};
 pub use suffix::{SuffixConfig, SuffixMatch, SuffixPool};
+pub use tree_shape::{plan_widths, BranchSeq, WidthPlan, WidthStep};
 
 use specgate_verify::tree_accept::{TokenTree, TreeError};
 use specgate_verify::{Sampler, VerifyError};
@@ -69,12 +71,17 @@ impl Proposal {
         self.tokens.len() + self.branches.len()
     }
 
-    /// Drops the branches that hang (directly or not) under a chain node
-    /// at index `>= chain_len` or under a dropped branch, and keeps at most
-    /// `max` of the others, renumbering their parents: what is left of the
-    /// tree after the chain was cut to `chain_len` tokens.
-    pub fn prune_branches(&mut self, chain_len: usize, max: usize) {
+    /// Cuts the chain to its first `chain_len` tokens (and their q), drops
+    /// the branches that hang (directly or not) under a cut chain node or
+    /// a dropped branch, and keeps at most `max` of the others (earliest
+    /// first), renumbering their parents.
+    pub fn cut(&mut self, chain_len: usize, max: usize) {
         let old_chain = self.tokens.len();
+        let chain_len = chain_len.min(old_chain);
+        self.tokens.truncate(chain_len);
+        if let Some(q) = self.q.as_mut() {
+            q.truncate(chain_len);
+        }
         // New index of each old branch node that survives.
         let mut kept_at: Vec<Option<usize>> = Vec::with_capacity(self.branches.len());
         let mut kept = Vec::new();

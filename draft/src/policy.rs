@@ -93,9 +93,32 @@ pub struct PolicyState {
     /// that drafts `0..p` were. Positions are observed in order, so the
     /// vector only grows at its end.
     positions: Vec<f64>,
+    /// EMA of the extra tokens a tree round emitted beyond its chain's,
+    /// per branch node (see [`crate::tree_shape`]); `None` before any.
+    branch_gain: Option<f64>,
 }
 
 impl PolicyState {
+    /// The smoothed extra tokens per branch node, once a tree round has
+    /// been observed.
+    pub fn branch_gain(&self) -> Option<f64> {
+        self.branch_gain
+    }
+
+    /// Folds one tree round (`nodes` branch nodes; its accepted path went
+    /// `extra` tokens past where its chain alone stopped) into the branch
+    /// gain with weight `alpha`. A round without branches is not one.
+    pub fn record_branches(&mut self, nodes: usize, extra: usize, alpha: f64) {
+        if nodes == 0 {
+            return;
+        }
+        let per_node = extra as f64 / nodes as f64;
+        self.branch_gain = Some(match self.branch_gain {
+            Some(prev) => prev + alpha * (per_node - prev),
+            None => per_node,
+        });
+    }
+
     /// The smoothed acceptance fraction, once a round has been observed.
     pub fn acceptance(&self) -> Option<f64> {
         self.acceptance
@@ -363,6 +386,17 @@ impl DraftPolicy {
             } => state.record(proposed, accepted, *alpha, *initial_acceptance),
             _ => {}
         }
+    }
+
+    /// Folds one tree round into `state`'s branch gain (see
+    /// [`PolicyState::record_branches`]), weighted as this policy weighs
+    /// acceptance (0.3 for policies without a weight).
+    pub fn observe_branches(&self, state: &mut PolicyState, nodes: usize, extra: usize) {
+        let alpha = match self {
+            DraftPolicy::Adaptive { alpha, .. } | DraftPolicy::Goodput { alpha, .. } => *alpha,
+            _ => 0.3,
+        };
+        state.record_branches(nodes, extra, alpha);
     }
 
     /// The draft lengths of one step's decoding sequences, each within its
@@ -799,6 +833,7 @@ mod tests {
             acceptance: Some(a),
             rounds_at_zero: 0,
             positions: vec![a; MAX_DRAFT_TOKENS],
+            branch_gain: None,
         }
     }
 
@@ -818,6 +853,7 @@ mod tests {
         acceptance: None,
         rounds_at_zero: 0,
         positions: Vec::new(),
+        branch_gain: None,
     };
 
     fn seq(state: &PolicyState, model: bool) -> StepSeq<'_> {
@@ -1057,6 +1093,7 @@ mod tests {
             acceptance: Some(0.8),
             rounds_at_zero: 0,
             positions: vec![0.9, 0.2],
+            branch_gain: None,
         };
         assert_eq!(k(&s), 1);
         let mut rounds = 0;
@@ -1076,6 +1113,7 @@ mod tests {
             acceptance: Some(0.1),
             rounds_at_zero: 0,
             positions: vec![0.1, 0.5],
+            branch_gain: None,
         };
         for _ in 0..80 {
             bad.record(1, 0, 0.3, 0.6);

@@ -188,7 +188,16 @@ pub struct EngineConfig {
     pub policy: DraftPolicy,
     /// The cross-request proposer, or `None` for none.
     pub suffix: Option<SuffixOptions>,
+    /// The most branch nodes a sequence's proposal may add beside its
+    /// chain in one step (a token tree, verified in the same pass); the
+    /// goodput policy buys fewer where they do not pay. 0: chains only.
+    /// Models whose forward cannot verify trees draft chains whatever
+    /// this says.
+    pub tree_branches: usize,
 }
+
+/// [`EngineConfig::tree_branches`]'s default (`speculative.tree_branches`).
+pub const DEFAULT_TREE_BRANCHES: usize = 4;
 
 /// The cross-request proposer's settings (see [`specgate_draft::suffix`]).
 #[derive(Debug, Clone, PartialEq)]

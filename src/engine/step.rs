@@ -31,8 +31,9 @@ use crate::spec::{
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
 use specgate_draft::{
-    guard, CostModel, DraftChunk, DraftError, DraftPolicy, ModelDraft, ModelGuard, NgramProposer,
-    PolicyState, Proposal, ProposeRequest, Proposer, StepLimits, StepSeq, SuffixPool,
+    guard, plan_widths, BranchSeq, CostModel, DraftChunk, DraftError, DraftPolicy, ModelDraft,
+    ModelGuard, NgramProposer, PolicyState, Proposal, ProposeRequest, Proposer, StepLimits,
+    StepSeq, SuffixPool, WidthStep,
 };
 use specgate_verify::accept::Verdict;
 use specgate_verify::{KvPool, LogitsWanted, Model, SeqInput, TokenLogprob};
@@ -89,6 +90,9 @@ pub(crate) struct Engine {
     /// in a draft-model sequence's own context.
     suffix: Option<SuffixPool>,
     suffix_global: bool,
+    /// Branch nodes a sequence may add beside its chain per step (0 when
+    /// the config says so or the target cannot verify trees).
+    tree_branches: usize,
     context_lookup: Option<NgramProposer>,
     /// This step's lookup guesses, found while planning (so the policy
     /// knows they cost no model step), by sequence.
@@ -101,10 +105,12 @@ fn drafts_with_model(s: &Sequence, k: usize, lookups: &HashMap<SeqId, Lookup>) -
     k > 0 && s.method == SpecMethod::Draft && !lookups.contains_key(&s.spec.id)
 }
 
-/// A guess found by a lookup, and where.
+/// A guess found by a lookup, and where: a chain, and other matched
+/// continuations branching off it (see [`Proposal`]'s node numbering).
 #[derive(Debug, Clone)]
 struct Lookup {
     tokens: Vec<u32>,
+    branches: Vec<(u32, Option<usize>)>,
     from_pool: bool,
 }
 
@@ -116,13 +122,16 @@ impl Proposer for Lookups<'_> {
         Ok(batch
             .iter()
             .map(|r| {
-                Proposal::chain(
-                    self.0
-                        .get(&r.seq_id)
-                        .map_or(&[][..], |l| &l.tokens[..r.k.min(l.tokens.len())])
-                        .to_vec(),
-                    None,
-                )
+                let Some(l) = self.0.get(&r.seq_id) else {
+                    return Proposal::default();
+                };
+                let mut p = Proposal {
+                    tokens: l.tokens.clone(),
+                    branches: l.branches.clone(),
+                    ..Proposal::default()
+                };
+                p.cut(r.k, r.branches);
+                p
             })
             .collect())
     }
@@ -142,6 +151,12 @@ const MODEL_MARGIN: f64 = 0.05;
 /// are refused: at a few sequences a confident lookup gains tens of
 /// percent.
 const LOOKUP_MARGIN: f64 = 0.02;
+
+/// Extra tokens per branch node assumed for a sequence before any of its
+/// tree rounds was measured (then its own EMA takes over, see
+/// [`specgate_draft::tree_shape`]): a prior, set low enough that a tree
+/// is tried only where rows are nearly free.
+const INITIAL_BRANCH_GAIN: f64 = 0.25;
 
 /// The draft model's realized-gain check ([`ModelGuard`]): the EMA's
 /// weight on the newest scored step, and while the model is vetoed at a
@@ -280,6 +295,11 @@ impl Engine {
             state_slots,
             ..Default::default()
         };
+        let tree_branches = if target.supports_trees() {
+            cfg.tree_branches
+        } else {
+            0
+        };
         Ok(Self {
             target,
             pool,
@@ -310,6 +330,7 @@ impl Engine {
             guard: ModelGuard::new(GUARD_ALPHA, GUARD_EXPLORE_EVERY),
             suffix: cfg.suffix.as_ref().map(|o| SuffixPool::new(o.pool.clone())),
             suffix_global: cfg.suffix.as_ref().is_some_and(|o| o.global),
+            tree_branches,
             context_lookup,
             lookups: HashMap::new(),
         })
@@ -497,6 +518,9 @@ impl Engine {
             .increment(s.pool_accepted_tokens - e.pool_accepted_tokens);
         m::counter!(names::SPEC_GRAMMAR_FORCED_TOKENS)
             .increment(ns.grammar_forced_tokens - os.grammar_forced_tokens);
+        m::counter!(names::SPEC_TREE_ROUNDS).increment(ns.tree_rounds - os.tree_rounds);
+        m::counter!(names::SPEC_BRANCH_TOKENS).increment(ns.branch_tokens - os.branch_tokens);
+        m::counter!(names::SPEC_BRANCH_WINS).increment(ns.branch_wins - os.branch_wins);
         for (pos, &n) in ns.accepted_per_pos.iter().enumerate() {
             let before = os.accepted_per_pos.get(pos).copied().unwrap_or(0);
             if n > before {
@@ -601,7 +625,7 @@ impl Engine {
         let draft_prefill_secs = started.elapsed().as_secs_f64();
         let step_secs = propose_secs + verify_secs + draft_prefill_secs;
         let prefill_rows: usize = work.prefills.iter().map(|p| p.n).sum();
-        let drafts: usize = proposals.iter().map(|p| p.tokens.len()).sum();
+        let drafts: usize = proposals.iter().map(Proposal::nodes).sum();
         self.check_prediction(
             step_secs,
             [work.decodes.len(), prefill_rows, drafts],
@@ -632,7 +656,7 @@ impl Engine {
         }
         for ((d, prop), r) in work.decodes.iter().zip(&proposals).zip(decoded) {
             let done = match r {
-                Ok(v) => self.commit_decode(d, prop.tokens.len(), v),
+                Ok(v) => self.commit_decode(d, prop, v),
                 Err(e) => {
                     self.fail_seq(d.idx, &e);
                     true
@@ -692,6 +716,7 @@ impl Engine {
             let found = if !own.is_empty() {
                 Some(Lookup {
                     tokens: own.to_vec(),
+                    branches: Vec::new(),
                     from_pool: false,
                 })
             } else {
@@ -700,6 +725,7 @@ impl Engine {
                     p.lookup(&scope, ctx, MAX_SPECULATIVE_TOKENS)
                         .map(|m| Lookup {
                             tokens: m.tokens,
+                            branches: Vec::new(),
                             from_pool: true,
                         })
                 })
@@ -772,7 +798,7 @@ impl Engine {
         let prefill_rows: usize = work.prefills.iter().map(|p| p.n).sum();
         let mut decode_rows = 0usize;
         for ((d, p), v) in work.decodes.iter().zip(proposals).zip(decoded) {
-            decode_rows += p.tokens.len() + 1;
+            decode_rows += p.nodes() + 1;
             let accepted = v.as_ref().map_or(0, |v| v.accepted);
             tokens += 1 + accepted;
             if drafts_with_model(&self.running[d.idx], p.tokens.len(), &self.lookups) {
@@ -843,7 +869,7 @@ impl Engine {
         propose_secs: f64,
     ) -> (f64, Option<(usize, f64)>) {
         let prompt_rows: usize = work.prefills.iter().map(|p| p.n).sum();
-        let decode_rows: usize = proposals.iter().map(|p| p.tokens.len() + 1).sum();
+        let decode_rows: usize = proposals.iter().map(|p| p.nodes() + 1).sum();
         self.cost
             .observe_verify(decode_rows, prompt_rows, verify_secs);
         if let Some(d) = self.draft.as_mut() {
@@ -897,6 +923,10 @@ impl Engine {
         let (guard, step_no) = (&self.guard, self.stats.steps);
         let goodput = matches!(policy, DraftPolicy::Goodput { .. });
         let chosen = std::cell::Cell::new((false, 0.0, false, 0.0));
+        let tree_branches = self.tree_branches;
+        // Per sequence: its chain drafts and branch nodes as planned (the
+        // scheduler sees their sum, the rows and slots it reserves).
+        let shapes = std::cell::RefCell::new(HashMap::new());
         let k_of = |ready: &[&Sequence], budget: usize, prefill_rows: usize| {
             let seqs: Vec<StepSeq> = ready
                 .iter()
@@ -934,7 +964,60 @@ impl Engine {
                 model_factor,
                 no_model: goodput && !guard.allows(ready.len(), step_no),
             };
-            let plan = policy.plan_step(&seqs, cost, limits);
+            let mut plan = policy.plan_step(&seqs, cost, limits);
+            // Branches: where the target verifies trees and nothing
+            // constrains the sequence; a lookup offers what it matched.
+            let branch_seqs: Vec<BranchSeq> = ready
+                .iter()
+                .zip(&seqs)
+                .zip(&plan.ks)
+                .map(|((s, st), &k)| {
+                    let grammar = s.spec.sampler.processor().has_constraint();
+                    let room = slots.saturating_sub(s.spec.tokens.len() + k);
+                    let offered = match lookups.get(&s.spec.id) {
+                        Some(l) => l.branches.len(),
+                        None if s.method == SpecMethod::Draft => tree_branches,
+                        None => 0,
+                    };
+                    BranchSeq {
+                        k,
+                        max: if grammar || s.method == SpecMethod::Off {
+                            0
+                        } else {
+                            tree_branches.min(room).min(offered)
+                        },
+                        state: st.state,
+                        prior: st.prior,
+                    }
+                })
+                .collect();
+            let decode_rows: usize = plan.ks.iter().map(|k| k + 1).sum();
+            let widths = if goodput {
+                let w = plan_widths(
+                    &branch_seqs,
+                    cost,
+                    WidthStep {
+                        decode_rows,
+                        prompt_rows: prefill_rows,
+                        budget_left: budget.saturating_sub(decode_rows + prefill_rows),
+                        expected: plan.expected_tokens,
+                        secs: plan.predicted_secs,
+                        margin: LOOKUP_MARGIN,
+                        initial_gain: INITIAL_BRANCH_GAIN,
+                    },
+                );
+                (plan.expected_tokens, plan.predicted_secs) = (w.expected, w.secs);
+                w.widths
+            } else {
+                branch_seqs
+                    .iter()
+                    .map(|b| if b.k > 0 { b.max } else { 0 })
+                    .collect()
+            };
+            let mut planned = shapes.borrow_mut();
+            for ((s, &k), &w) in ready.iter().zip(&plan.ks).zip(&widths) {
+                planned.insert(s.spec.id, (k, w));
+            }
             let model = ready
                 .iter()
                 .zip(&plan.ks)
@@ -948,7 +1031,7 @@ impl Engine {
                 p => p.k(ready.len().max(1), &PolicyState::default()) as f64,
             };
             chosen.set((plan.probed.is_some(), mean, model, plan.predicted_secs));
-            plan.ks
+            plan.ks.iter().zip(&widths).map(|(k, w)| k + w).collect()
         };
         let plan = self
             .sched
@@ -997,11 +1080,15 @@ impl Engine {
             let id = s.spec.id;
             if let Some(&(start, n)) = prefill.get(&id) {
                 work.prefills.push(Prefill { idx, start, n });
-            } else if let Some(&k) = decode.get(&id) {
+            } else if let Some(&rows) = decode.get(&id) {
+                // The scheduler may have cut the planned shape to fit the
+                // budget: the chain keeps its drafts first.
+                let (k, w) = shapes.borrow().get(&id).copied().unwrap_or((rows, 0));
+                let k = k.min(rows);
                 work.decodes.push(Decode {
                     idx,
                     k,
-                    branches: 0,
+                    branches: w.min(rows - k),
                     old_len: s.spec.tokens.len(),
                 });
             }
@@ -1264,7 +1351,8 @@ impl Engine {
 
     /// Commit a verified decode row (its new tokens are already appended)
     /// and emit them. Returns whether the sequence has finished.
-    fn commit_decode(&mut self, d: &Decode, drafted: usize, v: Verdict) -> bool {
+    fn commit_decode(&mut self, d: &Decode, p: &Proposal, v: Verdict) -> bool {
+        let drafted = p.nodes();
         let s = &mut self.running[d.idx];
         s.drafted += drafted as u64;
         s.accepted += v.accepted as u64;
@@ -1277,8 +1365,14 @@ impl Engine {
             None => {}
         }
         let lookup = self.lookups.get(&s.spec.id);
-        self.policy
-            .observe(self.priors.of_mut(s.method, lookup), drafted, v.accepted);
+        // The prior learns chains (a branch's path counts up to its depth
+        // on the chain's scale).
+        let chain = p.tokens.len();
+        self.policy.observe(
+            self.priors.of_mut(s.method, lookup),
+            chain,
+            v.accepted.min(chain),
+        );
         s.computed = s.spec.tokens.len() - 1;
         let reason = s.check_finished(d.old_len, &self.eos);
         emit(s, self.tokenizer.as_deref(), d.old_len, reason, v.logprobs);

@@ -14,15 +14,31 @@ pub const SPEC_BS: usize = 16;
 /// prompt but its last token prefilled first; returns the new tokens.
 pub fn spec_decode(
     target: &Model,
-    mut proposer: Option<&mut dyn Proposer>,
+    proposer: Option<&mut dyn Proposer>,
     prompt: &[u32],
     max_new: usize,
     k: usize,
     sampling: SamplingParams,
     stats: &mut SpecStats,
 ) -> Vec<u32> {
+    let sampler = Sampler::new(sampling);
+    spec_decode_tree(target, proposer, prompt, max_new, (k, 0), sampler, stats)
+}
+
+/// [`spec_decode`] letting the proposer add up to `branches` nodes beside
+/// its chain of `k` (token trees) every round, sampling with `sampler`
+/// (its processing included).
+pub fn spec_decode_tree(
+    target: &Model,
+    mut proposer: Option<&mut dyn Proposer>,
+    prompt: &[u32],
+    max_new: usize,
+    (k, branches): (usize, usize),
+    sampler: Sampler,
+    stats: &mut SpecStats,
+) -> Vec<u32> {
     const SLOT: u32 = 1;
-    let blocks = (prompt.len() + max_new + k + 1).div_ceil(SPEC_BS);
+    let blocks = (prompt.len() + max_new + k + branches + 1).div_ceil(SPEC_BS);
     let mut pool = KvPool::for_model_with_state_slots(target, blocks, SPEC_BS, 2).unwrap();
     let table: Vec<u32> = (0..blocks as u32).rev().collect();
     target
@@ -40,7 +56,7 @@ pub fn spec_decode(
     let mut seq = SpecSeq {
         id: 7,
         tokens: prompt.to_vec(),
-        sampler: Sampler::new(sampling),
+        sampler,
         policy_state: PolicyState::default(),
     };
     let policy = DraftPolicy::Fixed { k };
@@ -55,7 +71,7 @@ pub fn spec_decode(
                 seq: &mut seq,
                 block_table: &table,
                 k: k.min(left - 1),
-                branches: 0,
+                branches,
                 state_slot: SLOT,
             }],
             &[],

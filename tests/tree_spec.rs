@@ -1,0 +1,431 @@
+//! Token-tree speculation through the engine's round (`spec::verify_round`):
+//! proposals that branch are verified in one forward, the accepted path is
+//! compacted in the pool, and the output is exactly the target's.
+//!
+//! - Greedy: with trees whose branches win (an oracle that puts a wrong
+//!   token on the chain and the right one on a branch, with the rest of
+//!   the right continuation below it), and with trees whose branches are
+//!   noise beside n-gram and draft-model chains, the output equals plain
+//!   decoding, on tiny models and on the real Qwen2.5-Coder pair. The
+//!   oracle's trees only pass when the kept path's cache entries are the
+//!   ones later rows read: a round that kept a sibling's slot decodes
+//!   from a wrong cache.
+//! - Sampled at temperature 1 with penalties on: the first two tokens
+//!   drawn through branching proposals (a draft's q-drawn chain with
+//!   deterministic siblings; a deterministic tree) follow the processed
+//!   target's joint distribution (chi-square at significance 1e-6).
+
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use common::{chi_square, real_model, spec_decode, spec_decode_tree, tiny_model};
+use specgate::spec::SpecStats;
+use specgate::tokenizer::{ChatMessage, TextTokenizer};
+use specgate_draft::{DraftError, ModelDraft, NgramProposer, Proposal, ProposeRequest, Proposer};
+use specgate_verify::model::load_gguf;
+use specgate_verify::process::LogitsProcessor;
+use specgate_verify::tiny::TinySpec;
+use specgate_verify::{Controls, KvPool, LogitsWanted, Model, Sampler, SamplingParams};
+use std::sync::Arc;
+
+const BS: usize = 16;
+
+/// Proposes from the target's own greedy continuation `truth` (absolute
+/// positions): the chain is the truth with one token made wrong (a
+/// position that moves every round), and the branches hold the right
+/// token there and the truth below it, then a decoy leaf at the root.
+struct Oracle {
+    truth: Vec<u32>,
+    vocab: u32,
+}
+
+impl Proposer for Oracle {
+    fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
+        Ok(batch
+            .iter()
+            .map(|r| {
+                let at = r.context.len();
+                let right: Vec<u32> = self.truth[at.min(self.truth.len())..]
+                    .iter()
+                    .take(r.k)
+                    .copied()
+                    .collect();
+                if right.is_empty() {
+                    return Proposal::default();
+                }
+                let wrong_at = at % right.len();
+                let mut chain = right.clone();
+                chain[wrong_at] = (chain[wrong_at] + 1) % self.vocab;
+                let mut p = Proposal::chain(chain, None);
+                let mut parent = wrong_at.checked_sub(1);
+                for &t in &right[wrong_at..] {
+                    if p.branches.len() == r.branches {
+                        break;
+                    }
+                    p.branches.push((t, parent));
+                    parent = Some(p.tokens.len() + p.branches.len() - 1);
+                }
+                let decoy = (right[0] + 2) % self.vocab;
+                let taken = [p.tokens[0], right[0]];
+                if p.branches.len() < r.branches && !taken.contains(&decoy) {
+                    p.branches.push((decoy, None));
+                }
+                p
+            })
+            .collect())
+    }
+}
+
+/// Another proposer's chain with deterministic siblings added: at every
+/// even chain position the `width` tokens after the chain's (mod vocab;
+/// odd positions keep one child, so a draft's q still applies there),
+/// then a two-token path under the root, within the branch budget.
+/// Siblings never repeat a token.
+struct Widen<P> {
+    inner: P,
+    vocab: u32,
+    width: u32,
+}
+
+impl<P: Proposer> Proposer for Widen<P> {
+    fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
+        let mut out = self.inner.propose(batch)?;
+        for (p, r) in out.iter_mut().zip(batch.iter()) {
+            let add = |p: &mut Proposal, t: u32, parent: Option<usize>| {
+                let taken = |p: &Proposal| {
+                    let chain_child = match parent {
+                        None => p.tokens.first(),
+                        Some(i) if i + 1 < p.tokens.len() => p.tokens.get(i + 1),
+                        _ => None,
+                    };
+                    chain_child == Some(&t) || p.branches.contains(&(t, parent))
+                };
+                if p.branches.len() < r.branches && !taken(p) {
+                    p.branches.push((t, parent));
+                    Some(p.tokens.len() + p.branches.len() - 1)
+                } else {
+                    None
+                }
+            };
+            for i in (0..p.tokens.len()).step_by(2) {
+                for w in 1..=self.width {
+                    let t = (p.tokens[i] + w) % self.vocab;
+                    add(p, t, i.checked_sub(1));
+                }
+            }
+            let last = r.context[r.context.len() - 1];
+            if let Some(n) = add(p, (last + 3) % self.vocab, None) {
+                add(p, (last + 5) % self.vocab, Some(n));
+            }
+        }
+        Ok(out)
+    }
+
+    fn release(&mut self, seq_id: u64) {
+        self.inner.release(seq_id);
+    }
+}
+
+fn greedy() -> Sampler {
+    Sampler::new(SamplingParams::default())
+}
+
+fn decode_tree(
+    target: &Model,
+    proposer: &mut dyn Proposer,
+    prompt: &[u32],
+    max_new: usize,
+    shape: (usize, usize),
+    stats: &mut SpecStats,
+) -> Vec<u32> {
+    spec_decode_tree(
+        target,
+        Some(proposer),
+        prompt,
+        max_new,
+        shape,
+        greedy(),
+        stats,
+    )
+}
+
+fn plain(target: &Model, prompt: &[u32], max_new: usize) -> Vec<u32> {
+    spec_decode(
+        target,
+        None,
+        prompt,
+        max_new,
+        0,
+        SamplingParams::default(),
+        &mut SpecStats::default(),
+    )
+}
+
+#[test]
+fn tiny_greedy_tree_speculation_equals_plain_decoding() {
+    let spec = TinySpec {
+        dtype: GgmlDType::Q6K,
+        ..TinySpec::qwen2(11)
+    };
+    let target = tiny_model(&spec, "t.gguf");
+    let vocab = target.config().vocab_size as u32;
+    let close = Arc::new(tiny_model(
+        &TinySpec {
+            dtype: GgmlDType::Q4K,
+            ..TinySpec::qwen2(11)
+        },
+        "d.gguf",
+    ));
+    let prompts: [Vec<u32>; 3] = [
+        vec![5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
+        (0..30).map(|i| (i * 13 % 384) as u32).collect(),
+        vec![100, 101, 102, 103, 104, 100, 101, 102],
+    ];
+    let max_new = 40;
+    let (mut oracle_stats, mut noise_stats) = (SpecStats::default(), SpecStats::default());
+    for prompt in &prompts {
+        let want = plain(&target, prompt, max_new);
+        let mut truth = prompt.clone();
+        truth.extend_from_slice(&want);
+        for (k, branches) in [(1, 1), (3, 4), (5, 8), (8, 16)] {
+            let mut oracle = Oracle {
+                truth: truth.clone(),
+                vocab,
+            };
+            let shape = (k, branches);
+            let got = decode_tree(
+                &target,
+                &mut oracle,
+                prompt,
+                max_new,
+                shape,
+                &mut oracle_stats,
+            );
+            assert_eq!(got, want, "oracle tree k={k} branches={branches}");
+            let mut ngram = Widen {
+                inner: NgramProposer::new(1, 3).unwrap(),
+                vocab,
+                width: 2,
+            };
+            let got = decode_tree(
+                &target,
+                &mut ngram,
+                prompt,
+                max_new,
+                shape,
+                &mut noise_stats,
+            );
+            assert_eq!(got, want, "n-gram tree k={k} branches={branches}");
+            let mut draft = Widen {
+                inner: ModelDraft::new(close.clone(), 8, BS).unwrap(),
+                vocab,
+                width: 1,
+            };
+            let got = decode_tree(
+                &target,
+                &mut draft,
+                prompt,
+                max_new,
+                shape,
+                &mut noise_stats,
+            );
+            assert_eq!(got, want, "draft tree k={k} branches={branches}");
+        }
+    }
+    eprintln!(
+        "oracle trees: {} tree rounds, {} won by a branch, {:.2} tokens per pass; \
+         noise trees: {} tree rounds, {:.2} tokens per pass",
+        oracle_stats.tree_rounds,
+        oracle_stats.branch_wins,
+        oracle_stats.mean_accepted_length(),
+        noise_stats.tree_rounds,
+        noise_stats.mean_accepted_length()
+    );
+    // Every oracle round with a branch is won by it: the right token was
+    // only ever on a branch.
+    assert!(oracle_stats.tree_rounds > 50 && noise_stats.tree_rounds > 50);
+    assert_eq!(oracle_stats.branch_wins, oracle_stats.tree_rounds);
+    assert!(oracle_stats.mean_accepted_length() > 2.0);
+}
+
+#[test]
+fn real_pair_greedy_tree_speculation_equals_plain_decoding() {
+    let (Some(tp), Some(dp)) = (
+        real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+        real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ) else {
+        return;
+    };
+    let target = load_gguf(&tp).unwrap();
+    let vocab = target.config().vocab_size as u32;
+    let draft = Arc::new(load_gguf(&dp).unwrap());
+    let tok = TextTokenizer::from_gguf_file(&tp).unwrap();
+    let max_new = 48;
+    let mut stats = SpecStats::default();
+    let texts = [
+        "Write a Python function that returns the n-th prime number.",
+        "Explain in three sentences what a mutex is.",
+    ];
+    for (i, text) in texts.iter().enumerate() {
+        let chat = tok
+            .apply_chat_template(&[ChatMessage::new("user", *text)], true)
+            .unwrap();
+        let prompt = tok.encode(&chat, false).unwrap();
+        let want = plain(&target, &prompt, max_new);
+        let mut truth = prompt.clone();
+        truth.extend_from_slice(&want);
+        let mut oracle = Oracle { truth, vocab };
+        let got = decode_tree(&target, &mut oracle, &prompt, max_new, (4, 6), &mut stats);
+        assert_eq!(got, want, "oracle tree, prompt {i}");
+        let blocks = (prompt.len() + max_new + 16).div_ceil(BS);
+        let mut d = Widen {
+            inner: ModelDraft::new(draft.clone(), blocks, BS).unwrap(),
+            vocab,
+            width: 1,
+        };
+        let got = decode_tree(&target, &mut d, &prompt, max_new, (4, 6), &mut stats);
+        assert_eq!(got, want, "draft tree, prompt {i}");
+        let mut ngram = Widen {
+            inner: NgramProposer::new(1, 4).unwrap(),
+            vocab,
+            width: 2,
+        };
+        let got = decode_tree(&target, &mut ngram, &prompt, max_new, (4, 6), &mut stats);
+        assert_eq!(got, want, "n-gram tree, prompt {i}");
+    }
+    eprintln!(
+        "real pair trees: {} tree rounds, {} won by a branch, {:.2} tokens per pass",
+        stats.tree_rounds,
+        stats.branch_wins,
+        stats.mean_accepted_length()
+    );
+    assert!(stats.branch_wins > 0);
+}
+
+const V: usize = 12;
+const N: usize = 6_000;
+
+fn tiny(seed: u64, name: &str) -> Model {
+    let spec = TinySpec {
+        vocab_size: V,
+        dtype: GgmlDType::F32,
+        // Flat enough that draft and target overlap, and branches win.
+        logit_scale: 0.7,
+        ..TinySpec::llama(seed)
+    };
+    tiny_model(&spec, name)
+}
+
+/// Temperature 1 with every penalty on.
+fn params(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
+}
+
+fn controls() -> Controls {
+    Controls {
+        presence_penalty: 0.8,
+        frequency_penalty: 0.6,
+        repetition_penalty: 1.6,
+        logit_bias: vec![(3, 1.5), (4, -1.0), (10, 0.8)],
+        ..Controls::default()
+    }
+}
+
+fn sampler(prompt: &[u32], seed: u64) -> Sampler {
+    Sampler::new(params(seed)).with_processor(LogitsProcessor::new(controls(), prompt, None))
+}
+
+/// The processed, warped joint law of the target's first two tokens.
+fn exact_joint(target: &Model, prompt: &[u32]) -> Vec<f64> {
+    let mut s = sampler(prompt, 0);
+    let w = params(0);
+    let table = [0u32, 1];
+    let mut pool = KvPool::new(target.config(), 2, 16).unwrap();
+    let first = target
+        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::Last)
+        .unwrap();
+    let mut row = first[0].clone();
+    s.process(&mut row, &[]).unwrap();
+    let p1 = w.warp(&row);
+    let mut joint = vec![0f64; V * V];
+    for x1 in 0..V {
+        let next = target
+            .forward_one(
+                &mut pool,
+                &[x1 as u32],
+                prompt.len(),
+                &table,
+                LogitsWanted::Last,
+            )
+            .unwrap();
+        let mut row = next[0].clone();
+        s.process(&mut row, &[x1 as u32]).unwrap();
+        let p2 = w.warp(&row);
+        for x2 in 0..V {
+            joint[x1 * V + x2] = p1[x1] as f64 * p2[x2] as f64;
+        }
+    }
+    joint
+}
+
+/// Chi-square of the first two tokens sampled through `proposer`'s trees.
+fn sampled_fit(target: &Model, proposer: &mut dyn Proposer, prompt: &[u32]) -> (f64, f64, u64) {
+    let exact = exact_joint(target, prompt);
+    assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
+    let mut counts = vec![0usize; V * V];
+    let mut stats = SpecStats::default();
+    for i in 0..N {
+        let got = spec_decode_tree(
+            target,
+            Some(&mut *proposer),
+            prompt,
+            2,
+            (3, 5),
+            sampler(prompt, 1000 + i as u64),
+            &mut stats,
+        );
+        counts[got[0] as usize * V + got[1] as usize] += 1;
+    }
+    let (stat, crit) = chi_square(&exact, &counts, N);
+    (stat, crit, stats.branch_wins)
+}
+
+#[test]
+fn sampled_tree_speculation_with_penalties_matches_processed_target() {
+    let target = tiny(21, "target.gguf");
+    let prompt = vec![1u32, 5, 9, 2, 7];
+    // A draft's q-drawn chain with deterministic siblings: positions
+    // with one child take the q rule, the branched ones the
+    // without-replacement rule.
+    let mut draft = Widen {
+        inner: ModelDraft::new(Arc::new(tiny(22, "draft.gguf")), 2, 16).unwrap(),
+        vocab: V as u32,
+        width: 1,
+    };
+    let (stat, crit, wins) = sampled_fit(&target, &mut draft, &prompt);
+    eprintln!("draft tree: chi2 {stat:.1} (critical {crit:.1}), {wins} branch wins");
+    assert!(
+        stat < crit,
+        "draft-tree samples deviate: chi2 {stat} >= {crit}"
+    );
+    assert!(wins > 100, "branches should win often on a flat target");
+    // A deterministic tree (no q anywhere).
+    let mut ngram = Widen {
+        inner: NgramProposer::new(1, 3).unwrap(),
+        vocab: V as u32,
+        width: 2,
+    };
+    let (stat, crit, wins) = sampled_fit(&target, &mut ngram, &prompt);
+    eprintln!("deterministic tree: chi2 {stat:.1} (critical {crit:.1}), {wins} branch wins");
+    assert!(
+        stat < crit,
+        "deterministic-tree samples deviate: chi2 {stat} >= {crit}"
+    );
+    assert!(wins > 100);
+}
