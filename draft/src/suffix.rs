@@ -25,12 +25,18 @@
 //! token in the worst case (all grams distinct). With the defaults the
 //! worst case is 64 scopes of 64 Ki tokens each, about 200 MB.
 //!
+//! [`SuffixPool::lookup_tree`] offers several matched continuations at
+//! once: the same chain as `lookup`, plus the continuations of the other
+//! examined occurrences as branches where they diverge from it.
+//!
 //! Cost: a lookup hashes `min_match` tokens, then visits at most
 //! [`MAX_CANDIDATES`] occurrences of that hash, newest first, each costing a
 //! binary search over the scope's documents and at most `max_match` token
 //! comparisons: microseconds whatever the pool size. An insert costs
 //! `O(len * min_match)` hashing, and evicting a document the same.
 
+use crate::trie::Trie;
+use crate::Proposal;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -125,13 +131,30 @@ impl SuffixConfig {
 /// Invariant: `tokens` is non-empty and no longer than the `k` asked for;
 /// `match_len` is in `min_match..=max_match` and at most the context length:
 /// the last `match_len` context tokens equal the `match_len` stored tokens
-/// right before `tokens` in one document of the scope.
+/// right before `tokens` in one document of the scope. `branches` is in
+/// [`Proposal`]'s form (node `i < tokens.len()` is `tokens[i]`, node
+/// `tokens.len() + j` is `branches[j]`; a branch's parent is an earlier
+/// node, `None` the root) and never repeats a sibling's token; it is empty
+/// from [`SuffixPool::lookup`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct SuffixMatch {
     /// What followed the matched suffix in the stored document.
     pub tokens: Vec<u32>,
     /// How many trailing context tokens matched; longer is more confident.
     pub match_len: usize,
+    /// Other stored continuations, `(token, parent node)`, as a trie
+    /// hanging off the chain (see [`SuffixPool::lookup_tree`]).
+    pub branches: Vec<(u32, Option<usize>)>,
+}
+
+impl SuffixMatch {
+    /// The match as a deterministic (q `None`) [`Proposal`].
+    pub fn into_proposal(self) -> Proposal {
+        Proposal {
+            branches: self.branches,
+            ..Proposal::chain(self.tokens, None)
+        }
+    }
 }
 
 /// One stored document.
@@ -341,6 +364,25 @@ impl SuffixPool {
     /// frequent gram can be missed; a claimed match is always checked
     /// token by token, never trusted to the hash.
     pub fn lookup(&mut self, scope: &str, context: &[u32], k: usize) -> Option<SuffixMatch> {
+        self.lookup_tree(scope, context, k, 0)
+    }
+
+    /// [`lookup`](Self::lookup) with up to `branches` branch nodes besides
+    /// its chain (which is unchanged): the continuations (at most `k`
+    /// tokens each, so no node is deeper than `k`) of the other examined
+    /// occurrences of the suffix, longest match first and the most recent
+    /// first among equal lengths, each inserted as a trie path under the
+    /// node where it diverges from what is already there. Only the
+    /// [`MAX_CANDIDATES`] newest occurrences of the last `min_match`
+    /// tokens are examined, as for the chain, so the cost stays bounded.
+    /// `branches == 0` is exactly `lookup`.
+    pub fn lookup_tree(
+        &mut self,
+        scope: &str,
+        context: &[u32],
+        k: usize,
+        branches: usize,
+    ) -> Option<SuffixMatch> {
         if k == 0 {
             return None;
         }
@@ -355,8 +397,9 @@ impl SuffixPool {
         let limit = self.cfg.max_match.min(n);
         let suffix = &context[n - m..];
         let mut pos = *s.heads.get(&(gram_hash(suffix) & self.hash_mask))?;
-        // (document start, continuation offset, match length)
-        let mut best: Option<(u64, usize, usize)> = None;
+        // (position of the continuation, match length) of every real match
+        // examined, newest first; the chain's is the first of the longest.
+        let mut found: Vec<(u64, usize)> = Vec::new();
         for _ in 0..self.max_candidates {
             let Some(doc) = s.doc_at(pos) else {
                 break; // evicted: the rest of the chain is older still
@@ -367,12 +410,11 @@ impl SuffixPool {
                 while len < limit && len < j && doc.tokens[j - len - 1] == context[n - len - 1] {
                     len += 1;
                 }
-                // Newest first, so only a strictly longer match replaces.
-                if best.is_none_or(|(_, _, l)| len > l) {
-                    best = Some((doc.start, j, len));
-                }
-                if len == limit {
-                    break; // nothing older can beat it
+                found.push((pos, len));
+                // Nothing older can beat it for the chain; a tree still
+                // wants the other continuations.
+                if len == limit && branches == 0 {
+                    break;
                 }
             }
             pos = doc.links[j - m];
@@ -380,10 +422,35 @@ impl SuffixPool {
                 break;
             }
         }
-        let (start, j, match_len) = best?;
-        let doc = s.doc_at(start)?;
-        let tokens = doc.tokens[j..(j + k).min(doc.tokens.len())].to_vec();
-        (!tokens.is_empty()).then_some(SuffixMatch { tokens, match_len })
+        // Stable: newest first among equal lengths.
+        found.sort_by_key(|&(_, len)| std::cmp::Reverse(len));
+        let continuation = |pos: u64| {
+            let doc = s.doc_at(pos)?;
+            let j = (pos - doc.start) as usize;
+            Some(&doc.tokens[j..(j + k).min(doc.tokens.len())])
+        };
+        let &(best, match_len) = found.first()?;
+        let tokens = continuation(best)?.to_vec();
+        if tokens.is_empty() {
+            return None;
+        }
+        let mut trie = Trie::new(tokens, branches);
+        for &(p, _) in &found[1..] {
+            if trie.is_full() {
+                break;
+            }
+            if let Some(c) = continuation(p) {
+                trie.insert(c);
+            }
+        }
+        let Proposal {
+            tokens, branches, ..
+        } = trie.into_proposal();
+        Some(SuffixMatch {
+            tokens,
+            match_len,
+            branches,
+        })
     }
 
     /// Tokens stored under `scope` (0 for an unknown one); at most
@@ -425,6 +492,7 @@ mod tests {
         Some(SuffixMatch {
             tokens: tokens.to_vec(),
             match_len,
+            branches: Vec::new(),
         })
     }
 
@@ -505,6 +573,7 @@ mod tests {
             best.map(|(t, match_len)| SuffixMatch {
                 tokens: t.to_vec(),
                 match_len,
+                branches: Vec::new(),
             })
         }
 
@@ -832,6 +901,102 @@ mod tests {
             let ctx = &doc[end.saturating_sub(10)..end];
             assert_eq!(sparse.lookup("s", ctx, k), sparse_model.lookup(ctx, k));
         }
+    }
+
+    #[test]
+    fn tree_offers_the_other_continuations_as_a_trie() {
+        let mut p = SuffixPool::new(cfg(3, 12));
+        p.insert("a", &[5, 1, 2, 3, 10, 11, 12]);
+        p.insert("a", &[6, 1, 2, 3, 10, 20, 21]);
+        p.insert("a", &[7, 1, 2, 3, 30, 31]);
+        p.insert("a", &[9, 9, 1, 2, 3, 10, 11, 40]);
+        // Every match has length 3: newest first. The chain is the newest
+        // (10, 11, 40); 30, 31 branches at the root, 10, 20, 21 under node
+        // 0 and 10, 11, 12 under node 1.
+        let ctx = [8, 1, 2, 3];
+        let t = p.lookup_tree("a", &ctx, 3, 10).unwrap();
+        let chain = p.lookup("a", &ctx, 3).unwrap();
+        assert_eq!((&t.tokens, t.match_len), (&chain.tokens, chain.match_len));
+        assert_eq!(t.tokens, vec![10, 11, 40]);
+        let all = vec![
+            (30, None),
+            (31, Some(3)),
+            (20, Some(0)),
+            (21, Some(5)),
+            (12, Some(1)),
+        ];
+        assert_eq!(t.branches, all);
+        for b in 0..all.len() {
+            let got = p.lookup_tree("a", &ctx, 3, b).unwrap();
+            assert_eq!(got.branches, all[..b], "budget {b}");
+        }
+        assert_eq!(p.lookup_tree("a", &ctx, 3, 0), Some(chain));
+        // A longer match (4 tokens, in the second document) is the chain;
+        // the 3-token ones follow, newest first.
+        let t = p.lookup_tree("a", &[6, 1, 2, 3], 3, 10).unwrap();
+        assert_eq!((t.tokens.clone(), t.match_len), (vec![10, 20, 21], 4));
+        assert_eq!(
+            t.branches,
+            vec![(11, Some(0)), (40, Some(3)), (30, None), (31, Some(5)), (12, Some(3))]
+        );
+        // Depth is at most k.
+        let t = p.lookup_tree("a", &ctx, 1, 10).unwrap();
+        assert_eq!((t.tokens, t.branches), (vec![10], vec![(30, None)]));
+        let prop = p.lookup_tree("a", &ctx, 2, 10).unwrap().into_proposal();
+        assert_eq!(prop.tokens, vec![10, 11]);
+        assert_eq!(prop.q, None);
+        assert_eq!(prop.branches, vec![(30, None), (31, Some(2)), (20, Some(0))]);
+        prop.tree().unwrap();
+        assert_eq!(p.lookup_tree("b", &ctx, 2, 10), None, "scopes stay apart");
+    }
+
+    /// Randomized, with colliding hashes: the tree's chain is always the
+    /// brute-force lookup, no node is deeper than k, siblings are distinct,
+    /// the budget holds and every node's path follows a real occurrence of
+    /// the context's last `min_match` tokens.
+    #[test]
+    fn tree_chains_equal_lookup_and_every_path_is_real() {
+        let mut rng = Rng(21);
+        let c = SuffixConfig {
+            max_tokens_per_scope: 600,
+            ..cfg(2, 6)
+        };
+        let mut p = SuffixPool::with_index(c.clone(), 7, usize::MAX);
+        let mut model = Naive::new(c);
+        let mut branched = 0;
+        for _ in 0..60 {
+            let doc = rng.tokens(3..40, 4);
+            p.insert("s", &doc);
+            model.insert(&doc);
+            for _ in 0..10 {
+                let ctx = rng.tokens(2..8, 4);
+                let k = 1 + rng.below(5) as usize;
+                let b = rng.below(9) as usize;
+                let Some(t) = p.lookup_tree("s", &ctx, k, b) else {
+                    assert_eq!(model.lookup(&ctx, k), None);
+                    continue;
+                };
+                let want = model.lookup(&ctx, k).unwrap();
+                assert_eq!((&t.tokens, t.match_len), (&want.tokens, want.match_len));
+                assert!(t.branches.len() <= b);
+                branched += usize::from(!t.branches.is_empty());
+                let tree = t.clone().into_proposal().tree().unwrap();
+                for node in std::iter::once(None).chain((0..tree.len()).map(Some)) {
+                    let kids = tree.children(node);
+                    let mut toks: Vec<u32> = kids.iter().map(|&c| tree.token(c)).collect();
+                    toks.sort_unstable();
+                    toks.dedup();
+                    assert_eq!(toks.len(), kids.len(), "repeated sibling: {t:?}");
+                }
+                for i in 0..tree.len() {
+                    assert!(tree.depth(i) <= k);
+                    let mut w = ctx[ctx.len() - 2..].to_vec();
+                    w.extend(tree.path_tokens(i));
+                    assert!(model.contains(&w), "{w:?} is not stored");
+                }
+            }
+        }
+        assert!(branched > 50, "the test must exercise branches ({branched})");
     }
 
     #[test]
