@@ -39,8 +39,11 @@ impl Ranked {
                 alts: Vec::new(),
             };
         }
-        let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-        let prob = |l: f32| (f64::from(l - max).exp() / sum) as f32;
+        // One exp per vocabulary entry: f32 exps (a real vocabulary is
+        // ~150k rows per position), summed in f64 so the total stays exact
+        // enough to compare with a threshold.
+        let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
+        let prob = |l: f32| (f64::from((l - max).exp()) / sum) as f32;
         let alts = top_n(logits, n + 1, f32::NEG_INFINITY)
             .into_iter()
             .filter(|&(t, _)| t != chosen)
@@ -62,7 +65,11 @@ impl Ranked {
         Self {
             top1: top.first().map_or(0.0, |&(_, p)| p),
             chosen: q.get(chosen as usize).copied().unwrap_or(0.0),
-            alts: top.into_iter().filter(|&(t, _)| t != chosen).take(n).collect(),
+            alts: top
+                .into_iter()
+                .filter(|&(t, _)| t != chosen)
+                .take(n)
+                .collect(),
         }
     }
 }
@@ -186,7 +193,10 @@ mod tests {
     fn greedy_rows_rank_by_logit_with_softmax_probabilities() {
         let l = [1.0, 3.0, 3.0, f32::NEG_INFINITY, 2.0];
         let r = Ranked::from_logits(&l, 1, 3);
-        let z: f32 = [1.0f32, 3.0, 3.0, 2.0].iter().map(|x| (x - 3.0).exp()).sum();
+        let z: f32 = [1.0f32, 3.0, 3.0, 2.0]
+            .iter()
+            .map(|x| (x - 3.0).exp())
+            .sum();
         let p = |x: f32| (x - 3.0).exp() / z;
         // Token 2 ties the argmax 1 and ranks next (higher id); -inf
         // (a grammar's mask) is never offered.

@@ -937,7 +937,13 @@ mod tests {
         assert_eq!((t.tokens.clone(), t.match_len), (vec![10, 20, 21], 4));
         assert_eq!(
             t.branches,
-            vec![(11, Some(0)), (40, Some(3)), (30, None), (31, Some(5)), (12, Some(3))]
+            vec![
+                (11, Some(0)),
+                (40, Some(3)),
+                (30, None),
+                (31, Some(5)),
+                (12, Some(3))
+            ]
         );
         // Depth is at most k.
         let t = p.lookup_tree("a", &ctx, 1, 10).unwrap();
@@ -945,7 +951,10 @@ mod tests {
         let prop = p.lookup_tree("a", &ctx, 2, 10).unwrap().into_proposal();
         assert_eq!(prop.tokens, vec![10, 11]);
         assert_eq!(prop.q, None);
-        assert_eq!(prop.branches, vec![(30, None), (31, Some(2)), (20, Some(0))]);
+        assert_eq!(
+            prop.branches,
+            vec![(30, None), (31, Some(2)), (20, Some(0))]
+        );
         prop.tree().unwrap();
         assert_eq!(p.lookup_tree("b", &ctx, 2, 10), None, "scopes stay apart");
     }
@@ -996,7 +1005,10 @@ mod tests {
                 }
             }
         }
-        assert!(branched > 50, "the test must exercise branches ({branched})");
+        assert!(
+            branched > 50,
+            "the test must exercise branches ({branched})"
+        );
     }
 
     #[test]
