@@ -2,13 +2,17 @@
 //! the tokens it did not choose ([`Ranked`]), and which of them become
 //! sibling leaves of the chain under a node budget ([`leaves`]).
 //!
-//! The rule: a position is unsure when its most likely token has
-//! probability below a threshold; unsure positions are served most unsure
-//! first, one leaf per position per round (so a budget smaller than the
-//! unsure positions goes to the least sure ones), each leaf being the
-//! position's next most likely token that is not the chain's; a position
-//! takes leaves while the tokens it already offers (the chain's and its
-//! leaves) cover less than the threshold of its probability.
+//! The rule: a position is unsure when the chain's token there has
+//! probability below a threshold (at greedy params the chain's token is the
+//! most likely one, so this is "top-1 below the threshold"; a sampled chain
+//! may have drawn an unlikely token where the draft was sure of another,
+//! and then that other one is the leaf most worth a verify row). Unsure
+//! positions are served most unsure first, one leaf per position per round
+//! (so a budget smaller than the unsure positions goes to the least sure
+//! ones), each leaf being the position's next most likely token that is not
+//! the chain's; a position takes leaves while the tokens it already offers
+//! (the chain's and its leaves) cover less than the threshold of its
+//! probability.
 
 /// How one drafted row ranks its tokens.
 ///
@@ -17,8 +21,6 @@
 /// only tokens of probability > 0 and never the chain's token.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Ranked {
-    /// Probability of the row's most likely token.
-    top1: f32,
     /// Probability of the token the chain took there.
     chosen: f32,
     /// The most likely other tokens with their probabilities.
@@ -34,7 +36,6 @@ impl Ranked {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if !max.is_finite() {
             return Self {
-                top1: 1.0,
                 chosen: 1.0,
                 alts: Vec::new(),
             };
@@ -52,7 +53,6 @@ impl Ranked {
             .take(n)
             .collect();
         Self {
-            top1: prob(max),
             chosen: logits.get(chosen as usize).map_or(0.0, |&l| prob(l)),
             alts,
         }
@@ -63,7 +63,6 @@ impl Ranked {
     pub(crate) fn from_probs(q: &[f32], chosen: u32, n: usize) -> Self {
         let top = top_n(q, n + 1, 0.0);
         Self {
-            top1: top.first().map_or(0.0, |&(_, p)| p),
             chosen: q.get(chosen as usize).copied().unwrap_or(0.0),
             alts: top
                 .into_iter()
@@ -97,8 +96,8 @@ fn top_n(values: &[f32], n: usize, floor: f32) -> Vec<(u32, f32)> {
 /// `budget` of them, as `(token, parent)` with parent the chain node before
 /// the position (`None` at position 0), in the order the module doc's rule
 /// picks them (acceptance tries siblings in this order, after the chain's
-/// token). Positions whose top probability is at least `unsure_below` get
-/// none.
+/// token). Positions whose chain token has probability at least
+/// `unsure_below` get none.
 pub(crate) fn leaves(
     positions: &[Ranked],
     budget: usize,
@@ -108,13 +107,14 @@ pub(crate) fn leaves(
     if budget == 0 {
         return out;
     }
+    // What each position offers so far: the chain's token.
+    let mut covered: Vec<f32> = positions.iter().map(|r| r.chosen).collect();
     let mut order: Vec<usize> = (0..positions.len())
-        .filter(|&p| positions[p].top1 < unsure_below)
+        .filter(|&p| covered[p] < unsure_below)
         .collect();
     // Stable: among equally unsure positions the earlier (likelier to be
     // reached) first.
-    order.sort_by(|&a, &b| positions[a].top1.total_cmp(&positions[b].top1));
-    let mut covered: Vec<f32> = positions.iter().map(|r| r.chosen).collect();
+    order.sort_by(|&a, &b| covered[a].total_cmp(&covered[b]));
     for round in 0.. {
         let mut added = false;
         for &p in &order {
@@ -142,10 +142,9 @@ pub(crate) fn leaves(
 mod tests {
     use super::*;
 
-    fn ranked(top1: f32, alts: &[(u32, f32)]) -> Ranked {
+    fn ranked(chosen: f32, alts: &[(u32, f32)]) -> Ranked {
         Ranked {
-            top1,
-            chosen: top1,
+            chosen,
             alts: alts.to_vec(),
         }
     }
@@ -179,7 +178,6 @@ mod tests {
         assert_eq!(
             r,
             Ranked {
-                top1: 0.6,
                 chosen: 0.3,
                 alts: vec![(2, 0.6), (0, 0.1)] // never the zero
             }
@@ -187,6 +185,13 @@ mod tests {
         // Covered 0.3 + 0.6 >= 0.8 after the first leaf.
         assert_eq!(leaves(&[r], 5, 0.8), vec![(2, None)]);
         assert_eq!(Ranked::from_probs(&q, 2, 1).alts, vec![(3, 0.3)]);
+        // Sure of token 0 (0.9), but the chain drew token 1: token 0 is
+        // offered beside it.
+        let r = Ranked::from_probs(&[0.9, 0.05, 0.05], 1, 2);
+        assert_eq!(leaves(&[r], 5, 0.8), vec![(0, None)]);
+        // The chain drew the sure token: nothing.
+        let r = Ranked::from_probs(&[0.9, 0.05, 0.05], 0, 2);
+        assert!(leaves(&[r], 5, 0.8).is_empty());
     }
 
     #[test]
@@ -205,7 +210,7 @@ mod tests {
         for (&(_, got), want) in r.alts.iter().zip([p(3.0), p(2.0), p(1.0)]) {
             assert!((got - want).abs() < 1e-6);
         }
-        assert!((r.top1 - p(3.0)).abs() < 1e-6 && r.chosen == r.top1);
+        assert!((r.chosen - p(3.0)).abs() < 1e-6);
         assert_eq!(Ranked::from_logits(&l, 1, 1).alts.len(), 1);
         let none = Ranked::from_logits(&[f32::NEG_INFINITY; 3], 0, 2);
         assert!(none.alts.is_empty() && leaves(&[none], 4, 0.8).is_empty());

@@ -26,8 +26,9 @@
 //! too (not for a recurrent draft, whose state a block cannot restore).
 //!
 //! Branches: a request allowing branch nodes gets, where the draft is
-//! unsure of a chain position (its most likely token has probability below
-//! [`ModelDraft::unsure_below`]), the next most likely tokens there as
+//! unsure of a chain position (the chain's token there has probability
+//! below [`ModelDraft::unsure_below`]; at greedy params that is the top
+//! token), the next most likely other tokens there as
 //! sibling leaves of that chain token ([`crate::leaves`]). Leaves are never
 //! fed to the draft, so its cache and states stay a chain and the catch-up
 //! above is unchanged; their q is not given (acceptance treats a position
@@ -63,9 +64,9 @@ pub struct ModelDraft {
     unsure_below: f32,
 }
 
-/// The default [`ModelDraft::unsure_below`]: at 0.8 the draft's top token
-/// misses about one time in five or more, often enough that its runner-up
-/// is worth a verify row.
+/// The default [`ModelDraft::unsure_below`]: below 0.8 the draft's own
+/// token misses about one time in five or more, often enough that its
+/// runner-up is worth a verify row.
 pub const DEFAULT_UNSURE_BELOW: f32 = 0.8;
 
 /// A recurrent draft's states of one sequence: the length its slot holds,
@@ -96,10 +97,13 @@ impl ModelDraft {
     }
 
     /// The probability below which a chain position counts as unsure and
-    /// gets leaves: that of its most likely token under the draft's
-    /// processed, warped q, or at greedy params (where q is one-hot) under
-    /// the softmax of the processed logits at temperature 1, the draft's
-    /// own confidence. Default [`DEFAULT_UNSURE_BELOW`].
+    /// gets leaves: that of the chain's token under the draft's processed,
+    /// warped q, or at greedy params (where q is one-hot and the chain's
+    /// token the argmax) under the softmax of the processed logits at
+    /// temperature 1, the draft's own confidence. A position keeps taking
+    /// leaves, its next most likely tokens, while the tokens it offers
+    /// cover less than this (see `crate::leaves`). Default
+    /// [`DEFAULT_UNSURE_BELOW`].
     pub fn unsure_below(&self) -> f32 {
         self.unsure_below
     }
