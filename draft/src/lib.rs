@@ -13,11 +13,13 @@
 mod blocks;
 pub mod cost;
 pub mod guard;
+mod leaves;
 pub mod model;
 pub mod ngram;
 pub mod policy;
 pub mod suffix;
 pub mod tree_shape;
+mod trie;
 
 pub use cost::{CostCurve, CostModel};
 pub use guard::ModelGuard;
@@ -157,7 +159,7 @@ impl Proposer for NgramProposer {
     fn propose(&mut self, batch: &mut [ProposeRequest]) -> Result<Vec<Proposal>, DraftError> {
         Ok(batch
             .iter()
-            .map(|r| Proposal::chain(self.lookup(r.context, r.k).to_vec(), None))
+            .map(|r| self.lookup_tree(r.context, r.k, r.branches))
             .collect())
     }
 }

@@ -24,8 +24,18 @@
 //! earlier sequence's blocks; where the draft wrote its own K/V for the
 //! same tokens in those blocks ([`crate::blocks`]), it counts them as held
 //! too (not for a recurrent draft, whose state a block cannot restore).
+//!
+//! Branches: a request allowing branch nodes gets, where the draft is
+//! unsure of a chain position (the chain's token there has probability
+//! below [`ModelDraft::unsure_below`]; at greedy params that is the top
+//! token), the next most likely other tokens there as
+//! sibling leaves of that chain token ([`crate::leaves`]). Leaves are never
+//! fed to the draft, so its cache and states stay a chain and the catch-up
+//! above is unchanged; their q is not given (acceptance treats a position
+//! with several children as deterministic candidates).
 
 use crate::blocks::BlockContents;
+use crate::leaves::{leaves, Ranked};
 use crate::{DraftError, Proposal, ProposeRequest, Proposer};
 use specgate_verify::sample::argmax;
 use specgate_verify::{KvPool, LogitsWanted, Model, ModelConfig, SeqInput};
@@ -49,7 +59,15 @@ pub struct ModelDraft {
     timings: Vec<(usize, f64)>,
     /// Which token prefix the draft's K/V in each full block holds.
     blocks: BlockContents,
+    /// A chain position whose most likely token has less probability than
+    /// this gets leaves (see [`ModelDraft::set_unsure_below`]).
+    unsure_below: f32,
 }
+
+/// The default [`ModelDraft::unsure_below`]: below 0.8 the draft's own
+/// token misses about one time in five or more, often enough that its
+/// runner-up is worth a verify row.
+pub const DEFAULT_UNSURE_BELOW: f32 = 0.8;
 
 /// A recurrent draft's states of one sequence: the length its slot holds,
 /// and `(length, state per shard)` after each token fed in the last
@@ -74,7 +92,27 @@ impl ModelDraft {
             states: HashMap::new(),
             timings: Vec::new(),
             blocks: BlockContents::new(block_size),
+            unsure_below: DEFAULT_UNSURE_BELOW,
         })
+    }
+
+    /// The probability below which a chain position counts as unsure and
+    /// gets leaves: that of the chain's token under the draft's processed,
+    /// warped q, or at greedy params (where q is one-hot and the chain's
+    /// token the argmax) under the softmax of the processed logits at
+    /// temperature 1, the draft's own confidence. A position keeps taking
+    /// leaves, its next most likely tokens, while the tokens it offers
+    /// cover less than this (see `crate::leaves`). Default
+    /// [`DEFAULT_UNSURE_BELOW`].
+    pub fn unsure_below(&self) -> f32 {
+        self.unsure_below
+    }
+
+    /// Sets [`ModelDraft::unsure_below`]; 0 never branches, above 1 always
+    /// may (as far as the branch budget goes). Proposals without branches
+    /// do not depend on it.
+    pub fn set_unsure_below(&mut self, p: f32) {
+        self.unsure_below = p;
     }
 
     /// `(rows, seconds)` of every proposal forward run since the last
@@ -147,19 +185,26 @@ impl ModelDraft {
     }
 
     /// The next draft after `pending` from one row of raw draft logits,
-    /// with its q (None when greedy); `None` when processing fails.
+    /// with its q (None when greedy); `None` when processing fails. With
+    /// `alts > 0`, also how that row ranks the other tokens (up to `alts`
+    /// of them), computed after the draw so no random draw changes.
     fn pick(
         logits: &mut [f32],
         req: &mut ProposeRequest,
         pending: &[u32],
-    ) -> Option<(u32, Option<Vec<f32>>)> {
+        alts: usize,
+    ) -> Option<(u32, Option<Vec<f32>>, Option<Ranked>)> {
         req.sampler.process(logits, pending).ok()?;
         let params = *req.sampler.params();
         if params.is_greedy() {
-            return Some((argmax(logits), None));
+            let tok = argmax(logits);
+            let ranked = (alts > 0).then(|| Ranked::from_logits(logits, tok, alts));
+            return Some((tok, None, ranked));
         }
         let q = params.warp(logits);
-        Some((req.sampler.draw(&q), Some(q)))
+        let tok = req.sampler.draw(&q);
+        let ranked = (alts > 0).then(|| Ranked::from_probs(&q, tok, alts));
+        Some((tok, Some(q), ranked))
     }
 }
 
@@ -378,17 +423,21 @@ impl Proposer for ModelDraft {
             }
         }
         let mut qs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); batch.len()];
+        let mut ranks: Vec<Vec<Ranked>> = vec![Vec::new(); batch.len()];
         let mut step = 0;
         let mut live = active.clone();
         loop {
             for (row, &i) in logits.iter_mut().zip(&live) {
-                let Some((tok, q)) = Self::pick(row, &mut batch[i], &out[i].tokens) else {
+                let alts = batch[i].branches;
+                let Some((tok, q, ranked)) = Self::pick(row, &mut batch[i], &out[i].tokens, alts)
+                else {
                     continue;
                 };
                 out[i].tokens.push(tok);
                 if let Some(q) = q {
                     qs[i].push(q);
                 }
+                ranks[i].extend(ranked);
             }
             step += 1;
             // A sequence that could not draft this step stops here.
@@ -426,6 +475,7 @@ impl Proposer for ModelDraft {
             if !qs[i].is_empty() {
                 out[i].q = Some(std::mem::take(&mut qs[i]));
             }
+            out[i].branches = leaves(&ranks[i], r.branches, self.unsure_below);
         }
         Ok(out)
     }
@@ -439,3 +489,7 @@ impl Proposer for ModelDraft {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "model_tests.rs"]
+mod tests;

@@ -706,28 +706,28 @@ impl Engine {
                 continue;
             }
             let ctx = &s.spec.tokens;
+            let (k, w) = (MAX_SPECULATIVE_TOKENS, self.tree_branches);
             let own = match s.method {
-                SpecMethod::Ngram => self.ngram.lookup(ctx, MAX_SPECULATIVE_TOKENS),
+                SpecMethod::Ngram => self.ngram.lookup_tree(ctx, k, w),
                 _ => self
                     .context_lookup
                     .as_ref()
-                    .map_or(&[][..], |n| n.lookup(ctx, MAX_SPECULATIVE_TOKENS)),
+                    .map_or_else(Proposal::default, |n| n.lookup_tree(ctx, k, w)),
             };
-            let found = if !own.is_empty() {
+            let found = if !own.tokens.is_empty() {
                 Some(Lookup {
-                    tokens: own.to_vec(),
-                    branches: Vec::new(),
+                    tokens: own.tokens,
+                    branches: own.branches,
                     from_pool: false,
                 })
             } else {
                 let scope = Self::scope(self.suffix_global, s);
                 self.suffix.as_mut().and_then(|p| {
-                    p.lookup(&scope, ctx, MAX_SPECULATIVE_TOKENS)
-                        .map(|m| Lookup {
-                            tokens: m.tokens,
-                            branches: Vec::new(),
-                            from_pool: true,
-                        })
+                    p.lookup_tree(&scope, ctx, k, w).map(|m| Lookup {
+                        tokens: m.tokens,
+                        branches: m.branches,
+                        from_pool: true,
+                    })
                 })
             };
             if let Some(l) = found {
