@@ -146,12 +146,11 @@ impl Model {
         let mut rows = flatten(self, pool, seqs)?;
         let attn = TreeAttn::build(&mut rows, seqs, trees)?;
         match &self.body {
-            Body::Llama(shards) => llama::forward_rows(self, shards, pool, seqs, &rows, Some(&attn)),
+            Body::Llama(shards) => {
+                llama::forward_rows(self, shards, pool, seqs, &rows, Some(&attn))
+            }
             Body::KimiK3(ranks) => {
-                let trees = kimi_k3::Trees {
-                    attn: &attn,
-                    trees,
-                };
+                let trees = kimi_k3::Trees { attn: &attn, trees };
                 kimi_k3::forward_rows(self, ranks, pool, seqs, &rows, Some(trees))
             }
             _ => unreachable!("refused above"),

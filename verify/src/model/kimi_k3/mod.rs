@@ -475,27 +475,14 @@ impl Kda {
             // States after rows 0..keep are kept for rollback; the last
             // row's is the slot's live state (see KvShard::take_row_buffer).
             let keep = span.len().saturating_sub(1);
-            let (mut qs, mut ks, vs) = if let Some(parents) = &sp.parents {
-                let mut conv = |which: usize, x: &[f32], now: &mut [f32], w: &[f32]| {
-                    let at = snap
-                        .as_deref_mut()
-                        .map(|b| (b, state_floats, state_off + which * hist));
-                    tree::conv_rows(&x[rows.clone()], now, w, kernel, parents, at)
-                };
-                (
-                    conv(0, &q, cq, &self.q_conv),
-                    conv(1, &k, ck, &self.k_conv),
-                    conv(2, &v, cv, &self.v_conv),
-                )
-            } else {
-                self.chain_convs(
-                    (&q[rows.clone()], &k[rows.clone()], &v[rows.clone()]),
-                    [cq, ck, cv],
-                    kernel,
-                    snap.as_deref_mut(),
-                    (state_floats, state_off),
-                )
-            };
+            let (mut qs, mut ks, vs) = self.span_convs(
+                sp,
+                (&q[rows.clone()], &k[rows.clone()], &v[rows.clone()]),
+                [cq, ck, cv],
+                kernel,
+                snap.as_deref_mut(),
+                (state_floats, state_off),
+            );
             qs.chunks_exact_mut(hd)
                 .for_each(|x| kda::l2_normalize(x, eps));
             ks.chunks_exact_mut(hd)
@@ -549,40 +536,6 @@ impl Kda {
             }
         }
         self.o.apply(&o)
-    }
-}
-
-impl Kda {
-    /// A chain's short convolutions of one span's `q`, `k`, `v` rows, each
-    /// continuing from its history in `now` (left holding the last row's);
-    /// with `snap`, the histories after each row but the last go to
-    /// `snap[t * stride + off + which * hist..]` (`which`: 0 q, 1 k, 2 v).
-    fn chain_convs(
-        &self,
-        (q, k, v): (&[f32], &[f32], &[f32]),
-        [cq, ck, cv]: [&mut [f32]; 3],
-        kernel: usize,
-        snap: Option<&mut [f32]>,
-        (stride, off): (usize, usize),
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let (c, hist) = (self.q_conv.len() / kernel, cq.len());
-        let keep = (q.len() / c).saturating_sub(1);
-        if let Some(snap) = snap {
-            // Each row's conv histories: the kernel - 1 inputs up to it.
-            for (which, (x, now)) in [(q, &*cq), (k, &*ck), (v, &*cv)].into_iter().enumerate() {
-                let mut win = now.to_vec();
-                win.extend_from_slice(x);
-                for t in 0..keep {
-                    let at = t * stride + off + which * hist;
-                    snap[at..at + hist].copy_from_slice(&win[(t + 1) * c..(t + kernel) * c]);
-                }
-            }
-        }
-        (
-            kda::conv_silu(q, cq, &self.q_conv, kernel),
-            kda::conv_silu(k, ck, &self.k_conv, kernel),
-            kda::conv_silu(v, cv, &self.v_conv, kernel),
-        )
     }
 }
 

@@ -1,6 +1,6 @@
 //! Kimi K3 over a token tree ([`crate::Model::forward_trees`]): which row's
 //! recurrent state each row continues from, and the short convolutions of
-//! a tree's rows.
+//! a sequence's rows, a chain's or a tree's.
 //!
 //! A tree's rows are row 0 (the last committed token) and row `1 + i`
 //! (node `i`). A KDA layer's state after a row is a function of the state
@@ -20,7 +20,7 @@
 //! The MLA layers need only the tree's slots and visible slots
 //! ([`TreeAttn`]): they are NoPE, so a row's position plays no part.
 
-use super::kda;
+use super::{kda, Kda};
 use crate::model::rows::SeqInput;
 use crate::model::tree::TreeAttn;
 use crate::tree_accept::TokenTree;
@@ -80,13 +80,66 @@ impl Span {
     }
 }
 
+/// One span's `(q, k, v)` rows as its short convolutions, per-row
+/// histories recorded, see [`Kda::span_convs`].
+type Convs = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+impl Kda {
+    /// The short convolutions (+ SiLU) of one span's `q`, `k`, `v` rows,
+    /// each continuing from its history in `now` (left holding the last
+    /// row's); with `snap`, the histories after each row but the last go
+    /// to `snap[t * stride + off + which * hist..]` (`which`: 0 q, 1 k,
+    /// 2 v). A tree span's rows continue from their parent rows'
+    /// histories ([`conv_rows`]), a chain's from the row before.
+    pub(super) fn span_convs(
+        &self,
+        span: &Span,
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        [cq, ck, cv]: [&mut [f32]; 3],
+        kernel: usize,
+        mut snap: Option<&mut [f32]>,
+        (stride, off): (usize, usize),
+    ) -> Convs {
+        let hist = cq.len();
+        if let Some(parents) = &span.parents {
+            let mut conv = |which: usize, x: &[f32], now: &mut [f32], w: &[f32]| {
+                let at = snap.as_deref_mut().map(|b| (b, stride, off + which * hist));
+                conv_rows(x, now, w, kernel, parents, at)
+            };
+            return (
+                conv(0, q, cq, &self.q_conv),
+                conv(1, k, ck, &self.k_conv),
+                conv(2, v, cv, &self.v_conv),
+            );
+        }
+        let c = self.q_conv.len() / kernel;
+        let keep = (q.len() / c).saturating_sub(1);
+        if let Some(snap) = snap {
+            // Each row's conv histories: the kernel - 1 inputs up to it.
+            for (which, (x, now)) in [(q, &*cq), (k, &*ck), (v, &*cv)].into_iter().enumerate() {
+                let mut win = now.to_vec();
+                win.extend_from_slice(x);
+                for t in 0..keep {
+                    let at = t * stride + off + which * hist;
+                    snap[at..at + hist].copy_from_slice(&win[(t + 1) * c..(t + kernel) * c]);
+                }
+            }
+        }
+        (
+            kda::conv_silu(q, cq, &self.q_conv, kernel),
+            kda::conv_silu(k, ck, &self.k_conv, kernel),
+            kda::conv_silu(v, cv, &self.v_conv, kernel),
+        )
+    }
+}
+
 /// The causal conv + SiLU of one tree's rows `x` (`[n, c]`, `n >= 1`): row
 /// 0 continues from `now` (the slot's conv history of this projection),
 /// row `t >= 1` from row `parents[t]`'s history. Leaves row `n - 1`'s
 /// history in `now` and, where `snap` is given, row `t`'s (for
 /// `t < n - 1`) at `snap[t * stride + off..]`, as a chain's verification
 /// records them. Returns `[n, c]`.
-pub(super) fn conv_rows(
+fn conv_rows(
     x: &[f32],
     now: &mut [f32],
     w: &[f32],

@@ -131,7 +131,9 @@ fn two_branches() -> TokenTree {
 
 /// Rows kept when `path` is accepted: row 0 and each node's row.
 fn kept(path: &[usize]) -> Vec<usize> {
-    std::iter::once(0).chain(path.iter().map(|i| i + 1)).collect()
+    std::iter::once(0)
+        .chain(path.iter().map(|i| i + 1))
+        .collect()
 }
 
 /// Verifies `tree` after `prompt`, commits rows `rows` (compacted to
@@ -228,7 +230,7 @@ fn check_commit(model: &Model, name: &str, prompt: &[u32], path: &[usize]) -> f3
     let want = chain(model, prompt, &with_bonus).0;
     let (got, state) = decode_after(model, prompt, &tree, &keep, last, bonus);
     assert_eq!(state, want_state, "{name} {path:?}: committed state");
-    let d = max_diff(&[got], &[want.clone()]);
+    let d = max_diff(&[got], std::slice::from_ref(&want));
     assert!(d <= TOL, "{name} {path:?}: decode after commit: {d}");
     // The wrong commits: each must show, so the test can fail.
     let n = tree.len();
@@ -237,8 +239,11 @@ fn check_commit(model: &Model, name: &str, prompt: &[u32], path: &[usize]) -> f3
         // an ancestor's).
         let (bad, bad_state) = decode_after(model, prompt, &tree, &keep, wrong, bonus);
         assert_ne!(bad_state, want_state, "{name}: row {wrong}'s state");
-        let e = max_diff(&[bad], &[want.clone()]);
-        assert!(e > 100.0 * TOL, "{name}: state of row {wrong} unnoticed: {e}");
+        let e = max_diff(&[bad], std::slice::from_ref(&want));
+        assert!(
+            e > 100.0 * TOL,
+            "{name}: state of row {wrong} unnoticed: {e}"
+        );
     }
     d
 }
