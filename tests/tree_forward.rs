@@ -9,7 +9,8 @@
 //! visible, so that check can fail); after compaction a decode continues
 //! exactly as from a pool fed the accepted chain, and compacting a
 //! sibling's path instead does not; TP 2 gives TP 1's logits; other
-//! families and malformed inputs are refused with a typed error.
+//! families (Kimi K3 verifies trees: verify/src/model/kimi_k3/tree_tests.rs)
+//! and malformed inputs are refused with a typed error.
 //!
 //! Tolerance, relative to a row's largest |logit|: 1e-4 against chain
 //! forwards. Both sides run the same kernels on rows whose inputs and
@@ -405,13 +406,11 @@ fn other_families_and_malformed_inputs_are_refused() {
         }
     };
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    // Kimi K3 verifies trees (verify/src/model/kimi_k3/tree_tests.rs);
+    // only its ranks run as processes refuse them (tests/mpi.rs territory).
     let k3 = load_model(&fixtures.join("kimi_k3/tiny-k3.gguf")).unwrap();
-    refuse(
-        &k3,
-        &toks,
-        &[0],
-        "tree verification is not supported for Kimi K3 yet",
-    );
+    assert!(k3.supports_trees());
+    refuse(&k3, &toks[..3], &[0], "3 tokens for a tree of 3 nodes");
     let ds = load_model(&fixtures.join("tiny-kimi")).unwrap();
     refuse(
         &ds,

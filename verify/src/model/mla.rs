@@ -2,10 +2,12 @@
 //! families that use it (DeepSeek-V3 / Kimi K2, and Kimi K3's MLA layers):
 //! the absorbed form, where a query is mapped into the latent space once
 //! per head and scored against cached latent rows in place (f32 or bf16,
-//! as the pool stores them: `kv_pool::LatentRow`).
+//! as the pool stores them: `kv_pool::LatentRow`). With a token tree
+//! ([`TreeAttn`]) a row reads only the slots the tree lets it see.
 
 use super::dense::Dense;
 use super::rows::Rows;
+use super::tree::TreeAttn;
 use crate::kernels::vector::{axpy, dot};
 use crate::kv_pool::KvShard;
 use crate::team::{self, SharedMut};
@@ -23,9 +25,11 @@ pub(crate) struct MlaDims {
 }
 
 /// Absorbed attention of head `hh` of one query row (`q`: this rank's
-/// heads, each `nope + rope`, RoPE applied) over positions `0..ctx` of a
-/// sequence's latent cache; writes the head's `v` floats to `out`.
-/// `scratch` holds `(scores, q_lat, o_lat)` between calls.
+/// heads, each `nope + rope`, RoPE applied) over slots `0..prefix` and
+/// then `extra` of a sequence's latent cache, in that order; writes the
+/// head's `v` floats to `out`. `scratch` holds `(scores, q_lat, o_lat)`
+/// between calls. A row whose slots are `0..prefix + extra.len()` gets the
+/// bits of `prefix + extra.len()` contiguous slots.
 #[allow(clippy::too_many_arguments)]
 fn attend_head(
     d: MlaDims,
@@ -33,7 +37,7 @@ fn attend_head(
     pool: &KvShard,
     layer: usize,
     table: &[u32],
-    ctx: usize,
+    (prefix, extra): (usize, &[usize]),
     q: &[f32],
     hh: usize,
     out: &mut [f32],
@@ -41,6 +45,8 @@ fn attend_head(
 ) {
     let (scores, q_lat, o_lat) = scratch;
     let qk = d.nope + d.rope;
+    let ctx = prefix + extra.len();
+    let slot = |t: usize| if t < prefix { t } else { extra[t - prefix] };
     scores.resize(ctx, 0.0);
     let qn = &q[hh * qk..hh * qk + d.nope];
     let qr = &q[hh * qk + d.nope..(hh + 1) * qk];
@@ -53,7 +59,7 @@ fn attend_head(
     }
     let mut max = f32::NEG_INFINITY;
     for (t, s) in scores.iter_mut().enumerate() {
-        let row = pool.latent_row(layer, table, t);
+        let row = pool.latent_row(layer, table, slot(t));
         *s = (row.dot_from(0, q_lat) + row.dot_from(d.kvr, qr)) * d.scale;
         max = max.max(*s);
     }
@@ -66,7 +72,8 @@ fn attend_head(
     o_lat.clear();
     o_lat.resize(d.kvr, 0.0);
     for (t, &s) in scores.iter().enumerate() {
-        pool.latent_row(layer, table, t).axpy_into(s * inv, o_lat);
+        pool.latent_row(layer, table, slot(t))
+            .axpy_into(s * inv, o_lat);
     }
     for (j, o) in out.iter_mut().enumerate() {
         *o = dot(kv_b.row(base + d.nope + j), o_lat);
@@ -74,8 +81,9 @@ fn attend_head(
 }
 
 /// Absorbed attention for every row of a batch but those `skip` names:
-/// row `r` (sequence `rows.seq[r]`, table `tables[..]`) attends positions
-/// `0..=rows.positions[r]` with its query `q[r]` (`heads * (nope + rope)`
+/// row `r` (sequence `rows.seq[r]`, table `tables[..]`) attends slots
+/// `0..=rows.positions[r]` (with `tree`: the slots it lists for row `r`)
+/// with its query `q[r]` (`heads * (nope + rope)`
 /// floats) into `out[r]` (`heads * v` floats). Parallel over heads, each
 /// taking every row in turn: a head's slice of `kv_b` (`nope + v` rows of
 /// `kvr` floats) is then read from memory once per call and from cache for
@@ -95,6 +103,7 @@ pub(crate) fn attend_rows(
     q: &[f32],
     out: &mut [f32],
     skip: impl Fn(usize) -> bool + Sync,
+    tree: Option<&TreeAttn>,
 ) {
     let qd = d.heads * (d.nope + d.rope);
     let n = rows.tokens.len();
@@ -122,7 +131,10 @@ pub(crate) fn attend_rows(
                     pool,
                     layer,
                     tables[rows.seq[r]],
-                    rows.positions[r] + 1,
+                    match tree {
+                        Some(t) => (t.prefix[r], &t.extra[r][..]),
+                        None => (rows.positions[r] + 1, &[][..]),
+                    },
                     &q[r * qd..(r + 1) * qd],
                     hh,
                     o,

@@ -3,8 +3,8 @@
 //! token, row `1 + i` tree node `i`) gets, per row, the cache slot its K/V
 //! goes to, its RoPE position, and the slots it may attend
 //! ([`TreeAttn`]); a family's forward then reads those instead of "slot ==
-//! position, attend everything before". Only the llama family implements
-//! it so far; the others refuse with a typed error.
+//! position, attend everything before". The llama family and Kimi K3
+//! implement it; the others refuse with a typed error.
 //!
 //! Slots versus positions: the rows of a tree sit at distinct, contiguous
 //! cache slots `start_pos + row` (so the block table the chain path
@@ -14,9 +14,14 @@
 //! order, never a sibling or a cousin. For a chain every row's slot is its
 //! position and its visible slots are `0..=position`, in the same order:
 //! the same operations as the plain forward, so the same bits.
+//!
+//! Kimi K3 (ranks as threads only) reads the same slots in its MLA layers,
+//! and each KDA row continues from its parent row's recurrent state
+//! (`kimi_k3/tree.rs`), so committing the accepted leaf is
+//! `KvPool::keep_rows(slot, last_kept_row + 1)`.
 
 use super::rows::{flatten, LogitsWanted, Rows, SeqInput};
-use super::{llama, Body, Model};
+use super::{kimi_k3, llama, Body, Model};
 use crate::error::{Result, VerifyError};
 use crate::kv_pool::KvPool;
 use crate::tree_accept::TokenTree;
@@ -120,8 +125,13 @@ impl Model {
     /// refuses (a block table must address slots up to
     /// `start_pos + tokens.len()`, and so must the model's context), a
     /// malformed tree input (see `TreeAttn::build`), a family other than
-    /// llama/qwen2 ("tree verification is not supported for ... yet"), or
-    /// a model run as processes.
+    /// llama/qwen2 and Kimi K3 ("tree verification is not supported for
+    /// ... yet"), or a model run as processes.
+    ///
+    /// A recurrent model (Kimi K3) records each row's state by row index,
+    /// each row continuing from its parent row's (row 0 from the slot's):
+    /// `KvPool::keep_rows(slot, last + 1)`, `last` the last of
+    /// [`crate::TreeVerdict::rows_to_keep`], commits the accepted leaf's.
     pub fn forward_trees(
         &self,
         pool: &mut KvPool,
@@ -133,12 +143,18 @@ impl Model {
                 "tree verification is not supported for {family} yet"
             )));
         }
-        let Body::Llama(shards) = &self.body else {
-            unreachable!("refused above")
-        };
         let mut rows = flatten(self, pool, seqs)?;
         let attn = TreeAttn::build(&mut rows, seqs, trees)?;
-        llama::forward_rows(self, shards, pool, seqs, &rows, Some(&attn))
+        match &self.body {
+            Body::Llama(shards) => {
+                llama::forward_rows(self, shards, pool, seqs, &rows, Some(&attn))
+            }
+            Body::KimiK3(ranks) => {
+                let trees = kimi_k3::Trees { attn: &attn, trees };
+                kimi_k3::forward_rows(self, ranks, pool, seqs, &rows, Some(trees))
+            }
+            _ => unreachable!("refused above"),
+        }
     }
 
     /// Whether [`Model::forward_trees`] verifies trees for this model (else
@@ -150,10 +166,11 @@ impl Model {
     /// What [`Model::forward_trees`] names when it refuses this model.
     fn tree_refusal(&self) -> Option<&'static str> {
         match &self.body {
-            Body::Llama(_) if self.leader.is_some() => Some("a model run as processes"),
-            Body::Llama(_) => None,
+            Body::Llama(_) | Body::KimiK3(_) if self.leader.is_some() => {
+                Some("a model run as processes")
+            }
+            Body::Llama(_) | Body::KimiK3(_) => None,
             Body::Deepseek(_) => Some("the DeepSeek-V3 family"),
-            Body::KimiK3(_) => Some("Kimi K3"),
             Body::Scripted(_) => Some("the scripted model"),
         }
     }

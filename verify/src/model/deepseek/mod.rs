@@ -413,6 +413,7 @@ fn forward_rank(
             &q,
             &mut attn,
             in_expanded,
+            None,
         );
         let qd = d.heads * qk;
         for e in &expanded {

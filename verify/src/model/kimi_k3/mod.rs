@@ -23,7 +23,8 @@
 //! recurrent state in the sequence's state slot ([`SeqInput::state_slot`]):
 //! the last `kernel - 1` conv inputs of q, k and v, and a `[dk, dv]` state
 //! per head. A sequence whose input starts at position 0 starts from a zero
-//! state, so a recomputed (preempted) sequence rebuilds it.
+//! state, so a recomputed (preempted) sequence rebuilds it. A token tree's
+//! rows each continue from their parent row's state (`tree.rs`).
 //!
 //! Tensor parallelism: KDA and MLA heads, dense and shared MLP columns and
 //! the vocabulary split across ranks; routed experts go to rank
@@ -47,6 +48,7 @@ use super::moe::route;
 use super::ops::rms_norm;
 use super::ranks::{dense_head, run_ranks, Rank};
 use super::rows::{flatten, Rows};
+use super::tree::TreeAttn;
 use super::{LogitsWanted, Model, MoeConfig, SeqInput};
 use crate::error::Result;
 use crate::kernels::mxfp4::{self, Mxfp4Matrix, Mxfp4Product, Q8Acts};
@@ -55,12 +57,14 @@ use crate::kv_pool::{CacheDtype, KvPool, KvShard};
 use crate::team::{self, SharedMut};
 use crate::tp::Communicator;
 use candle_core::Tensor;
-use std::ops::Range;
+use tree::Span;
 
 mod kda;
 mod load;
+mod tree;
 
 pub(crate) use load::{config_from_hf_json, load_gguf, load_hf};
+pub(crate) use tree::Trees;
 
 /// K3's numerics beyond the core [`super::ModelConfig`] (which holds the
 /// widths, the MLA shape and the MoE routing).
@@ -414,7 +418,8 @@ impl Kda {
     /// `spans` are the sequences' rows and slots; where `snaps[i]` is set
     /// (at least `(rows - 1) * state_floats` floats), the layer also writes
     /// its part of the state after each of span `i`'s rows but the last
-    /// there (the last one's is the slot's live state).
+    /// there (the last one's is the slot's live state). A tree span's rows
+    /// continue from their parent rows' states (`tree.rs`).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -423,7 +428,7 @@ impl Kda {
         eps: f32,
         ablation: Ablation,
         pool: &mut KvShard,
-        spans: &[(Range<usize>, u32)],
+        spans: &[Span],
         state_off: usize,
         snaps: &mut [Option<Vec<f32>>],
         state_floats: usize,
@@ -459,8 +464,9 @@ impl Kda {
         }
         let mut o = vec![0f32; n * c];
         let hist = (kernel - 1) * c;
-        for ((span, slot), snap) in spans.iter().zip(snaps.iter_mut()) {
-            let st = pool.state_mut(*slot)?;
+        for (sp, snap) in spans.iter().zip(snaps.iter_mut()) {
+            let span = &sp.rows;
+            let st = pool.state_mut(sp.slot)?;
             let st = &mut st[state_off..state_off + 3 * hist + heads * hd * hd];
             let (convs, s) = st.split_at_mut(3 * hist);
             let (cq, rest) = convs.split_at_mut(hist);
@@ -469,22 +475,14 @@ impl Kda {
             // States after rows 0..keep are kept for rollback; the last
             // row's is the slot's live state (see KvShard::take_row_buffer).
             let keep = span.len().saturating_sub(1);
-            if let Some(snap) = snap.as_mut() {
-                // Each row's conv histories: the kernel - 1 inputs up to it.
-                for (which, (x, now)) in
-                    [(&q, &*cq), (&k, &*ck), (&v, &*cv)].into_iter().enumerate()
-                {
-                    let mut win = now.to_vec();
-                    win.extend_from_slice(&x[rows.clone()]);
-                    for t in 0..keep {
-                        let at = t * state_floats + state_off + which * hist;
-                        snap[at..at + hist].copy_from_slice(&win[(t + 1) * c..(t + kernel) * c]);
-                    }
-                }
-            }
-            let mut qs = kda::conv_silu(&q[rows.clone()], cq, &self.q_conv, kernel);
-            let mut ks = kda::conv_silu(&k[rows.clone()], ck, &self.k_conv, kernel);
-            let vs = kda::conv_silu(&v[rows.clone()], cv, &self.v_conv, kernel);
+            let (mut qs, mut ks, vs) = self.span_convs(
+                sp,
+                (&q[rows.clone()], &k[rows.clone()], &v[rows.clone()]),
+                [cq, ck, cv],
+                kernel,
+                snap.as_deref_mut(),
+                (state_floats, state_off),
+            );
             qs.chunks_exact_mut(hd)
                 .for_each(|x| kda::l2_normalize(x, eps));
             ks.chunks_exact_mut(hd)
@@ -499,6 +497,14 @@ impl Kda {
                 let mut scratch = Vec::new();
                 let mut lane = vec![0f32; hd];
                 for t in 0..span.len() {
+                    if let (Some(from), Some(p)) = (sp.jump(t), &snap) {
+                        // A tree row continues from its parent row's state,
+                        // which this head recorded (parents come first).
+                        let at = from * state_floats + state_off + 3 * hist + hh * sz;
+                        // SAFETY: row `from < t` of head hh, written by this
+                        // task above; no other task touches those floats.
+                        unsafe { std::ptr::copy_nonoverlapping(p.at(at), s_h.as_mut_ptr(), sz) };
+                    }
                     let at = t * c + hh * hd..t * c + (hh + 1) * hd;
                     kda::step(
                         s_h,
@@ -545,6 +551,7 @@ impl GatedMla {
         layer: usize,
         rows: &Rows,
         tables: &[&[u32]],
+        tree: Option<&TreeAttn>,
     ) -> Result<Vec<f32>> {
         let n = rows.tokens.len();
         let q = match &self.q {
@@ -557,8 +564,10 @@ impl GatedMla {
             let row = &mut lat[r * lw..(r + 1) * lw];
             let normed = rms_norm(&row[..d.kvr], &self.kv_a_norm, eps);
             row[..d.kvr].copy_from_slice(&normed);
-            // NoPE: the shared key part is cached as projected, unrotated.
-            pool.write_latent(layer, tables[rows.seq[r]], rows.positions[r], row);
+            // NoPE: the shared key part is cached as projected, unrotated,
+            // so a tree row's position matters only through its slot.
+            let slot = tree.map_or(rows.positions[r], |t| t.slot[r]);
+            pool.write_latent(layer, tables[rows.seq[r]], slot, row);
         }
         let mut attn = vec![0f32; n * d.heads * d.v];
         attend_rows(
@@ -571,6 +580,7 @@ impl GatedMla {
             &q,
             &mut attn,
             |_| false,
+            tree,
         );
         if let (Some(gate), false) = (&self.gate, ablation.no_mla_gate) {
             let g = gate.apply(h)?;
@@ -766,9 +776,24 @@ pub(crate) fn forward(
     seqs: &[SeqInput],
 ) -> Result<Tensor> {
     let rows = flatten(model, pool, seqs)?;
+    forward_rows(model, ranks, pool, seqs, &rows, None)
+}
+
+/// The forward over `rows` (flattened from `seqs`); with `trees`, the rows
+/// of a sequence with a tree write and attend the slots its
+/// [`TreeAttn`] names and continue their parent rows' recurrent states
+/// (`tree.rs`).
+pub(crate) fn forward_rows(
+    model: &Model,
+    ranks: &[Weights],
+    pool: &mut KvPool,
+    seqs: &[SeqInput],
+    rows: &Rows,
+    trees: Option<Trees>,
+) -> Result<Tensor> {
     let _one_step = (ranks.len() > 1).then(|| model.step.lock().unwrap_or_else(|e| e.into_inner()));
     run_ranks(ranks, pool.shards_mut(), |w, kv| {
-        forward_rank(model, w, kv, &rows, seqs)
+        forward_rank(model, w, kv, rows, seqs, trees)
     })
 }
 
@@ -778,6 +803,7 @@ fn forward_rank(
     pool: &mut KvShard,
     rows: &Rows,
     seqs: &[SeqInput],
+    trees: Option<Trees>,
 ) -> Result<Tensor> {
     let cfg = &model.cfg;
     let (k3, hidden) = (&w.k3, cfg.hidden_size);
@@ -785,7 +811,7 @@ fn forward_rank(
     let mla = cfg.mla.as_ref().expect("validated K3 config has mla");
     let moe = cfg.moe.as_ref().expect("validated K3 config has moe");
     let tables: Vec<&[u32]> = seqs.iter().map(|s| s.block_table).collect();
-    let mut spans = Vec::with_capacity(seqs.len());
+    let spans = Span::of(seqs, trees);
     // A verification (every row's logits, several rows) keeps each row's
     // state, so a rejected draft can be rolled back by a copy.
     let mut snaps: Vec<Option<Vec<f32>>> = seqs
@@ -795,15 +821,9 @@ fn forward_rank(
                 .then(|| pool.take_row_buffer(s.state_slot, s.tokens.len()))
         })
         .collect();
-    let mut start = 0;
-    for s in seqs {
-        let span = start..start + s.tokens.len();
-        start = span.end;
-        if s.start_pos == 0 {
-            // A fresh (or recomputed) sequence starts from a zero state.
-            pool.state_mut(s.state_slot)?.fill(0.0);
-        }
-        spans.push((span, s.state_slot));
+    for s in seqs.iter().filter(|s| s.start_pos == 0) {
+        // A fresh (or recomputed) sequence starts from a zero state.
+        pool.state_mut(s.state_slot)?.fill(0.0);
     }
     let res = k3.attn_res_block > 0 && !w.ablation.no_attn_res;
     let mut x = vec![0f32; rows.tokens.len() * hidden];
@@ -842,7 +862,8 @@ fn forward_rank(
                     kvr: mla.kv_lora_rank,
                     scale: 1.0 / ((mla.qk_nope_head_dim + mla.qk_rope_head_dim) as f32).sqrt(),
                 };
-                m.forward(&h, d, eps, w.ablation, pool, li, rows, &tables)?
+                let tree = trees.map(|t| t.attn);
+                m.forward(&h, d, eps, w.ablation, pool, li, rows, &tables, tree)?
             }
         };
         w.comm.all_reduce_sum(&mut a)?;
@@ -875,9 +896,9 @@ fn forward_rank(
         };
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
     }
-    for ((span, slot), snap) in spans.iter().zip(snaps) {
+    for (span, snap) in spans.iter().zip(snaps) {
         if let Some(snap) = snap {
-            pool.set_row_states(*slot, span.len(), snap);
+            pool.set_row_states(span.slot, span.rows.len(), snap);
         }
     }
     if let (Some(score), true) = (&w.out_res, res) {
