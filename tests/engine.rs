@@ -176,6 +176,10 @@ fn concurrent_requests_emit_what_each_emits_alone() {
             if spec == Spec::Draft {
                 assert!(s.spec.accepted_tokens > 0);
             }
+            // Drafts branch (token trees) by default.
+            if spec != Spec::Off {
+                assert!(s.spec.tree_rounds > 0, "no tree was verified");
+            }
         }
     }
 }
@@ -505,6 +509,7 @@ fn real_target_concurrent_requests_match_alone() {
     assert_eq!(together, alone);
     let s = wait_idle(&h);
     assert!(s.spec.accepted_tokens > 0);
+    assert!(s.spec.tree_rounds > 0, "the draft never branched");
 }
 
 #[test]

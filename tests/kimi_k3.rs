@@ -339,7 +339,7 @@ fn engine(
 #[test]
 fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
     let n = 12;
-    let mut preempted = 0;
+    let (mut preempted, mut trees) = (0, 0);
     for world in [1, 2, 4] {
         // Alone at the same world size: world 2 sums in another order, and
         // this tiny random model can turn 1e-5 into another greedy token.
@@ -367,9 +367,12 @@ fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
             let s = wait_idle(&h);
             assert_eq!(s.state_slots, 12);
             preempted += s.preemptions;
+            trees += s.spec.tree_rounds;
         }
     }
     assert!(preempted > 0, "the pool was meant to force preemptions");
+    // The n-gram and draft proposals branch: K3 verifies token trees.
+    assert!(trees > 0, "no tree was verified");
 }
 
 /// Clients hanging up at random points (before the first token, mid-way,

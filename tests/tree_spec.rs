@@ -302,6 +302,59 @@ fn real_pair_greedy_tree_speculation_equals_plain_decoding() {
     assert!(stats.branch_wins > 0);
 }
 
+/// Kimi K3 (KDA recurrent state + MLA latent cache): the tree's accepted
+/// leaf's state is the one committed, so trees whose branches win still
+/// decode exactly as plain decoding does.
+#[test]
+fn tiny_k3_greedy_tree_speculation_equals_plain_decoding() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi_k3");
+    let target = specgate_verify::model::load_model(&fixtures.join("tiny-k3.gguf")).unwrap();
+    assert!(target.supports_trees() && target.has_recurrent_state());
+    let vocab = target.config().vocab_size as u32;
+    let draft =
+        Arc::new(specgate_verify::model::load_model(&fixtures.join("tiny-draft-hf")).unwrap());
+    let prompts: [Vec<u32>; 2] = [
+        vec![305, 375, 100, 280, 305, 375, 100, 280, 305, 375],
+        (0..20).map(|i| (i * 37 % 500) as u32 + 3).collect(),
+    ];
+    let max_new = 24;
+    let mut stats = SpecStats::default();
+    for prompt in &prompts {
+        let want = plain(&target, prompt, max_new);
+        let mut truth = prompt.clone();
+        truth.extend_from_slice(&want);
+        for shape in [(1, 1), (3, 4), (6, 9)] {
+            let mut oracle = Oracle {
+                truth: truth.clone(),
+                vocab,
+            };
+            let got = decode_tree(&target, &mut oracle, prompt, max_new, shape, &mut stats);
+            assert_eq!(got, want, "oracle tree {shape:?}");
+            let mut ngram = Widen {
+                inner: NgramProposer::new(1, 3).unwrap(),
+                vocab,
+                width: 2,
+            };
+            let got = decode_tree(&target, &mut ngram, prompt, max_new, shape, &mut stats);
+            assert_eq!(got, want, "n-gram tree {shape:?}");
+            let mut d = Widen {
+                inner: ModelDraft::new(draft.clone(), 8, BS).unwrap(),
+                vocab,
+                width: 1,
+            };
+            let got = decode_tree(&target, &mut d, prompt, max_new, shape, &mut stats);
+            assert_eq!(got, want, "draft tree {shape:?}");
+        }
+    }
+    eprintln!(
+        "tiny K3 trees: {} tree rounds, {} won by a branch, {:.2} tokens per pass",
+        stats.tree_rounds,
+        stats.branch_wins,
+        stats.mean_accepted_length()
+    );
+    assert!(stats.branch_wins > 20);
+}
+
 const V: usize = 12;
 const N: usize = 6_000;
 
