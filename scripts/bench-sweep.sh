@@ -26,7 +26,8 @@
 # requests whose slowest one sets its time),
 # MAX_TOKENS (64), WARMUP (2), WORKLOAD (benches/workloads/editing.jsonl),
 # CONFIGS ("off ngram draft adaptive"; also "nopool": the default without
-# the cross-request pool), OUT (target/bench-sweep).
+# the cross-request pool; "chain": the default without token trees),
+# OUT (target/bench-sweep).
 # ROUNDS (1): at each level, run every specgate setting that many times,
 # each round in the opposite order of the one before (off draft, draft off,
 # off draft, ...), so drift of the machine falls on every setting alike;
@@ -117,6 +118,8 @@ speculative() {
     off) printf '[speculative]\nmethod = "off"\n' ;;
     ngram) printf '[speculative]\nmethod = "ngram"\npolicy = "table"\ntable = [[1, 3], [2, 2], [4, 1]]\n' ;;
     draft) sed -n '/^\[speculative\]/,$p' configs/default.toml ;;
+    # The default drafting chains only (no token trees).
+    chain) sed -n '/^\[speculative\]/,$p' configs/default.toml | sed '1a tree_branches = 0' ;;
     # The default without the cross-request pool: what the policy and the
     # draft alone give (a workload that repeats prompts feeds the pool).
     nopool) sed -n '/^\[speculative\]/,$p' configs/default.toml
