@@ -20,7 +20,7 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{chi_square, tiny_model};
+use common::{chi_square, exact_two_token_joint, strong_controls, tiny_model};
 use specgate_draft::{ModelDraft, ProposeRequest, Proposer};
 use specgate_verify::accept::{accept_sampled, Verdict};
 use specgate_verify::process::LogitsProcessor;
@@ -49,18 +49,6 @@ fn params(seed: u64) -> SamplingParams {
         top_p: 0.9,
         seed: Some(seed),
         ..SamplingParams::default()
-    }
-}
-
-/// Strong enough that a history that misses a token, or a q without them,
-/// is far from the right distribution.
-fn controls() -> Controls {
-    Controls {
-        presence_penalty: 0.8,
-        frequency_penalty: 0.6,
-        repetition_penalty: 1.6,
-        logit_bias: vec![(3, 1.5), (4, -1.0), (10, 0.8)],
-        ..Controls::default()
     }
 }
 
@@ -233,39 +221,7 @@ impl Setup {
     /// Exact processed, warped p(x1, x2) of the target: row 2 is processed
     /// with x1 in its history.
     fn exact(&mut self) -> Vec<f64> {
-        let w = self.params(0);
-        let mut s = self.sampler(0);
-        let mut pool = KvPool::new(self.target.config(), 2, 16).unwrap();
-        let first = self
-            .target
-            .forward_one(&mut pool, &self.prompt, 0, &self.table, LogitsWanted::Last)
-            .unwrap();
-        let mut row = first[0].clone();
-        s.process(&mut row, &[]).unwrap();
-        let p1 = w.warp(&row);
-        let mut joint = vec![0f64; V * V];
-        for x1 in 0..V {
-            if p1[x1] == 0.0 {
-                continue;
-            }
-            let next = self
-                .target
-                .forward_one(
-                    &mut pool,
-                    &[x1 as u32],
-                    self.prompt.len(),
-                    &self.table,
-                    LogitsWanted::Last,
-                )
-                .unwrap();
-            let mut row = next[0].clone();
-            s.process(&mut row, &[x1 as u32]).unwrap();
-            let p2 = w.warp(&row);
-            for x2 in 0..V {
-                joint[x1 * V + x2] = p1[x1] as f64 * p2[x2] as f64;
-            }
-        }
-        joint
+        exact_two_token_joint(&self.target, &self.prompt, &mut self.sampler(0))
     }
 
     /// One speculative sample of the first two tokens with `rule`.
@@ -380,7 +336,7 @@ fn speculative_sampling_matches_target_distribution_and_broken_rules_fail() {
 
 #[test]
 fn processed_speculative_sampling_matches_processed_target_and_broken_variants_fail() {
-    let mut setup = Setup::new(Some(controls()));
+    let mut setup = Setup::new(Some(strong_controls()));
     let exact = setup.exact();
     assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
     // The processing must matter, or this test proves nothing.

@@ -18,14 +18,17 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{chi_square, real_model, spec_decode, spec_decode_tree, tiny_model};
+use common::{
+    chi_square, exact_two_token_joint, real_model, spec_decode, spec_decode_tree, strong_controls,
+    tiny_model,
+};
 use specgate::spec::SpecStats;
 use specgate::tokenizer::{ChatMessage, TextTokenizer};
 use specgate_draft::{DraftError, ModelDraft, NgramProposer, Proposal, ProposeRequest, Proposer};
 use specgate_verify::model::load_gguf;
 use specgate_verify::process::LogitsProcessor;
 use specgate_verify::tiny::TinySpec;
-use specgate_verify::{Controls, KvPool, LogitsWanted, Model, Sampler, SamplingParams};
+use specgate_verify::{Model, Sampler, SamplingParams};
 use std::sync::Arc;
 
 const BS: usize = 16;
@@ -380,56 +383,13 @@ fn params(seed: u64) -> SamplingParams {
     }
 }
 
-fn controls() -> Controls {
-    Controls {
-        presence_penalty: 0.8,
-        frequency_penalty: 0.6,
-        repetition_penalty: 1.6,
-        logit_bias: vec![(3, 1.5), (4, -1.0), (10, 0.8)],
-        ..Controls::default()
-    }
-}
-
 fn sampler(prompt: &[u32], seed: u64) -> Sampler {
-    Sampler::new(params(seed)).with_processor(LogitsProcessor::new(controls(), prompt, None))
-}
-
-/// The processed, warped joint law of the target's first two tokens.
-fn exact_joint(target: &Model, prompt: &[u32]) -> Vec<f64> {
-    let mut s = sampler(prompt, 0);
-    let w = params(0);
-    let table = [0u32, 1];
-    let mut pool = KvPool::new(target.config(), 2, 16).unwrap();
-    let first = target
-        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::Last)
-        .unwrap();
-    let mut row = first[0].clone();
-    s.process(&mut row, &[]).unwrap();
-    let p1 = w.warp(&row);
-    let mut joint = vec![0f64; V * V];
-    for x1 in 0..V {
-        let next = target
-            .forward_one(
-                &mut pool,
-                &[x1 as u32],
-                prompt.len(),
-                &table,
-                LogitsWanted::Last,
-            )
-            .unwrap();
-        let mut row = next[0].clone();
-        s.process(&mut row, &[x1 as u32]).unwrap();
-        let p2 = w.warp(&row);
-        for x2 in 0..V {
-            joint[x1 * V + x2] = p1[x1] as f64 * p2[x2] as f64;
-        }
-    }
-    joint
+    Sampler::new(params(seed)).with_processor(LogitsProcessor::new(strong_controls(), prompt, None))
 }
 
 /// Chi-square of the first two tokens sampled through `proposer`'s trees.
 fn sampled_fit(target: &Model, proposer: &mut dyn Proposer, prompt: &[u32]) -> (f64, f64, u64) {
-    let exact = exact_joint(target, prompt);
+    let exact = exact_two_token_joint(target, prompt, &mut sampler(prompt, 0));
     assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
     let mut counts = vec![0usize; V * V];
     let mut stats = SpecStats::default();

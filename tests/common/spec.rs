@@ -5,7 +5,7 @@
 
 use specgate::spec::{spec_round, RoundInput, SpecSeq, SpecStats};
 use specgate_draft::{DraftPolicy, PolicyState, Proposer};
-use specgate_verify::{KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
+use specgate_verify::{Controls, KvPool, LogitsWanted, Model, Sampler, SamplingParams, SeqInput};
 
 /// Block size of the pools [`spec_decode`] makes.
 pub const SPEC_BS: usize = 16;
@@ -83,4 +83,56 @@ pub fn spec_decode_tree(
         p.release(7);
     }
     seq.tokens[prompt.len()..].to_vec()
+}
+
+/// Penalties and a logit bias strong enough that a verified row processed
+/// with a wrong history, or a draft q without them, is far from the right
+/// distribution: what the sampling tests process with.
+pub fn strong_controls() -> Controls {
+    Controls {
+        presence_penalty: 0.8,
+        frequency_penalty: 0.6,
+        repetition_penalty: 1.6,
+        logit_bias: vec![(3, 1.5), (4, -1.0), (10, 0.8)],
+        ..Controls::default()
+    }
+}
+
+/// The exact law of `target`'s first two tokens after `prompt` under
+/// `sampler` (its processing, then its params' warp), row-major
+/// `[x1 * vocab + x2]`: the second row is processed with x1 in its
+/// history. For tiny vocabularies (one forward per first token).
+pub fn exact_two_token_joint(target: &Model, prompt: &[u32], sampler: &mut Sampler) -> Vec<f64> {
+    let w = *sampler.params();
+    let table = [0u32, 1];
+    let mut pool = KvPool::new(target.config(), 2, 16).unwrap();
+    let first = target
+        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::Last)
+        .unwrap();
+    let mut row = first[0].clone();
+    sampler.process(&mut row, &[]).unwrap();
+    let p1 = w.warp(&row);
+    let v = p1.len();
+    let mut joint = vec![0f64; v * v];
+    for x1 in 0..v {
+        if p1[x1] == 0.0 {
+            continue;
+        }
+        let next = target
+            .forward_one(
+                &mut pool,
+                &[x1 as u32],
+                prompt.len(),
+                &table,
+                LogitsWanted::Last,
+            )
+            .unwrap();
+        let mut row = next[0].clone();
+        sampler.process(&mut row, &[x1 as u32]).unwrap();
+        let p2 = w.warp(&row);
+        for x2 in 0..v {
+            joint[x1 * v + x2] = p1[x1] as f64 * p2[x2] as f64;
+        }
+    }
+    joint
 }
