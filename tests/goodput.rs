@@ -7,7 +7,7 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{chi_square, collect_tokens, tiny_model, wait_idle};
+use common::{chi_square, collect_tokens, exact_two_token_joint, tiny_model, wait_idle};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
     spawn, EngineConfig, EngineHandle, Event, Fault, GenRequest, KvSize, ProposerKind,
@@ -15,7 +15,7 @@ use specgate::engine::{
 };
 use specgate_draft::{DraftPolicy, SuffixConfig};
 use specgate_verify::tiny::TinySpec;
-use specgate_verify::{KvPool, LogitsWanted, Model, SamplingParams};
+use specgate_verify::{Model, Sampler, SamplingParams};
 
 fn target() -> Model {
     tiny_model(
@@ -218,33 +218,7 @@ fn sampling(seed: u64) -> SamplingParams {
 
 /// Exact warped p(x1, x2) of `target` after `prompt`.
 fn exact(target: &Model, prompt: &[u32]) -> Vec<f64> {
-    let w = sampling(0);
-    let table = [0u32, 1];
-    let mut pool = KvPool::new(target.config(), 2, 16).unwrap();
-    let first = target
-        .forward_one(&mut pool, prompt, 0, &table, LogitsWanted::Last)
-        .unwrap();
-    let p1 = w.warp(&first[0]);
-    let mut joint = vec![0f64; V * V];
-    for x1 in 0..V {
-        if p1[x1] == 0.0 {
-            continue;
-        }
-        let next = target
-            .forward_one(
-                &mut pool,
-                &[x1 as u32],
-                prompt.len(),
-                &table,
-                LogitsWanted::Last,
-            )
-            .unwrap();
-        let p2 = w.warp(&next[0]);
-        for x2 in 0..V {
-            joint[x1 * V + x2] = p1[x1] as f64 * p2[x2] as f64;
-        }
-    }
-    joint
+    exact_two_token_joint(target, prompt, &mut Sampler::new(sampling(0)))
 }
 
 /// Sampling through the engine with the pool of earlier requests
