@@ -387,8 +387,16 @@ fn sampler(prompt: &[u32], seed: u64) -> Sampler {
     Sampler::new(params(seed)).with_processor(LogitsProcessor::new(strong_controls(), prompt, None))
 }
 
-/// Chi-square of the first two tokens sampled through `proposer`'s trees.
-fn sampled_fit(target: &Model, proposer: &mut dyn Proposer, prompt: &[u32]) -> (f64, f64, u64) {
+/// Chi-square of the first two tokens sampled through `proposer`'s trees
+/// (decoding `max_new` tokens: the first round drafts a chain of up to
+/// `max_new - 1`): `(joint statistic, its critical value, first-token
+/// statistic, its critical value, branch wins)`.
+fn sampled_fit(
+    target: &Model,
+    proposer: &mut dyn Proposer,
+    prompt: &[u32],
+    max_new: usize,
+) -> (f64, f64, f64, f64, u64) {
     let exact = exact_two_token_joint(target, prompt, &mut sampler(prompt, 0));
     assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
     let mut counts = vec![0usize; V * V];
@@ -398,7 +406,7 @@ fn sampled_fit(target: &Model, proposer: &mut dyn Proposer, prompt: &[u32]) -> (
             target,
             Some(&mut *proposer),
             prompt,
-            2,
+            max_new,
             (3, 5),
             sampler(prompt, 1000 + i as u64),
             &mut stats,
@@ -406,7 +414,16 @@ fn sampled_fit(target: &Model, proposer: &mut dyn Proposer, prompt: &[u32]) -> (
         counts[got[0] as usize * V + got[1] as usize] += 1;
     }
     let (stat, crit) = chi_square(&exact, &counts, N);
-    (stat, crit, stats.branch_wins)
+    // The first token alone: a bias there is diluted over V cells of the
+    // joint, not here.
+    let marginal = |v: &[f64]| -> Vec<f64> { v.chunks(V).map(|r| r.iter().sum()).collect() };
+    let first_counts: Vec<usize> = counts.chunks(V).map(|r| r.iter().sum()).collect();
+    let (first, first_crit) = chi_square(&marginal(&exact), &first_counts, N);
+    eprintln!(
+        "tree rounds {}, branch nodes {}",
+        stats.tree_rounds, stats.branch_tokens
+    );
+    (stat, crit, first, first_crit, stats.branch_wins)
 }
 
 #[test]
@@ -421,11 +438,11 @@ fn sampled_tree_speculation_with_penalties_matches_processed_target() {
         vocab: V as u32,
         width: 1,
     };
-    let (stat, crit, wins) = sampled_fit(&target, &mut draft, &prompt);
-    eprintln!("draft tree: chi2 {stat:.1} (critical {crit:.1}), {wins} branch wins");
+    let (stat, crit, first, first_crit, wins) = sampled_fit(&target, &mut draft, &prompt, 2);
+    eprintln!("draft tree: chi2 {stat:.1} (critical {crit:.1}), first token {first:.1} ({first_crit:.1}), {wins} branch wins");
     assert!(
-        stat < crit,
-        "draft-tree samples deviate: chi2 {stat} >= {crit}"
+        stat < crit && first < first_crit,
+        "draft-tree samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
     );
     assert!(wins > 100, "branches should win often on a flat target");
     // A deterministic tree (no q anywhere).
@@ -434,11 +451,53 @@ fn sampled_tree_speculation_with_penalties_matches_processed_target() {
         vocab: V as u32,
         width: 2,
     };
-    let (stat, crit, wins) = sampled_fit(&target, &mut ngram, &prompt);
-    eprintln!("deterministic tree: chi2 {stat:.1} (critical {crit:.1}), {wins} branch wins");
+    let (stat, crit, first, first_crit, wins) = sampled_fit(&target, &mut ngram, &prompt, 2);
+    eprintln!("deterministic tree: chi2 {stat:.1} (critical {crit:.1}), first token {first:.1} ({first_crit:.1}), {wins} branch wins");
     assert!(
-        stat < crit,
-        "deterministic-tree samples deviate: chi2 {stat} >= {crit}"
+        stat < crit && first < first_crit,
+        "deterministic-tree samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
     );
     assert!(wins > 100);
+}
+
+/// The draft model's own trees at temperature 1 (no added siblings): its
+/// threshold is set just below its top probability at the first position,
+/// so that position is sure (a chain, verified by the q rule) while later
+/// ones are sometimes unsure (trees). A draft that branched wherever its
+/// DRAWN token was unlikely would branch at the first position exactly
+/// when it did not draw its top token, and the q rule would then see a
+/// biased draw: the first token's law would be off by about
+/// r(a) (1 - q(a)) for the draft's top token a.
+#[test]
+fn sampled_draft_trees_branch_on_q_alone_and_stay_exact() {
+    let target = tiny(21, "target.gguf");
+    let prompt = vec![1u32, 5, 9, 2, 7];
+    let mut draft = ModelDraft::new(Arc::new(tiny(22, "draft.gguf")), 2, 16).unwrap();
+    // The draft's q at the first position (a chain proposal's first row).
+    let table = [0u32, 1];
+    let mut s = sampler(&prompt, 0);
+    let p = draft
+        .propose(&mut [ProposeRequest {
+            seq_id: 99,
+            context: &prompt,
+            block_table: &table,
+            k: 1,
+            branches: 0,
+            sampler: &mut s,
+        }])
+        .unwrap();
+    draft.release(99);
+    let q0 = &p[0].q.as_ref().expect("a sampled draft gives q")[0];
+    let top = q0.iter().copied().fold(0f32, f32::max);
+    assert!(top > 0.2 && top < 0.95, "q0 top {top}");
+    draft.set_unsure_below(top - 1e-4);
+    // Three tokens: the first round's chain has two positions, the second
+    // sometimes unsure.
+    let (stat, crit, first, first_crit, wins) = sampled_fit(&target, &mut draft, &prompt, 3);
+    eprintln!("draft's own tree (q0 top {top:.3}): chi2 {stat:.1} (critical {crit:.1}), first token {first:.1} ({first_crit:.1}), {wins} branch wins");
+    assert!(
+        stat < crit && first < first_crit,
+        "draft-tree samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
+    );
+    assert!(wins > 50, "the draft's trees must win sometimes: {wins}");
 }

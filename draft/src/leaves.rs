@@ -2,17 +2,29 @@
 //! the tokens it did not choose ([`Ranked`]), and which of them become
 //! sibling leaves of the chain under a node budget ([`leaves`]).
 //!
-//! The rule: a position is unsure when the chain's token there has
-//! probability below a threshold (at greedy params the chain's token is the
-//! most likely one, so this is "top-1 below the threshold"; a sampled chain
-//! may have drawn an unlikely token where the draft was sure of another,
-//! and then that other one is the leaf most worth a verify row). Unsure
-//! positions are served most unsure first, one leaf per position per round
-//! (so a budget smaller than the unsure positions goes to the least sure
-//! ones), each leaf being the position's next most likely token that is not
-//! the chain's; a position takes leaves while the tokens it already offers
-//! (the chain's and its leaves) cover less than the threshold of its
-//! probability.
+//! The rule: a position is unsure when the draft's most likely token there
+//! has probability below a threshold. Unsure positions are served one leaf
+//! per position per round, each leaf being the position's next most likely
+//! token that is not the chain's; a position takes leaves while the tokens
+//! it already offers (the chain's and its leaves) cover less than the
+//! threshold of its probability.
+//!
+//! # Why a sampled chain branches on the draft's distribution only
+//! Acceptance verifies a position with one child by the q rule (the child
+//! was drawn from q) and a position with several by the deterministic rule
+//! (exact for any candidate list). The q rule is exact only if the child
+//! is a draw from q *unconditionally*: were the choice of rule to depend on
+//! the token drawn there (say, branch only where the drawn token is
+//! unlikely), the q rule would see a biased draw. Worked case: q(a) = 0.9,
+//! target p(a) = 0.5; branching only when the chain did not draw a emits a
+//! with probability 0.9 * 0.5/0.9 + 0.1 * 0.5 = 0.55, not 0.5. So for a
+//! sampled chain whether a position branches is decided from its q alone
+//! (top probability below the threshold) and first leaves go in position
+//! order (a later position's draw never takes an earlier one's leaf);
+//! after that, how many leaves a position gets and which may depend on
+//! anything (the deterministic rule holds for any list). A greedy chain
+//! (the walk takes the argmax, no q rule) is served most unsure first,
+//! which spends the budget where a miss is likeliest.
 
 /// How one drafted row ranks its tokens.
 ///
@@ -23,6 +35,11 @@
 pub(crate) struct Ranked {
     /// Probability of the token the chain took there.
     chosen: f32,
+    /// Probability of the row's most likely token: the position is unsure
+    /// when this is below the threshold.
+    top: f32,
+    /// Whether the chain's token was drawn from this row's q (sampled).
+    drawn: bool,
     /// The most likely other tokens with their probabilities.
     alts: Vec<(u32, f32)>,
 }
@@ -37,6 +54,8 @@ impl Ranked {
         if !max.is_finite() {
             return Self {
                 chosen: 1.0,
+                top: 1.0,
+                drawn: false,
                 alts: Vec::new(),
             };
         }
@@ -54,6 +73,8 @@ impl Ranked {
             .collect();
         Self {
             chosen: logits.get(chosen as usize).map_or(0.0, |&l| prob(l)),
+            top: prob(max),
+            drawn: false,
             alts,
         }
     }
@@ -64,6 +85,8 @@ impl Ranked {
         let top = top_n(q, n + 1, 0.0);
         Self {
             chosen: q.get(chosen as usize).copied().unwrap_or(0.0),
+            top: top.first().map_or(1.0, |&(_, p)| p),
+            drawn: true,
             alts: top
                 .into_iter()
                 .filter(|&(t, _)| t != chosen)
@@ -96,8 +119,13 @@ fn top_n(values: &[f32], n: usize, floor: f32) -> Vec<(u32, f32)> {
 /// `budget` of them, as `(token, parent)` with parent the chain node before
 /// the position (`None` at position 0), in the order the module doc's rule
 /// picks them (acceptance tries siblings in this order, after the chain's
-/// token). Positions whose chain token has probability at least
+/// token). Positions whose most likely token has probability at least
 /// `unsure_below` get none.
+///
+/// Invariant (what keeps a sampled chain's acceptance exact, see the
+/// module doc): when the rows were drawn, whether position p gets a leaf
+/// depends only on the rows' `top` at positions up to p, never on which
+/// tokens were drawn there or later.
 pub(crate) fn leaves(
     positions: &[Ranked],
     budget: usize,
@@ -110,18 +138,23 @@ pub(crate) fn leaves(
     // What each position offers so far: the chain's token.
     let mut covered: Vec<f32> = positions.iter().map(|r| r.chosen).collect();
     let mut order: Vec<usize> = (0..positions.len())
-        .filter(|&p| covered[p] < unsure_below)
+        .filter(|&p| positions[p].top < unsure_below)
         .collect();
-    // Stable: among equally unsure positions the earlier (likelier to be
-    // reached) first.
-    order.sort_by(|&a, &b| covered[a].total_cmp(&covered[b]));
+    if !positions.iter().any(|r| r.drawn) {
+        // Greedy: most unsure first; stable, so among equally unsure
+        // positions the earlier (likelier to be reached) first.
+        order.sort_by(|&a, &b| positions[a].top.total_cmp(&positions[b].top));
+    }
     for round in 0.. {
         let mut added = false;
         for &p in &order {
             let Some(&(token, prob)) = positions[p].alts.get(round) else {
                 continue;
             };
-            if covered[p] >= unsure_below {
+            // The first leaf goes to every unsure position (its alts are
+            // not empty: its top is below 1); more while it covers less
+            // than the threshold.
+            if round > 0 && covered[p] >= unsure_below {
                 continue;
             }
             if out.len() == budget {
@@ -142,9 +175,12 @@ pub(crate) fn leaves(
 mod tests {
     use super::*;
 
+    /// A greedy row: the chain took the top token.
     fn ranked(chosen: f32, alts: &[(u32, f32)]) -> Ranked {
         Ranked {
             chosen,
+            top: chosen,
+            drawn: false,
             alts: alts.to_vec(),
         }
     }
@@ -179,19 +215,57 @@ mod tests {
             r,
             Ranked {
                 chosen: 0.3,
+                top: 0.6,
+                drawn: true,
                 alts: vec![(2, 0.6), (0, 0.1)] // never the zero
             }
         );
         // Covered 0.3 + 0.6 >= 0.8 after the first leaf.
         assert_eq!(leaves(&[r], 5, 0.8), vec![(2, None)]);
         assert_eq!(Ranked::from_probs(&q, 2, 1).alts, vec![(3, 0.3)]);
-        // Sure of token 0 (0.9), but the chain drew token 1: token 0 is
-        // offered beside it.
-        let r = Ranked::from_probs(&[0.9, 0.05, 0.05], 1, 2);
-        assert_eq!(leaves(&[r], 5, 0.8), vec![(0, None)]);
-        // The chain drew the sure token: nothing.
-        let r = Ranked::from_probs(&[0.9, 0.05, 0.05], 0, 2);
-        assert!(leaves(&[r], 5, 0.8).is_empty());
+        // The draft is sure of token 0 (0.9): no leaf, whichever token the
+        // chain drew (branching only where the draw was unlikely would
+        // bias the q rule, see the module doc).
+        for drew in 0..3 {
+            let r = Ranked::from_probs(&[0.9, 0.05, 0.05], drew, 2);
+            assert!(leaves(&[r], 5, 0.8).is_empty(), "drew {drew}");
+        }
+    }
+
+    /// Whether each position of a sampled chain gets a leaf, for every
+    /// choice of drawn tokens: it must never depend on the draws.
+    #[test]
+    fn a_sampled_chains_branching_never_depends_on_its_draws() {
+        let rows: [&[f32]; 3] = [&[0.5, 0.3, 0.2], &[0.85, 0.1, 0.05], &[0.4, 0.4, 0.2]];
+        for budget in 0..6 {
+            let mut seen: Option<Vec<bool>> = None;
+            for draws in 0..27u32 {
+                let ranks: Vec<Ranked> = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| Ranked::from_probs(q, draws / 3u32.pow(i as u32) % 3, 2))
+                    .collect();
+                let got = leaves(&ranks, budget, 0.8);
+                let branched: Vec<bool> = (0..rows.len())
+                    .map(|p| got.iter().any(|&(_, parent)| parent == p.checked_sub(1)))
+                    .collect();
+                match &seen {
+                    None => seen = Some(branched),
+                    Some(s) => assert_eq!(s, &branched, "budget {budget}, draws {draws}"),
+                }
+            }
+            // Position order: with one leaf it goes to position 0 (a
+            // greedy chain would serve position 2, the least sure, first).
+            if budget == 1 {
+                assert_eq!(seen.unwrap(), vec![true, false, false]);
+            }
+        }
+        let greedy = [
+            ranked(0.5, &[(1, 0.3)]),
+            ranked(0.85, &[(1, 0.1)]),
+            ranked(0.4, &[(1, 0.4)]),
+        ];
+        assert_eq!(leaves(&greedy, 1, 0.8), vec![(1, Some(1))]);
     }
 
     #[test]

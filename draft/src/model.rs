@@ -26,9 +26,9 @@
 //! too (not for a recurrent draft, whose state a block cannot restore).
 //!
 //! Branches: a request allowing branch nodes gets, where the draft is
-//! unsure of a chain position (the chain's token there has probability
-//! below [`ModelDraft::unsure_below`]; at greedy params that is the top
-//! token), the next most likely other tokens there as
+//! unsure of a chain position (its most likely token there has probability
+//! below [`ModelDraft::unsure_below`], whatever token a sampled chain
+//! drew: that keeps the q rule exact), the next most likely other tokens there as
 //! sibling leaves of that chain token ([`crate::leaves`]). Leaves are never
 //! fed to the draft, so its cache and states stay a chain and the catch-up
 //! above is unchanged; their q is not given (acceptance treats a position
@@ -97,8 +97,9 @@ impl ModelDraft {
     }
 
     /// The probability below which a chain position counts as unsure and
-    /// gets leaves: that of the chain's token under the draft's processed,
-    /// warped q, or at greedy params (where q is one-hot and the chain's
+    /// gets leaves: that of the draft's most likely token there under its
+    /// processed, warped q (never the drawn token's: see `crate::leaves`
+    /// for why), or at greedy params (where q is one-hot and the chain's
     /// token the argmax) under the softmax of the processed logits at
     /// temperature 1, the draft's own confidence. A position keeps taking
     /// leaves, its next most likely tokens, while the tokens it offers

@@ -197,8 +197,9 @@ fn sampled_leaves_rank_by_q_and_leave_chain_q_and_draws_alone() {
                     .map(|(i, &x)| (i as u32, x))
                     .collect();
                 r.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-                // Unsure: the drawn token has less than 0.8 of q.
-                if qp[t.tokens[p] as usize] >= 0.8 {
+                // Unsure: the draft's most likely token has less than 0.8
+                // of q (whichever token was drawn).
+                if r[0].1 >= 0.8 {
                     assert!(at[p].is_empty(), "leaves at sure position {p}");
                     continue;
                 }
