@@ -15,7 +15,8 @@
 //! Each sequence's [`Sampler`] carries its logits processing (penalties,
 //! bias, min_tokens, grammar): proposals are fitted to its grammar before
 //! verification (cut at the first forbidden token, extended with forced
-//! ones), every verified row is processed with the drafts before it as
+//! ones; a tree's branches kept where the grammar admits their whole path),
+//! every verified row is processed with the drafts before it as
 //! history, and only the emitted tokens are committed to it.
 
 use candle_core::{Storage, Tensor};
@@ -202,12 +203,16 @@ pub fn propose<P: Proposer + ?Sized>(
     for (i, mut p) in idx.into_iter().zip(got) {
         let r = &mut batch[i];
         let processor = r.seq.sampler.processor_mut();
-        // Under a grammar the chain is fitted to it and nothing branches
-        // (a branch would need its own fitting).
+        // Under a grammar the chain is fitted to it, then every branch
+        // path is checked whole (acceptance masks each node's row with
+        // the grammar along its own path; a path the grammar refuses
+        // would only waste its rows).
         if processor.has_constraint() {
-            p.branches.clear();
+            let old_chain = p.tokens.len();
+            p.forced = processor.shape_proposal(&mut p.tokens, &mut p.q, r.k);
+            let kept = p.tokens.len() - p.forced;
+            p.rehang(old_chain, kept, usize::MAX, |path| processor.admits(path));
         }
-        p.forced = processor.shape_proposal(&mut p.tokens, &mut p.q, r.k);
         // Within what was asked, whatever the proposer answered.
         p.cut(r.k, r.branches);
         out[i] = p;

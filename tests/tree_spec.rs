@@ -10,6 +10,10 @@
 //!   oracle's trees only pass when the kept path's cache entries are the
 //!   ones later rows read: a round that kept a sibling's slot decodes
 //!   from a wrong cache.
+//! - Under a grammar (a toy one that forces some positions): trees whose
+//!   chains the grammar cuts and extends, with branches it admits or
+//!   refuses, give exactly the constrained plain output (greedy), and the
+//!   constrained joint law (sampled).
 //! - Sampled at temperature 1 with penalties on: the first two tokens
 //!   drawn through branching proposals (a draft's q-drawn chain with
 //!   deterministic siblings; a deterministic tree) follow the processed
@@ -28,7 +32,9 @@ use specgate_draft::{DraftError, ModelDraft, NgramProposer, Proposal, ProposeReq
 use specgate_verify::model::load_gguf;
 use specgate_verify::process::LogitsProcessor;
 use specgate_verify::tiny::TinySpec;
-use specgate_verify::{Model, Sampler, SamplingParams};
+use specgate_verify::{
+    ConstraintError, Controls, Model, Sampler, SamplingParams, TokenConstraint, TokenMask,
+};
 use std::sync::Arc;
 
 const BS: usize = 16;
@@ -500,4 +506,216 @@ fn sampled_draft_trees_branch_on_q_alone_and_stay_exact() {
         "draft-tree samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
     );
     assert!(wins > 50, "the draft's trees must win sometimes: {wins}");
+}
+
+/// A toy grammar over any vocabulary: output position i takes only
+/// `FORCED` when i % 5 == 3, else any token of i's parity. Endless.
+struct Parity {
+    vocab: usize,
+    committed: usize,
+}
+
+const FORCED: u32 = 6;
+
+fn parity_ok(pos: usize, t: u32) -> bool {
+    if pos % 5 == 3 {
+        t == FORCED
+    } else {
+        t as usize % 2 == pos % 2
+    }
+}
+
+impl TokenConstraint for Parity {
+    fn allowed(&mut self, pending: &[u32]) -> Result<TokenMask, ConstraintError> {
+        let pos = self.committed + pending.len();
+        let mut m = TokenMask::none(self.vocab);
+        (0..self.vocab as u32)
+            .filter(|&t| parity_ok(pos, t))
+            .for_each(|t| m.allow(t));
+        Ok(m)
+    }
+
+    fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        tokens
+            .iter()
+            .enumerate()
+            .take_while(|&(i, &t)| parity_ok(self.committed + i, t))
+            .count()
+    }
+
+    fn forced(&mut self, pending: &[u32]) -> Vec<u32> {
+        let pos = self.committed + pending.len();
+        if pos % 5 == 3 {
+            vec![FORCED]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn commit(&mut self, tokens: &[u32]) -> Result<(), ConstraintError> {
+        for &t in tokens {
+            if !parity_ok(self.committed, t) {
+                return Err(ConstraintError(format!("{t} at {}", self.committed)));
+            }
+            self.committed += 1;
+        }
+        Ok(())
+    }
+}
+
+fn parity_sampler(
+    params: SamplingParams,
+    controls: Controls,
+    prompt: &[u32],
+    vocab: usize,
+) -> Sampler {
+    Sampler::new(params).with_processor(LogitsProcessor::new(
+        controls,
+        prompt,
+        Some(Box::new(Parity {
+            vocab,
+            committed: 0,
+        })),
+    ))
+}
+
+#[test]
+fn greedy_trees_under_a_grammar_equal_constrained_plain_decoding() {
+    let target = tiny_model(
+        &TinySpec {
+            dtype: GgmlDType::Q6K,
+            ..TinySpec::qwen2(11)
+        },
+        "t.gguf",
+    );
+    let vocab = target.config().vocab_size;
+    let close = Arc::new(tiny_model(
+        &TinySpec {
+            dtype: GgmlDType::Q4K,
+            ..TinySpec::qwen2(11)
+        },
+        "d.gguf",
+    ));
+    let grammar = |prompt: &[u32]| {
+        parity_sampler(
+            SamplingParams::default(),
+            Controls::default(),
+            prompt,
+            vocab,
+        )
+    };
+    let prompts: [Vec<u32>; 2] = [
+        vec![5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
+        (0..30).map(|i| (i * 13 % 384) as u32).collect(),
+    ];
+    let max_new = 30;
+    let (mut oracle_stats, mut noise_stats) = (SpecStats::default(), SpecStats::default());
+    for prompt in &prompts {
+        let mut none = SpecStats::default();
+        let want = spec_decode_tree(
+            &target,
+            None,
+            prompt,
+            max_new,
+            (0, 0),
+            grammar(prompt),
+            &mut none,
+        );
+        for (i, &t) in want.iter().enumerate() {
+            assert!(parity_ok(i, t), "plain output breaks the grammar at {i}");
+        }
+        assert_ne!(
+            want,
+            plain(&target, prompt, max_new),
+            "the grammar changed nothing"
+        );
+        let mut truth = prompt.clone();
+        truth.extend_from_slice(&want);
+        for shape in [(1, 1), (3, 4), (5, 8), (8, 16)] {
+            // The oracle's wrong chain token breaks the grammar (parity
+            // flips, or a forced position): the chain is cut there and
+            // the right token waits on a branch.
+            let mut oracle = Oracle {
+                truth: truth.clone(),
+                vocab: vocab as u32,
+            };
+            let got = spec_decode_tree(
+                &target,
+                Some(&mut oracle),
+                prompt,
+                max_new,
+                shape,
+                grammar(prompt),
+                &mut oracle_stats,
+            );
+            assert_eq!(got, want, "oracle tree {shape:?}");
+            // Siblings t+1 (refused: wrong parity) and t+2 (admitted,
+            // but for forced positions).
+            let mut draft = Widen {
+                inner: ModelDraft::new(close.clone(), 8, BS).unwrap(),
+                vocab: vocab as u32,
+                width: 2,
+            };
+            let got = spec_decode_tree(
+                &target,
+                Some(&mut draft),
+                prompt,
+                max_new,
+                shape,
+                grammar(prompt),
+                &mut noise_stats,
+            );
+            assert_eq!(got, want, "draft tree {shape:?}");
+        }
+    }
+    eprintln!(
+        "under a grammar: oracle {} tree rounds, {} won by a branch, {} forced; noise {} tree rounds, {:.2} tokens per pass",
+        oracle_stats.tree_rounds,
+        oracle_stats.branch_wins,
+        oracle_stats.grammar_forced_tokens,
+        noise_stats.tree_rounds,
+        noise_stats.mean_accepted_length()
+    );
+    assert!(oracle_stats.tree_rounds > 20 && oracle_stats.branch_wins > 20);
+    assert!(noise_stats.tree_rounds > 20);
+    assert!(oracle_stats.grammar_forced_tokens > 0);
+}
+
+#[test]
+fn sampled_trees_under_a_grammar_match_the_constrained_target() {
+    let target = tiny(21, "target.gguf");
+    let prompt = vec![1u32, 5, 9, 2, 7];
+    let constrained = |seed: u64| parity_sampler(params(seed), strong_controls(), &prompt, V);
+    let exact = exact_two_token_joint(&target, &prompt, &mut constrained(0));
+    assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
+    let mut draft = Widen {
+        inner: ModelDraft::new(Arc::new(tiny(22, "draft.gguf")), 2, 16).unwrap(),
+        vocab: V as u32,
+        width: 2,
+    };
+    let mut counts = vec![0usize; V * V];
+    let mut stats = SpecStats::default();
+    for i in 0..N {
+        let got = spec_decode_tree(
+            &target,
+            Some(&mut draft),
+            &prompt,
+            3,
+            (3, 5),
+            constrained(1000 + i as u64),
+            &mut stats,
+        );
+        assert!(parity_ok(0, got[0]) && parity_ok(1, got[1]));
+        counts[got[0] as usize * V + got[1] as usize] += 1;
+    }
+    let (stat, crit) = chi_square(&exact, &counts, N);
+    eprintln!(
+        "under a grammar: chi2 {stat:.1} (critical {crit:.1}), {} tree rounds, {} branch wins",
+        stats.tree_rounds, stats.branch_wins
+    );
+    assert!(
+        stat < crit,
+        "constrained tree samples deviate: chi2 {stat} >= {crit}"
+    );
+    assert!(stats.branch_wins > 100, "{stats:?}");
 }

@@ -965,14 +965,14 @@ impl Engine {
                 no_model: goodput && !guard.allows(ready.len(), step_no),
             };
             let mut plan = policy.plan_step(&seqs, cost, limits);
-            // Branches: where the target verifies trees and nothing
-            // constrains the sequence; a lookup offers what it matched.
+            // Branches: where the target verifies trees (under a grammar
+            // too: `spec::propose` keeps the paths it admits); a lookup
+            // offers what it matched.
             let branch_seqs: Vec<BranchSeq> = ready
                 .iter()
                 .zip(&seqs)
                 .zip(&plan.ks)
                 .map(|((s, st), &k)| {
-                    let grammar = s.spec.sampler.processor().has_constraint();
                     let room = slots.saturating_sub(s.spec.tokens.len() + k);
                     let offered = match lookups.get(&s.spec.id) {
                         Some(l) => l.branches.len(),
@@ -981,7 +981,7 @@ impl Engine {
                     };
                     BranchSeq {
                         k,
-                        max: if grammar || s.method == SpecMethod::Off {
+                        max: if s.method == SpecMethod::Off {
                             0
                         } else {
                             tree_branches.min(room).min(offered)

@@ -297,6 +297,20 @@ impl LogitsProcessor {
         Ok(())
     }
 
+    /// Whether a drafted path (tokens after the committed ones, in order)
+    /// may be verified under the grammar: none of it is a stop id (a draft
+    /// past the end is never output, and the grammar must not be asked to
+    /// go past its end) and the grammar allows all of it. True without a
+    /// grammar. What [`LogitsProcessor::shape_proposal`] checks of a chain,
+    /// for one path of a tree.
+    pub fn admits(&mut self, path: &[u32]) -> bool {
+        let Some(c) = self.constraint.as_mut() else {
+            return true;
+        };
+        let ban = &self.controls.min_tokens_ban;
+        !path.iter().any(|t| ban.contains(t)) && c.valid_prefix(path) == path.len()
+    }
+
     /// Fits a proposal to the grammar before verification (a no-op without
     /// one): cuts it before its first stop id (`min_tokens_ban`: a draft
     /// past the end is never output, and the grammar must not be asked to
