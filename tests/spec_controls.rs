@@ -18,7 +18,7 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::tiny_model;
+use common::{mask_at, tiny_model, valid_prefix_at};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
     spawn, EngineConfig, EngineHandle, Event, FinishReason, GenRequest, KvSize, ProposerKind,
@@ -301,20 +301,11 @@ struct ToyState {
 
 impl TokenConstraint for ToyState {
     fn allowed(&mut self, pending: &[u32]) -> Result<TokenMask, ConstraintError> {
-        let pos = self.committed + pending.len();
-        let mut m = TokenMask::none(VOCAB);
-        (0..VOCAB as u32)
-            .filter(|&t| toy_ok(pos, t))
-            .for_each(|t| m.allow(t));
-        Ok(m)
+        Ok(mask_at(VOCAB, self.committed + pending.len(), toy_ok))
     }
 
     fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
-        tokens
-            .iter()
-            .enumerate()
-            .take_while(|&(i, &t)| toy_ok(self.committed + i, t))
-            .count()
+        valid_prefix_at(self.committed, tokens, toy_ok)
     }
 
     fn forced(&mut self, pending: &[u32]) -> Vec<u32> {

@@ -23,8 +23,8 @@ mod common;
 
 use candle_core::quantized::GgmlDType;
 use common::{
-    chi_square, exact_two_token_joint, real_model, spec_decode, spec_decode_tree, strong_controls,
-    tiny_model,
+    chi_square, exact_two_token_joint, mask_at, real_model, spec_decode, spec_decode_tree,
+    strong_controls, tiny_model, valid_prefix_at,
 };
 use specgate::spec::SpecStats;
 use specgate::tokenizer::{ChatMessage, TextTokenizer};
@@ -393,17 +393,54 @@ fn sampler(prompt: &[u32], seed: u64) -> Sampler {
     Sampler::new(params(seed)).with_processor(LogitsProcessor::new(strong_controls(), prompt, None))
 }
 
-/// Chi-square of the first two tokens sampled through `proposer`'s trees
+/// How the first two tokens sampled through a proposer's trees fit the
+/// exact law.
+struct Fit {
+    /// Chi-square of the joint law and its critical value.
+    stat: f64,
+    crit: f64,
+    /// The same for the first token alone (a bias there is diluted over V
+    /// cells of the joint, not here).
+    first: f64,
+    first_crit: f64,
+    /// How often each `(x1, x2)` was drawn, `[x1 * V + x2]`.
+    counts: Vec<usize>,
+    stats: SpecStats,
+}
+
+impl Fit {
+    /// Asserts that both the joint law and the first token's fit.
+    fn assert_fits(&self, what: &str) {
+        let Self {
+            stat,
+            crit,
+            first,
+            first_crit,
+            ..
+        } = self;
+        eprintln!(
+            "{what}: chi2 {stat:.1} (critical {crit:.1}), first token {first:.1} ({first_crit:.1}), {} branch wins",
+            self.stats.branch_wins
+        );
+        assert!(
+            stat < crit && first < first_crit,
+            "{what}: samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
+        );
+    }
+}
+
+/// Samples the first two tokens through `proposer`'s trees N times
 /// (decoding `max_new` tokens: the first round drafts a chain of up to
-/// `max_new - 1`): `(joint statistic, its critical value, first-token
-/// statistic, its critical value, branch wins)`.
+/// `max_new - 1`), each with `sampler(seed)`, against the exact law under
+/// `sampler(0)`'s processing.
 fn sampled_fit(
     target: &Model,
     proposer: &mut dyn Proposer,
     prompt: &[u32],
     max_new: usize,
-) -> (f64, f64, f64, f64, u64) {
-    let exact = exact_two_token_joint(target, prompt, &mut sampler(prompt, 0));
+    sampler: impl Fn(u64) -> Sampler,
+) -> Fit {
+    let exact = exact_two_token_joint(target, prompt, &mut sampler(0));
     assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
     let mut counts = vec![0usize; V * V];
     let mut stats = SpecStats::default();
@@ -414,14 +451,12 @@ fn sampled_fit(
             prompt,
             max_new,
             (3, 5),
-            sampler(prompt, 1000 + i as u64),
+            sampler(1000 + i as u64),
             &mut stats,
         );
         counts[got[0] as usize * V + got[1] as usize] += 1;
     }
     let (stat, crit) = chi_square(&exact, &counts, N);
-    // The first token alone: a bias there is diluted over V cells of the
-    // joint, not here.
     let marginal = |v: &[f64]| -> Vec<f64> { v.chunks(V).map(|r| r.iter().sum()).collect() };
     let first_counts: Vec<usize> = counts.chunks(V).map(|r| r.iter().sum()).collect();
     let (first, first_crit) = chi_square(&marginal(&exact), &first_counts, N);
@@ -429,7 +464,14 @@ fn sampled_fit(
         "tree rounds {}, branch nodes {}",
         stats.tree_rounds, stats.branch_tokens
     );
-    (stat, crit, first, first_crit, stats.branch_wins)
+    Fit {
+        stat,
+        crit,
+        first,
+        first_crit,
+        counts,
+        stats,
+    }
 }
 
 #[test]
@@ -444,26 +486,21 @@ fn sampled_tree_speculation_with_penalties_matches_processed_target() {
         vocab: V as u32,
         width: 1,
     };
-    let (stat, crit, first, first_crit, wins) = sampled_fit(&target, &mut draft, &prompt, 2);
-    eprintln!("draft tree: chi2 {stat:.1} (critical {crit:.1}), first token {first:.1} ({first_crit:.1}), {wins} branch wins");
+    let fit = sampled_fit(&target, &mut draft, &prompt, 2, |s| sampler(&prompt, s));
+    fit.assert_fits("draft tree");
     assert!(
-        stat < crit && first < first_crit,
-        "draft-tree samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
+        fit.stats.branch_wins > 100,
+        "branches should win often on a flat target"
     );
-    assert!(wins > 100, "branches should win often on a flat target");
     // A deterministic tree (no q anywhere).
     let mut ngram = Widen {
         inner: NgramProposer::new(1, 3).unwrap(),
         vocab: V as u32,
         width: 2,
     };
-    let (stat, crit, first, first_crit, wins) = sampled_fit(&target, &mut ngram, &prompt, 2);
-    eprintln!("deterministic tree: chi2 {stat:.1} (critical {crit:.1}), first token {first:.1} ({first_crit:.1}), {wins} branch wins");
-    assert!(
-        stat < crit && first < first_crit,
-        "deterministic-tree samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
-    );
-    assert!(wins > 100);
+    let fit = sampled_fit(&target, &mut ngram, &prompt, 2, |s| sampler(&prompt, s));
+    fit.assert_fits("deterministic tree");
+    assert!(fit.stats.branch_wins > 100);
 }
 
 /// The draft model's own trees at temperature 1 (no added siblings): its
@@ -499,12 +536,9 @@ fn sampled_draft_trees_branch_on_q_alone_and_stay_exact() {
     draft.set_unsure_below(top - 1e-4);
     // Three tokens: the first round's chain has two positions, the second
     // sometimes unsure.
-    let (stat, crit, first, first_crit, wins) = sampled_fit(&target, &mut draft, &prompt, 3);
-    eprintln!("draft's own tree (q0 top {top:.3}): chi2 {stat:.1} (critical {crit:.1}), first token {first:.1} ({first_crit:.1}), {wins} branch wins");
-    assert!(
-        stat < crit && first < first_crit,
-        "draft-tree samples deviate: chi2 {stat} >= {crit} or {first} >= {first_crit}"
-    );
+    let fit = sampled_fit(&target, &mut draft, &prompt, 3, |s| sampler(&prompt, s));
+    fit.assert_fits(&format!("draft's own tree (q0 top {top:.3})"));
+    let wins = fit.stats.branch_wins;
     assert!(wins > 50, "the draft's trees must win sometimes: {wins}");
 }
 
@@ -527,20 +561,15 @@ fn parity_ok(pos: usize, t: u32) -> bool {
 
 impl TokenConstraint for Parity {
     fn allowed(&mut self, pending: &[u32]) -> Result<TokenMask, ConstraintError> {
-        let pos = self.committed + pending.len();
-        let mut m = TokenMask::none(self.vocab);
-        (0..self.vocab as u32)
-            .filter(|&t| parity_ok(pos, t))
-            .for_each(|t| m.allow(t));
-        Ok(m)
+        Ok(mask_at(
+            self.vocab,
+            self.committed + pending.len(),
+            parity_ok,
+        ))
     }
 
     fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
-        tokens
-            .iter()
-            .enumerate()
-            .take_while(|&(i, &t)| parity_ok(self.committed + i, t))
-            .count()
+        valid_prefix_at(self.committed, tokens, parity_ok)
     }
 
     fn forced(&mut self, pending: &[u32]) -> Vec<u32> {
@@ -685,30 +714,19 @@ fn greedy_trees_under_a_grammar_equal_constrained_plain_decoding() {
 fn sampled_trees_under_a_grammar_match_the_constrained_target() {
     let target = tiny(21, "target.gguf");
     let prompt = vec![1u32, 5, 9, 2, 7];
-    let constrained = |seed: u64| parity_sampler(params(seed), strong_controls(), &prompt, V);
-    let exact = exact_two_token_joint(&target, &prompt, &mut constrained(0));
-    assert!((exact.iter().sum::<f64>() - 1.0).abs() < 1e-4);
     let mut draft = Widen {
         inner: ModelDraft::new(Arc::new(tiny(22, "draft.gguf")), 2, 16).unwrap(),
         vocab: V as u32,
         width: 2,
     };
-    let mut counts = vec![0usize; V * V];
-    let mut stats = SpecStats::default();
-    for i in 0..N {
-        let got = spec_decode_tree(
-            &target,
-            Some(&mut draft),
-            &prompt,
-            3,
-            (3, 5),
-            constrained(1000 + i as u64),
-            &mut stats,
-        );
-        assert!(parity_ok(0, got[0]) && parity_ok(1, got[1]));
-        counts[got[0] as usize * V + got[1] as usize] += 1;
+    let fit = sampled_fit(&target, &mut draft, &prompt, 3, |seed| {
+        parity_sampler(params(seed), strong_controls(), &prompt, V)
+    });
+    for (cell, &n) in fit.counts.iter().enumerate() {
+        let (x1, x2) = ((cell / V) as u32, (cell % V) as u32);
+        assert!(n == 0 || (parity_ok(0, x1) && parity_ok(1, x2)));
     }
-    let (stat, crit) = chi_square(&exact, &counts, N);
+    let (stat, crit, stats) = (fit.stat, fit.crit, &fit.stats);
     eprintln!(
         "under a grammar: chi2 {stat:.1} (critical {crit:.1}), {} tree rounds, {} branch wins",
         stats.tree_rounds, stats.branch_wins

@@ -1,7 +1,7 @@
 //! The one support module of the root package's integration tests (and of
 //! loadgen/tests, which includes it by path): where the real weights are
 //! ([`models`]), tiny generated models ([`tiny`]), the HTTP/1.1 client
-//! ([`client`]), reading engine streams ([`engine`]), the chi-square test ([`stats`]), one sequence decoded speculatively
+//! ([`client`]), reading engine streams ([`engine`]), toy grammars ([`grammar`]), the chi-square test ([`stats`]), one sequence decoded speculatively
 //! ([`spec`]), and here a tiny model with an in-code ChatML tokenizer and
 //! a server started in-process on 127.0.0.1:0. Everything is re-exported at
 //! this level, so `use common::*` reaches it all.
@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod engine;
+pub mod grammar;
 pub mod logs;
 pub mod models;
 pub mod schemas;
@@ -19,6 +20,7 @@ pub mod tiny;
 
 pub use client::*;
 pub use engine::*;
+pub use grammar::*;
 pub use logs::*;
 pub use models::*;
 pub use spec::*;
