@@ -441,11 +441,15 @@ fn the_draft_reuses_its_cache_in_shared_blocks() {
     assert_eq!(propose(&mut d, 6, &prompt, &[20, 21, 28, 29]), (first, 8));
 }
 
-/// While sequences decode and the policy drafts with the model for no one,
-/// a new prompt does not run through the draft (it would catch up if it
-/// ever drafted); a prompt that arrives while nothing decodes does.
+/// A prompt runs through the draft only where the plan drafts with the
+/// model: while sequences decode, if it drafts with the model for anyone
+/// this step; while nothing decodes (a burst of prompts), if it would for
+/// the batch they make. A policy that never drafts with the model (max_k
+/// 0) prefills nothing, whether the prompt arrives alone or beside a
+/// decoding sequence; a request asking for drafts (`num_speculative_tokens`)
+/// gets its prompt prefilled.
 #[test]
-fn prompts_skip_the_draft_while_it_drafts_for_no_one() {
+fn prompts_skip_the_draft_where_the_plan_drafts_for_no_one() {
     let never = DraftPolicy::Goodput {
         max_k: 0,
         alpha: 0.3,
@@ -477,9 +481,25 @@ fn prompts_skip_the_draft_while_it_drafts_for_no_one() {
     collect_tokens(h.submit(b).unwrap());
     collect_tokens(rx);
     let s = wait_idle(&h);
+    assert_eq!(
+        s.draft_prefill_tokens, 0,
+        "neither A's prompt (alone) nor B's (beside A) may run through the draft"
+    );
+    // Alone, asking for 3 drafts a step: its 24 prompt rows run through
+    // the draft before its first decode step.
+    let c = GenRequest {
+        prompt: (0..24).map(|j| j + 200).collect(),
+        max_new_tokens: 8,
+        ignore_eos: true,
+        num_speculative_tokens: Some(3),
+        ..Default::default()
+    };
+    collect_tokens(h.submit(c).unwrap());
+    let s = wait_idle(&h);
     assert!(
-        (1..=20).contains(&s.draft_prefill_tokens),
-        "A's prompt ran through the draft, B's did not: {} rows",
+        s.draft_prefill_tokens >= 23,
+        "C's prompt did not run through the draft: {} rows",
         s.draft_prefill_tokens
     );
+    assert!(s.spec.draft_tokens > 0, "C never drafted");
 }

@@ -243,6 +243,12 @@ pub struct StepLimits {
     /// losing at this batch size, [`crate::guard::ModelGuard`]): only
     /// lookups draft, and asked-for lengths are kept.
     pub no_model: bool,
+    /// Whether a sequence may not be probed with the draft model this step
+    /// (the engine measured the model losing at this batch size, on fewer
+    /// steps than a veto needs): a probe buys knowledge of one sequence's
+    /// acceptance, of no use where the model loses anyway, and on a
+    /// sequence the draft has not followed it pays a whole catch-up.
+    pub no_model_probe: bool,
 }
 
 /// What [`DraftPolicy::plan_step`] chose.
@@ -573,7 +579,7 @@ impl DraftPolicy {
                 .filter(|(i, s)| {
                     ks[*i] == 0
                         && s.fixed_k.is_none()
-                        && !(limits.no_model && s.model_rows.is_some())
+                        && !((limits.no_model || limits.no_model_probe) && s.model_rows.is_some())
                         && !gains[*i].is_empty()
                         && s.state.rounds_at_zero + 1 >= *probe_every
                         && worth_probing(*i, s)
@@ -1017,6 +1023,25 @@ mod tests {
         l.probe = true;
         let plan = p.plan_step(&seqs, &model, l);
         assert_eq!((plan.ks, plan.probed), (vec![1, 0, 0], Some(0)));
+    }
+
+    #[test]
+    fn goodput_probes_no_model_sequence_where_the_model_measured_losing() {
+        let p = goodput(4);
+        let mut zero = accepting(0.0);
+        zero.rounds_at_zero = 10;
+        let cheap = costs(1.0, 0.01, Some(0.05));
+        let mut l = limits(512);
+        l.probe = true;
+        let seqs = vec![seq(&zero, true), seq(&zero, false)];
+        assert_eq!(p.plan_step(&seqs, &cheap, l).probed, Some(0));
+        // The model measured losing: its sequence is not probed, the
+        // lookup's still is.
+        l.no_model_probe = true;
+        let plan = p.plan_step(&seqs, &cheap, l);
+        assert_eq!((plan.ks, plan.probed), (vec![0, 1], Some(1)));
+        let seqs = vec![seq(&zero, true); 3];
+        assert_eq!(p.plan_step(&seqs, &cheap, l).probed, None);
     }
 
     #[test]

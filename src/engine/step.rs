@@ -694,6 +694,55 @@ impl Engine {
         }
     }
 
+    /// The measured error of draft-model plans against other plans (1
+    /// until both were measured), for `StepLimits::model_factor`.
+    fn model_factor(&self) -> f64 {
+        match self.prediction_ratio {
+            [Some(model), Some(other)] if other > 0.0 => (model / other).clamp(0.5, 4.0),
+            _ => 1.0,
+        }
+    }
+
+    /// Whether the goodput plan would draft with the model for anyone if
+    /// every running sequence decoded next step, each with its draft
+    /// caught up (what prefilling the draft now buys): a burst of prompts
+    /// arriving while nothing decodes runs through the draft only then.
+    /// At a batch size where the model does not pay (a CPU whose verify
+    /// rows are dear, or the guard's veto) the draft's prefill would cost
+    /// a third of the target's for nothing; a sequence that drafts later
+    /// catches up then, and the policy weighs that catch-up.
+    fn batch_would_draft(&self) -> bool {
+        let slots = self.bm.num_blocks() * self.bm.block_size();
+        let seqs: Vec<StepSeq> = self
+            .running
+            .iter()
+            .map(|s| StepSeq {
+                state: &s.spec.policy_state,
+                prior: self.priors.of(s.method, None),
+                max_k: Self::k_cap(slots, s),
+                fixed_k: s.req.num_speculative_tokens,
+                model_rows: (s.method == SpecMethod::Draft).then_some(1.0),
+            })
+            .collect();
+        let n = seqs.len();
+        let limits = StepLimits {
+            budget: self.sched.config().max_num_batched_tokens,
+            prefill_rows: 0,
+            probe: false,
+            draft_prefill_rows: 0,
+            model_margin: MODEL_MARGIN,
+            lookup_margin: LOOKUP_MARGIN,
+            model_factor: self.model_factor(),
+            no_model: self.guard.vetoed(n),
+            no_model_probe: false,
+        };
+        let plan = self.policy.plan_step(&seqs, &self.cost, limits);
+        self.running
+            .iter()
+            .zip(&plan.ks)
+            .any(|(s, &k)| k > 0 && s.method == SpecMethod::Draft)
+    }
+
     /// Finds this step's lookup guesses for the sequences ready to decode:
     /// an n-gram sequence in its own context (its method) and then the
     /// pool; a draft-model sequence in its own context with the pool's
@@ -910,11 +959,7 @@ impl Engine {
         };
         let (policy, cost, priors, draft) = (&self.policy, &self.cost, &self.priors, &self.draft);
         let lookups = &self.lookups;
-        // The measured error of draft-model plans against other plans.
-        let model_factor = match self.prediction_ratio {
-            [Some(model), Some(other)] if other > 0.0 => (model / other).clamp(0.5, 4.0),
-            _ => 1.0,
-        };
+        let model_factor = self.model_factor();
         let probe_every = match policy {
             DraftPolicy::Goodput { probe_every, .. } => *probe_every,
             _ => u32::MAX,
@@ -963,6 +1008,7 @@ impl Engine {
                 lookup_margin: LOOKUP_MARGIN,
                 model_factor,
                 no_model: goodput && !guard.allows(ready.len(), step_no),
+                no_model_probe: guard.gain(ready.len()).is_some_and(|g| g < 1.0),
             };
             let mut plan = policy.plan_step(&seqs, cost, limits);
             // Branches: where the target verifies trees (under a grammar
@@ -1295,12 +1341,19 @@ impl Engine {
     fn draft_prefill(&mut self, work: &Work, done: &Prefilled) {
         // While the policy drafts with the model for no one (load makes it
         // too dear), prompts skip the draft too: a sequence that drafts
-        // later catches up then, and the policy weighs that catch-up. (The
-        // step's decode rows, not the sequences' tokens: verification has
-        // already appended this step's tokens.)
-        let decoding = !work.decodes.is_empty();
-        if matches!(self.policy, DraftPolicy::Goodput { .. }) && decoding && !self.model_drafting {
-            return;
+        // later catches up then, and the policy weighs that catch-up. With
+        // nothing decoding (a burst of prompts), the plan for the batch
+        // they make decides. (The step's decode rows, not the sequences'
+        // tokens: verification has already appended this step's tokens.)
+        if matches!(self.policy, DraftPolicy::Goodput { .. }) {
+            let drafts = if work.decodes.is_empty() {
+                self.batch_would_draft()
+            } else {
+                self.model_drafting
+            };
+            if !drafts {
+                return;
+            }
         }
         let prefills = &work.prefills;
         let (Some(draft), running, bm) = (self.draft.as_mut(), &self.running, &self.bm) else {
