@@ -194,7 +194,7 @@ EOF
 
 pid=""
 declare -A pids=() urls=()
-trap 'kill ${pid:-} ${pids[*]:-} 2>/dev/null; wait 2>/dev/null || true' EXIT
+trap 'kill ${pid:-} ${pids[*]:-} 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 if [ -z "${REPORT_ONLY:-}" ]; then
   printf 'load_before="%s"\nstarted="%s"\nrounds=%s\nwaves=%s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "$(date -u '+%Y-%m-%d %H:%M UTC')" "$ROUNDS" "$WAVES" >"$OUT/meta.env"
