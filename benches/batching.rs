@@ -134,6 +134,7 @@ fn main() {
             policy,
             suffix: None,
             tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+            prefix: Default::default(),
         };
         let (h, _join) = spawn(target, proposer, None, cfg).unwrap();
         for &c in &concs {

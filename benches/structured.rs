@@ -76,6 +76,7 @@ fn run(
         policy: DraftPolicy::Fixed { k: 4 },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     let target = load_gguf(&dir.join(TARGET)).unwrap();
     let (h, _) = spawn(target, proposer, Some(tok.clone()), cfg).unwrap();

@@ -108,6 +108,14 @@ pub struct ServeArgs {
     /// (overrides [kv] latent_dtype).
     #[arg(long, value_enum, value_name = "DTYPE")]
     pub kv_latent_dtype: Option<LatentDtype>,
+    /// Automatic prefix caching on or off, for every model family
+    /// (overrides [kv] prefix_caching).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub prefix_caching: Option<bool>,
+    /// Memory for a hybrid target's recurrent-state checkpoints, in MiB
+    /// (overrides [kv] state_checkpoint_mib).
+    #[arg(long, value_name = "MIB")]
+    pub state_checkpoint_mib: Option<usize>,
 
     /// Sequences decoding at once (overrides [scheduler] max_num_seqs).
     #[arg(long, value_name = "N")]
@@ -165,6 +173,8 @@ impl ServeArgs {
             num_blocks,
             kv_memory_mib,
             kv_latent_dtype,
+            prefix_caching,
+            state_checkpoint_mib,
             max_num_seqs,
             max_num_batched_tokens,
             speculative_method,
@@ -203,6 +213,8 @@ impl ServeArgs {
         set(&mut cfg.kv.num_blocks, num_blocks);
         set(&mut cfg.kv.memory_mib, kv_memory_mib);
         set(&mut cfg.kv.latent_dtype, kv_latent_dtype);
+        set(&mut cfg.kv.prefix_caching, prefix_caching);
+        set(&mut cfg.kv.state_checkpoint_mib, state_checkpoint_mib);
         set(&mut cfg.scheduler.max_num_seqs, max_num_seqs);
         set(
             &mut cfg.scheduler.max_num_batched_tokens,

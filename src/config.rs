@@ -227,6 +227,12 @@ pub struct KvConfig {
     /// How the target's latent attention rows (Kimi K3's MLA layers) are
     /// stored; the pool's blocks per MiB follow. Fixed while running.
     pub latent_dtype: LatentDtype,
+    /// Automatic prefix caching, for every model family (a hybrid target
+    /// restores a recurrent-state checkpoint at the hit's boundary).
+    pub prefix_caching: bool,
+    /// Memory for a hybrid target's recurrent-state checkpoints, in MiB
+    /// (their own budget, beside `memory_mib`); whole checkpoints only.
+    pub state_checkpoint_mib: usize,
 }
 
 /// `kv.latent_dtype` (and `--kv-latent-dtype`): the storage of a latent
@@ -266,6 +272,8 @@ impl Default for KvConfig {
             num_blocks: 0,
             memory_mib: 1024,
             latent_dtype: LatentDtype::Auto,
+            prefix_caching: true,
+            state_checkpoint_mib: crate::engine::DEFAULT_CHECKPOINT_BYTES >> 20,
         }
     }
 }
@@ -826,6 +834,7 @@ impl Config {
     /// | `kv.block_size` | 1..=256 | |
     /// | `kv.num_blocks` | 0 (derive from memory) or 1..=4194304 | block ids are u32; 2^22 blocks hold 2^22 * block_size tokens |
     /// | `kv.memory_mib` | 1..=1048576 (0 when `num_blocks` is set) | 1 TiB |
+    /// | `kv.state_checkpoint_mib` | 0..=1048576 | 1 TiB; 0 keeps no checkpoint (a hybrid target then never hits) |
     /// | `scheduler.max_num_seqs` | 1..=4096 | |
     /// | `scheduler.max_num_batched_tokens` | max_num_seqs..=1048576 | every running sequence can decode a row each step (as vLLM requires) |
     /// | `scheduler.max_echo_prompt_tokens` | 1..=16777216 | |
@@ -932,6 +941,11 @@ impl Config {
         // The memory budget sizes the pool only when no block count is set.
         let min_mib = usize::from(kv.num_blocks == 0);
         in_range("kv.memory_mib", kv.memory_mib, min_mib..=1 << 20)?;
+        in_range(
+            "kv.state_checkpoint_mib",
+            kv.state_checkpoint_mib,
+            0..=1 << 20,
+        )?;
 
         let sch = &self.scheduler;
         in_range("scheduler.max_num_seqs", sch.max_num_seqs, 1..=4_096)?;

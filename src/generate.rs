@@ -295,6 +295,7 @@ pub fn generate<P: Proposer + ?Sized>(
                 k,
                 branches: 0,
                 state_slot: 0,
+                snapshot: None,
             }],
             &[],
             &mut stats,

@@ -52,6 +52,15 @@ pub const PREEMPTIONS: &str = "specgate_num_preemptions_total";
 pub const PREFIX_HITS: &str = "specgate_prefix_cache_hits_total";
 pub const PREFIX_QUERIES: &str = "specgate_prefix_cache_queries_total";
 pub const PREFIX_ENABLED: &str = "specgate_prefix_cache_enabled";
+/// A hybrid target's recurrent-state checkpoints (prefix caching).
+pub const CHECKPOINT_HITS: &str = "specgate_state_checkpoint_hits_total";
+pub const CHECKPOINT_MISSES: &str = "specgate_state_checkpoint_misses_total";
+pub const CHECKPOINT_SAVES: &str = "specgate_state_checkpoint_saves_total";
+pub const CHECKPOINT_EVICTIONS: &str = "specgate_state_checkpoint_evictions_total";
+pub const CHECKPOINT_RESTORED_TOKENS: &str = "specgate_state_checkpoint_restored_tokens_total";
+pub const CHECKPOINTS_HELD: &str = "specgate_state_checkpoints";
+pub const CHECKPOINT_BYTES: &str = "specgate_state_checkpoint_bytes";
+pub const CHECKPOINT_BUDGET_BYTES: &str = "specgate_state_checkpoint_budget_bytes";
 pub const STATE_SLOTS_USED: &str = "specgate_state_slots_used";
 pub const STATE_SLOTS: &str = "specgate_state_slots";
 pub const PROMPT_TOKENS: &str = "specgate_prompt_tokens_total";
@@ -187,7 +196,41 @@ fn describe() {
     );
     describe_gauge!(
         PREFIX_ENABLED,
-        "1 when prefix caching is on; 0 for models with recurrent layers"
+        "1 when prefix caching is on ([kv] prefix_caching)"
+    );
+    describe_counter!(
+        CHECKPOINT_HITS,
+        "Admissions that restored a recurrent-state checkpoint (hybrid models)"
+    );
+    describe_counter!(
+        CHECKPOINT_MISSES,
+        "Admissions that looked a prefix up and restored no state checkpoint (hybrid models)"
+    );
+    describe_counter!(
+        CHECKPOINT_SAVES,
+        "Recurrent-state checkpoints saved at prompt ends, branch points and request ends"
+    );
+    describe_counter!(
+        CHECKPOINT_EVICTIONS,
+        "Recurrent-state checkpoints dropped for room or with their block"
+    );
+    describe_counter!(
+        CHECKPOINT_RESTORED_TOKENS,
+        "Prompt tokens whose prefill a restored state checkpoint skipped"
+    );
+    describe_gauge!(
+        CHECKPOINTS_HELD,
+        "Recurrent-state checkpoints held (hybrid models)"
+    );
+    describe_gauge!(
+        CHECKPOINT_BYTES,
+        Unit::Bytes,
+        "Bytes of the recurrent-state checkpoints held"
+    );
+    describe_gauge!(
+        CHECKPOINT_BUDGET_BYTES,
+        Unit::Bytes,
+        "Bytes the state checkpoint budget holds ([kv] state_checkpoint_mib, whole checkpoints)"
     );
     describe_gauge!(
         STATE_SLOTS_USED,

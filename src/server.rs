@@ -5,7 +5,9 @@
 
 use crate::config::{Config, LatentDtype, SpeculativeMethod, SuffixScope};
 use crate::engine::scheduler::SchedulerConfig;
-use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, ProposerKind, SuffixOptions};
+use crate::engine::{
+    spawn, EngineConfig, EngineHandle, KvSize, PrefixCaching, ProposerKind, SuffixOptions,
+};
 use crate::grammar::Grammars;
 use crate::http::cors::CorsPolicy;
 use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
@@ -313,6 +315,10 @@ fn load(
             global: sp.suffix.scope == SuffixScope::Global,
         }),
         tree_branches: sp.tree_branches,
+        prefix: PrefixCaching {
+            enabled: cfg.kv.prefix_caching,
+            checkpoint_bytes: cfg.kv.state_checkpoint_mib << 20,
+        },
     };
     let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
     let stats = engine.stats();

@@ -50,6 +50,20 @@ pub struct RoundInput<'a> {
     /// The sequence's recurrent-state slot in the target's pool (see
     /// [`SeqInput::state_slot`]; ignored by models without recurrent layers).
     pub state_slot: u32,
+    /// Where to copy the recurrent state if the accepted rows pass a
+    /// given position (a hybrid target's prefix-cache checkpoint).
+    pub snapshot: Option<Snapshot>,
+}
+
+/// A copy of a sequence's recurrent state as its round passes a position:
+/// if the accepted rows absorb token `at - 1` (the state then holds
+/// exactly `at` tokens at some row), that row's state is copied into
+/// state slot `slot` of the target's pool. Only an accepted row's state is
+/// ever copied, never a rejected draft's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    pub at: usize,
+    pub slot: u32,
 }
 
 /// Counters a dashboard needs, summed over rounds.
@@ -229,11 +243,14 @@ pub struct RoundOutput {
     /// Per prefill chunk, the prompt log-probabilities of the rows its
     /// [`PromptScoring`] named (empty without one).
     pub prompt_logprobs: Vec<Vec<TokenLogprob>>,
+    /// Per sequence of the batch: the position its [`Snapshot`] was taken
+    /// at, if it was.
+    pub snapshots: Vec<Option<usize>>,
 }
 
 /// What a prompt chunk wants scored (`echo` with `logprobs`): its row `r`
 /// (at position `start_pos + r`) scores the prompt token after it. The
-/// chunk asks for `LogitsWanted::All`.
+/// chunk asks for `LogitsWanted::Scored`.
 #[derive(Debug, Clone, Copy)]
 pub struct PromptScoring<'a> {
     /// Rows before this one are not scored (already scored when a chunk
@@ -316,7 +333,7 @@ pub fn verify_round(
         let n = match p.logits {
             LogitsWanted::None => 0,
             LogitsWanted::Last => usize::from(!p.tokens.is_empty()),
-            LogitsWanted::All => p.tokens.len(),
+            LogitsWanted::All | LogitsWanted::Scored => p.tokens.len(),
         };
         let lps = match scoring.get(i).copied().flatten() {
             Some(sc) if n > sc.skip => {
@@ -344,13 +361,14 @@ pub fn verify_round(
     for ((r, p), tree) in batch.iter_mut().zip(proposals).zip(&trees) {
         let mut mine: Vec<Vec<f32>> = rows.by_ref().take(p.nodes() + 1).collect();
         let grammar = r.seq.sampler.processor().has_constraint();
-        // The verdict, how many of its drafts are chain tokens, and the row
-        // whose recurrent state is the accepted leaf's.
-        let (v, on_chain, leaf_row) = match tree {
+        // The verdict, how many of its drafts are chain tokens, and the
+        // rows of the accepted path (root first; the last one's recurrent
+        // state is the accepted leaf's).
+        let (v, on_chain, path) = match tree {
             None => {
                 let v = accept_sampled(&mut mine, &p.tokens, p.q.as_deref(), &mut r.seq.sampler);
                 let leaf = v.as_ref().map_or(0, |v| v.accepted);
-                (v, leaf, leaf)
+                (v, leaf, (0..=leaf).collect::<Vec<_>>())
             }
             Some(tree) => {
                 let q = tree_q(p, tree, r.seq.sampler.params().is_greedy());
@@ -363,14 +381,18 @@ pub fn verify_round(
                         // positions address; siblings' rows are dropped.
                         pool.compact_rows(r.block_table, r.seq.tokens.len() - 1, &keep)?;
                         let on_chain = tv.path.iter().take_while(|&&n| n < p.tokens.len()).count();
-                        let leaf = keep.last().copied().unwrap_or(0);
-                        (Ok(tv.into_verdict()), on_chain, leaf)
+                        (Ok(tv.into_verdict()), on_chain, keep)
                     }
-                    Err(e) => (Err(e), 0, 0),
+                    Err(e) => (Err(e), 0, vec![0]),
                 }
             }
         };
+        let mut snapped = None;
         if let Ok(v) = &v {
+            if let (true, Some(snap)) = (recurrent, r.snapshot) {
+                snapped = take_snapshot(pool, r, snap, &path, p.nodes() > 0)?;
+            }
+            let leaf_row = path.last().copied().unwrap_or(0);
             if recurrent && p.nodes() > 0 {
                 // The state after the accepted leaf's row stays (a tree's
                 // forward derives each row's state from its parent's, so
@@ -389,8 +411,40 @@ pub fn verify_round(
             r.seq.tokens.extend_from_slice(&v.tokens);
         }
         out.verdicts.push(v);
+        out.snapshots.push(snapped);
     }
     Ok(out)
+}
+
+/// Takes `r`'s snapshot if the accepted `path` (its rows, root first)
+/// passes it: the state after the path row that absorbs token
+/// `snap.at - 1`. `rows_recorded`: whether the forward kept per-row states
+/// (several rows); else the one row's state is the slot's live one.
+/// Returns the position saved at.
+///
+/// Errors: the copy failed (a bookkeeping bug: the round fails).
+fn take_snapshot(
+    pool: &mut KvPool,
+    r: &RoundInput,
+    snap: Snapshot,
+    path: &[usize],
+    rows_recorded: bool,
+) -> Result<Option<usize>, VerifyError> {
+    // The state held `start` tokens before the round; path row `d` has
+    // absorbed `start + d + 1`.
+    let start = r.seq.tokens.len() - 1;
+    let Some(depth) = snap.at.checked_sub(start + 1) else {
+        return Ok(None);
+    };
+    let Some(&row) = path.get(depth) else {
+        return Ok(None);
+    };
+    if rows_recorded {
+        pool.copy_row_state(r.state_slot, row, snap.slot)?;
+    } else {
+        pool.copy_state(r.state_slot, snap.slot)?;
+    }
+    Ok(Some(snap.at))
 }
 
 /// The draft distributions [`accept_tree`] takes for proposal `p` verified

@@ -69,6 +69,7 @@ fn engine_with(
         policy: DraftPolicy::Fixed { k: 3 },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }
@@ -375,6 +376,7 @@ fn a_draft_with_a_shorter_context_does_not_fail_the_batch() {
         policy: DraftPolicy::Fixed { k: 3 },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     let h = spawn(target(), ProposerKind::Draft(short_draft), None, cfg)
         .unwrap()
@@ -479,6 +481,7 @@ fn real_target_concurrent_requests_match_alone() {
         policy: DraftPolicy::Fixed { k },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     let solo = spawn(
         load_gguf(&tp).unwrap(),
@@ -530,6 +533,7 @@ fn memory_budget_sets_the_block_count_for_draft_and_target() {
         policy: DraftPolicy::Fixed { k: 2 },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     let bytes = 10 * 16 * (per_token + d_per_token) + 5;
     let (h, _) = spawn(

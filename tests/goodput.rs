@@ -88,6 +88,7 @@ fn engine(
         policy,
         suffix,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }

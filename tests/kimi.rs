@@ -114,6 +114,7 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
             policy: DraftPolicy::Fixed { k: 3 },
             suffix: None,
             tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+            prefix: Default::default(),
         };
         spawn(target, proposer, None, cfg).unwrap().0
     };

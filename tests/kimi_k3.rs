@@ -332,6 +332,7 @@ fn engine(
         policy: DraftPolicy::Fixed { k: 3 },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }
@@ -348,10 +349,7 @@ fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
             .map(|i| collect_tokens(h.submit(long(i)).unwrap()))
             .collect();
         let s = wait_idle(&h);
-        assert!(
-            !s.prefix_caching,
-            "prefix caching must be off for a recurrent target"
-        );
+        assert!(s.prefix_caching, "prefix caching is on by default");
         assert_eq!(s.state_slots, 1);
         for proposer in [
             ProposerKind::None,
@@ -549,6 +547,7 @@ fn bf16_latent_cache_doubles_the_blocks_in_the_same_memory() {
             policy: DraftPolicy::Fixed { k: 3 },
             suffix: None,
             tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+            prefix: Default::default(),
         };
         let h = spawn(m, ProposerKind::None, None, cfg).unwrap().0;
         wait_idle(&h).num_blocks

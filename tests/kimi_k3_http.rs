@@ -2,9 +2,10 @@
 //! (configs/kimi-k3-tiny.toml: the hybrid target at tensor-parallel size 2
 //! with a tiny hybrid draft): both response shapes agree, completions and
 //! the speculation override work, identical requests give identical text
-//! (prefix caching is off for a recurrent target, and /metrics says so),
-//! and clients hanging up mid-stream leave neither blocks nor state slots
-//! behind.
+//! (the second one resuming from a recurrent-state checkpoint, which
+//! /metrics counts), a conversation fed back turn by turn gives the same
+//! text with prefix caching on and off, and clients hanging up mid-stream
+//! leave neither blocks nor state slots behind.
 
 mod common;
 
@@ -25,21 +26,67 @@ fn k3_chat(extra: Value) -> Value {
     b
 }
 
-#[test]
-fn the_tiny_k3_config_serves_over_http() {
+fn tiny_k3_config() -> Config {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut cfg = Config::load(&root.join("configs/kimi-k3-tiny.toml")).unwrap();
     cfg.server.port = 0;
     // The config's paths are relative to the repository root.
     cfg.model.path = root.join(&cfg.model.path);
     cfg.draft.path = cfg.draft.path.map(|p| root.join(p));
-    let s = Server::start(cfg, None);
+    cfg
+}
+
+/// A conversation of four turns, each answer fed back as the assistant's
+/// message, streamed (as chat clients do): the answers. `salted`: each
+/// request in a cache scope of its own (`cache_salt`), so none can hit
+/// what another cached: prefix caching off, as far as it can tell.
+fn conversation(a: std::net::SocketAddr, salted: bool) -> Vec<String> {
+    let mut messages = vec![json!({"role": "system", "content":
+        "You are a careful assistant. Answer in one short line, and keep to the facts \
+         that the user gives you; say so when you do not know."})];
+    let mut answers = Vec::new();
+    for t in 0..4 {
+        messages.push(json!({"role": "user", "content": format!("question {t}: name a colour")}));
+        let mut body = json!({"messages": messages, "stream": true, "max_tokens": 12});
+        if salted {
+            body["cache_salt"] = json!(format!("turn {t}"));
+        }
+        let r = post(a, "/v1/chat/completions", k3_chat(body));
+        let (evs, done) = events(&r.body);
+        assert!(done, "{}", r.body);
+        let text = delta_text(&evs, "content");
+        messages.push(json!({"role": "assistant", "content": text}));
+        answers.push(text);
+    }
+    answers
+}
+
+#[test]
+fn a_conversation_resumes_from_checkpoints_with_the_same_text() {
+    let s = Server::start(tiny_k3_config(), None);
+    let salted = conversation(s.addr, true);
+    s.wait_idle();
+    let before = s.engine().stats().checkpoints;
+    assert_eq!(before.hits, 0, "{before:?}");
+    assert_eq!(conversation(s.addr, false), salted);
+    s.wait_idle();
+    let st = s.engine().stats();
+    assert!(st.checkpoints.hits >= 3, "{:?}", st.checkpoints);
+    let metrics = request(s.addr, "GET", "/metrics", &[], "").body;
+    assert!(metric(&metrics, "specgate_state_checkpoint_hits_total") >= 3.0);
+    assert!(metric(&metrics, "specgate_state_checkpoint_saves_total") >= 3.0);
+    assert!(metric(&metrics, "specgate_state_checkpoint_budget_bytes") > 0.0);
+}
+
+#[test]
+fn the_tiny_k3_config_serves_over_http() {
+    let s = Server::start(tiny_k3_config(), None);
     let a = s.addr;
     let m: Value = serde_json::from_str(&request(a, "GET", "/v1/models", &[], "").body).unwrap();
     assert_eq!(m["data"][0]["id"], K3);
 
     // Whole and streamed greedy answers agree; a second identical request
-    // (no prefix cache to hit) gives the same text.
+    // (resuming from the first's checkpoint) gives the same text.
     let whole = turn_text(&post(a, "/v1/chat/completions", k3_chat(json!({}))));
     assert!(!whole.is_empty());
     let r = post(a, "/v1/chat/completions", k3_chat(json!({"stream": true})));
@@ -92,10 +139,11 @@ fn the_tiny_k3_config_serves_over_http() {
     let st = s.engine().stats();
     assert_eq!(st.state_slots_used, 0, "{st:?}");
     assert_eq!(st.state_slots, 16);
-    assert!(!st.prefix_caching);
+    assert!(st.prefix_caching);
+    assert!(st.checkpoints.hits > 0, "{:?}", st.checkpoints);
     assert!(st.spec.draft_tokens > 0, "the draft never proposed");
     let metrics = request(a, "GET", "/metrics", &[], "").body;
-    assert_eq!(metric(&metrics, "specgate_prefix_cache_enabled"), 0.0);
+    assert_eq!(metric(&metrics, "specgate_prefix_cache_enabled"), 1.0);
     assert_eq!(metric(&metrics, "specgate_state_slots "), 16.0);
-    assert_eq!(metric(&metrics, "specgate_prefix_cache_hits_total"), 0.0);
+    assert!(metric(&metrics, "specgate_prefix_cache_hits_total") > 0.0);
 }

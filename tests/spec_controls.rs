@@ -70,6 +70,7 @@ fn engine_sized(blocks: usize, max_num_seqs: usize, tokens: usize) -> EngineHand
         policy: DraftPolicy::Fixed { k: 3 },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     spawn(target(), ProposerKind::Draft(draft), None, cfg)
         .unwrap()

@@ -68,6 +68,7 @@ fn run(
         policy: DraftPolicy::Fixed { k: 4 },
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+        prefix: Default::default(),
     };
     let (h, _) = spawn(load_gguf(&path).unwrap(), proposer, Some(tok.clone()), cfg).unwrap();
     let schemas = schemas();

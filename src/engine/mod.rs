@@ -194,6 +194,35 @@ pub struct EngineConfig {
     /// Models whose forward cannot verify trees draft chains whatever
     /// this says.
     pub tree_branches: usize,
+    /// Automatic prefix caching, and its state checkpoints for a hybrid
+    /// target.
+    pub prefix: PrefixCaching,
+}
+
+/// Automatic prefix caching (`[kv] prefix_caching`,
+/// `[kv] state_checkpoint_mib`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCaching {
+    /// On: full blocks of computed tokens are shared with later sequences
+    /// of the same cache scope that start with the same tokens.
+    pub enabled: bool,
+    /// Bytes of recurrent-state checkpoints a hybrid target may hold (a
+    /// prefix hit needs one at its boundary); their own budget, beside the
+    /// KV pool's.
+    pub checkpoint_bytes: usize,
+}
+
+/// [`PrefixCaching::checkpoint_bytes`]'s default: 1 GiB (thousands of
+/// checkpoints of a small hybrid model; two of a full Kimi K3 at TP 1).
+pub const DEFAULT_CHECKPOINT_BYTES: usize = 1 << 30;
+
+impl Default for PrefixCaching {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+        }
+    }
 }
 
 /// [`EngineConfig::tree_branches`]'s default (`speculative.tree_branches`).
@@ -219,8 +248,13 @@ pub struct EngineStats {
     pub free_blocks: usize,
     pub preemptions: u64,
     pub prefix: PrefixStats,
-    /// Whether prefix caching is on (off for models with recurrent layers).
+    /// Whether prefix caching is on.
     pub prefix_caching: bool,
+    /// A hybrid target's state checkpoints: counters, the slots the budget
+    /// holds and the bytes of one (0 and 0 without checkpoints).
+    pub checkpoints: crate::kv::CheckpointStats,
+    pub checkpoint_slots: usize,
+    pub checkpoint_slot_bytes: usize,
     /// Recurrent-state slots in the pool, and those held by running
     /// sequences (0 and 0 for models without recurrent layers).
     pub state_slots: usize,
@@ -277,6 +311,9 @@ pub enum Fault {
     /// Every proposal that runs the draft model also sleeps this many
     /// milliseconds (a draft dearer than the cost model measured).
     SlowDraft(u64),
+    /// Every restored state checkpoint is zeroed after its copy (a hybrid
+    /// target resuming from a wrong state: what exactness tests must catch).
+    CorruptCheckpoints,
 }
 
 /// The HTTP layer's way into the engine. Cheap to clone.

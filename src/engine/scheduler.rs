@@ -151,7 +151,12 @@ impl Scheduler {
             if budget == 0 {
                 break;
             }
-            let n = pending.min(budget);
+            let mut n = pending.min(budget);
+            // A hybrid target saves a state checkpoint where a chunk ends
+            // on a save point: cut the chunk there.
+            if let Some(stop) = bm.next_stop(s.id(), s.computed()) {
+                n = n.min(stop - s.computed());
+            }
             plan.prefill.push((s.id(), s.computed(), n));
             budget -= n;
         }

@@ -23,10 +23,10 @@ use super::{
     ProposerKind, SpecMethod, Usage, MAX_SPECULATIVE_TOKENS,
 };
 use crate::config::MAX_NGRAM;
-use crate::kv::{BlockManager, SeqId};
+use crate::kv::{BlockManager, Checkpoints, SeqId, StateSlots};
 use crate::metrics as names;
 use crate::spec::{
-    propose, verify_round, PromptScoring, RoundInput, RoundOutput, SpecError, SpecStats,
+    propose, verify_round, PromptScoring, RoundInput, RoundOutput, Snapshot, SpecError, SpecStats,
 };
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
@@ -229,20 +229,49 @@ impl Engine {
                 cfg.kv
             )));
         }
-        let mut pool =
-            KvPool::for_model_with_state_slots(&target, num_blocks, cfg.block_size, state_slots)
-                .map_err(|e| invalid(e.to_string()))?;
+        // A hybrid target's prefix hits need the recurrent state at the
+        // boundary they resume from: checkpoint slots follow the
+        // sequences' slots in the pool, as many as the budget holds (more
+        // than one per block would never be used).
+        let checkpoint_slots = if recurrent && cfg.prefix.enabled {
+            (cfg.prefix.checkpoint_bytes / slot_bytes.max(1)).min(num_blocks)
+        } else {
+            0
+        };
+        let mut pool = KvPool::for_model_with_state_slots(
+            &target,
+            num_blocks,
+            cfg.block_size,
+            state_slots + checkpoint_slots,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
         let mut bm = BlockManager::new(num_blocks, cfg.block_size);
-        if recurrent {
-            // A block hit would restore the latent rows of a prefix but not
-            // the recurrent state after it, and a state checkpoint per block
-            // costs hundreds of times the block (BENCHMARKS.md, Kimi K3's hybrid cache).
+        if !cfg.prefix.enabled {
             bm.disable_prefix_caching();
+            tracing::info!("prefix caching off ([kv] prefix_caching = false)");
+        } else if recurrent {
+            bm.attach_checkpoints(Checkpoints::new(
+                state_slots as u32,
+                checkpoint_slots,
+                slot_bytes,
+                cfg.block_size,
+            ));
+            let budget_mib = cfg.prefix.checkpoint_bytes as f64 / (1 << 20) as f64;
+            if checkpoint_slots == 0 {
+                tracing::warn!(
+                    state_slot_bytes = slot_bytes,
+                    checkpoint_budget_mib = budget_mib,
+                    "the state checkpoint budget holds no checkpoint of this target: \
+                     prefix hits are impossible (raise [kv] state_checkpoint_mib)"
+                );
+            }
             tracing::info!(
                 state_slots,
                 state_slot_bytes = slot_bytes,
-                "target has recurrent layers: one state slot per running sequence, \
-                 prefix caching off"
+                checkpoint_slots,
+                checkpoint_budget_mib = budget_mib,
+                "target has recurrent layers: one state slot per running sequence; \
+                 prefix caching with state checkpoints at block boundaries"
             );
         }
         let (default_method, ngram, mut draft) = match proposer {
@@ -293,6 +322,8 @@ impl Engine {
             free_blocks: num_blocks,
             prefix_caching: bm.prefix_caching(),
             state_slots,
+            checkpoint_slots,
+            checkpoint_slot_bytes: if checkpoint_slots > 0 { slot_bytes } else { 0 },
             ..Default::default()
         };
         let tree_branches = if target.supports_trees() {
@@ -454,6 +485,9 @@ impl Engine {
         self.stats.waiting = self.waiting.len();
         self.stats.free_blocks = self.bm.num_free();
         self.stats.prefix = self.bm.prefix_stats();
+        if let Some(c) = self.bm.checkpoints() {
+            self.stats.checkpoints = c.stats();
+        }
         self.stats.state_slots_used = self.slots.used();
         let used = (self.bm.num_blocks() - self.bm.num_free()) * self.block_bytes
             + self.slots.used() * self.slot_bytes;
@@ -501,6 +535,17 @@ impl Engine {
         m::counter!(names::PREEMPTIONS).increment(s.preemptions - e.preemptions);
         m::counter!(names::PREFIX_HITS).increment(s.prefix.hits - e.prefix.hits);
         m::counter!(names::PREFIX_QUERIES).increment(s.prefix.queries - e.prefix.queries);
+        let (c, ce) = (&s.checkpoints, &e.checkpoints);
+        m::counter!(names::CHECKPOINT_HITS).increment(c.hits - ce.hits);
+        m::counter!(names::CHECKPOINT_MISSES).increment(c.misses - ce.misses);
+        m::counter!(names::CHECKPOINT_SAVES).increment(c.saves - ce.saves);
+        m::counter!(names::CHECKPOINT_EVICTIONS).increment(c.evictions - ce.evictions);
+        m::counter!(names::CHECKPOINT_RESTORED_TOKENS)
+            .increment(c.restored_tokens - ce.restored_tokens);
+        m::gauge!(names::CHECKPOINTS_HELD).set(c.held as f64);
+        m::gauge!(names::CHECKPOINT_BYTES).set((c.held as usize * s.checkpoint_slot_bytes) as f64);
+        m::gauge!(names::CHECKPOINT_BUDGET_BYTES)
+            .set((s.checkpoint_slots * s.checkpoint_slot_bytes) as f64);
         let (ns, os): (&SpecStats, &SpecStats) = (&s.spec, &e.spec);
         m::counter!(names::SPEC_DRAFTS).increment(ns.drafts - os.drafts);
         m::counter!(names::SPEC_DRAFT_TOKENS).increment(ns.draft_tokens - os.draft_tokens);
@@ -1107,6 +1152,7 @@ impl Engine {
                 d.release(id);
             }
         }
+        self.restore_checkpoints();
         for s in self.running.iter_mut().filter(|s| !s.admitted) {
             s.admitted = true;
             s.queued = s.arrived.elapsed();
@@ -1162,7 +1208,8 @@ impl Engine {
             .map(|(d, &l)| l || self.running[d.idx].method == SpecMethod::Ngram)
             .collect();
         if by_lookup.contains(&true) {
-            let (_, _, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
+            let (_, _, mut rounds) =
+                inputs(&mut self.running, &self.bm, &self.slots, &[], decodes, &[]);
             let mut lookups = Lookups(&self.lookups);
             // Lookups do not fail; a grammar cut is part of shaping.
             if let Err(e) = propose(&mut lookups, &mut rounds, &by_lookup, &mut out) {
@@ -1217,7 +1264,8 @@ impl Engine {
         sel: &[bool],
         out: &mut [Proposal],
     ) -> Result<(), StepError> {
-        let (_, _, mut rounds) = inputs(&mut self.running, &self.bm, &self.slots, &[], decodes);
+        let (_, _, mut rounds) =
+            inputs(&mut self.running, &self.bm, &self.slots, &[], decodes, &[]);
         let Some(d) = self.draft.as_mut() else {
             return Ok(());
         };
@@ -1306,16 +1354,30 @@ impl Engine {
                 return Err(StepError::NoStateSlot(id));
             }
         }
+        let shapes: Vec<(SeqId, usize, usize)> = decodes
+            .iter()
+            .map(|d| {
+                let s = &self.running[d.idx];
+                (s.spec.id, s.spec.tokens.len(), d.k + d.branches)
+            })
+            .collect();
+        let snaps = self.snapshots(&shapes);
         let slots = &self.slots;
-        let (pre, scoring, mut rounds) =
-            inputs(&mut self.running, &self.bm, slots, prefills, decodes);
+        let (pre, scoring, mut rounds) = inputs(
+            &mut self.running,
+            &self.bm,
+            slots,
+            prefills,
+            decodes,
+            &snaps,
+        );
         let (target, pool, policy, spec) = (
             &self.target,
             &mut self.pool,
             &self.policy,
             &mut self.stats.spec,
         );
-        contained(|| {
+        let out = contained(|| {
             match fault {
                 Some(Fault::ForwardError(id)) => return Err(StepError::Injected(id)),
                 Some(Fault::ForwardPanic(id)) => panic!("injected forward panic (request {id})"),
@@ -1331,7 +1393,14 @@ impl Engine {
                 &scoring,
                 spec,
             )?)
-        })
+        })?;
+        let saved: Vec<(SeqId, usize)> = shapes
+            .iter()
+            .zip(&out.snapshots)
+            .filter_map(|(&(id, ..), at)| at.map(|at| (id, at)))
+            .collect();
+        self.snapshots_saved(&saved);
+        Ok(out)
     }
 
     /// The draft model runs the prompt chunks the target just prefilled (for
@@ -1400,6 +1469,8 @@ impl Engine {
         }
         s.computed = p.start + p.n;
         self.bm.register(s.spec.id, &s.spec.tokens, s.computed);
+        let (id, computed) = (s.spec.id, s.computed);
+        self.save_checkpoint(id, computed);
     }
 
     /// Commit a verified decode row (its new tokens are already appended)
@@ -1432,6 +1503,10 @@ impl Engine {
         match reason {
             Some(_) => {
                 self.stats.finished += 1;
+                // The next turn of a conversation starts where this ends:
+                // its blocks and its state at the last boundary it passed.
+                self.bm.register(s.spec.id, &s.spec.tokens, s.computed);
+                self.bm.commit_tail(s.spec.id);
                 if let Some(pool) = self.suffix.as_mut() {
                     let scope = Self::scope(self.suffix_global, s);
                     pool.insert(&scope, &s.spec.tokens);
@@ -1607,6 +1682,7 @@ fn inputs<'a>(
     slots: &StateSlots,
     prefills: &[Prefill],
     decodes: &[Decode],
+    snapshots: &[Option<Snapshot>],
 ) -> (
     Vec<SeqInput<'a>>,
     Vec<Option<PromptScoring<'a>>>,
@@ -1616,6 +1692,7 @@ fn inputs<'a>(
     let mut scoring = Vec::with_capacity(prefills.len());
     let mut rounds = Vec::with_capacity(decodes.len());
     let (mut pi, mut di) = (prefills.iter().peekable(), decodes.iter().peekable());
+    let mut snaps = snapshots.iter().copied();
     // A sequence the scheduler planned always holds blocks; an empty table
     // would make the forward fail, and that failure is contained.
     for (idx, s) in running.iter_mut().enumerate() {
@@ -1631,7 +1708,7 @@ fn inputs<'a>(
                 start_pos: p.start,
                 block_table: table,
                 logits: if score.is_some() {
-                    LogitsWanted::All
+                    LogitsWanted::Scored
                 } else {
                     LogitsWanted::None
                 },
@@ -1645,6 +1722,7 @@ fn inputs<'a>(
                 k: d.k,
                 branches: d.branches,
                 state_slot,
+                snapshot: snaps.next().flatten(),
             });
         }
     }
@@ -1674,53 +1752,7 @@ fn prompt_scoring<'a>(
     })
 }
 
-/// Recurrent-state slots of the target's pool, one per running sequence:
-/// assigned when a sequence first runs, returned when it ends or is
-/// preempted (its recompute starts from position 0, with a zero state).
-struct StateSlots {
-    /// `false` for a model without recurrent layers: inputs ignore slots.
-    enabled: bool,
-    free: Vec<u32>,
-    of: HashMap<SeqId, u32>,
-}
-
-impl StateSlots {
-    fn new(n: usize) -> Self {
-        Self {
-            enabled: n > 0,
-            free: (0..n as u32).rev().collect(),
-            of: HashMap::new(),
-        }
-    }
-
-    /// The sequence's slot, taking a free one if it has none (any value
-    /// when slots are not in use); `None` when none is free.
-    fn assign(&mut self, id: SeqId) -> Option<u32> {
-        if !self.enabled {
-            return Some(0);
-        }
-        if let Some(&s) = self.of.get(&id) {
-            return Some(s);
-        }
-        let s = self.free.pop()?;
-        self.of.insert(id, s);
-        Some(s)
-    }
-
-    fn of(&self, id: SeqId) -> Option<u32> {
-        self.of.get(&id).copied()
-    }
-
-    fn release(&mut self, id: SeqId) -> Option<u32> {
-        let s = self.of.remove(&id)?;
-        self.free.push(s);
-        Some(s)
-    }
-
-    fn used(&self) -> usize {
-        self.of.len()
-    }
-}
+mod checkpointing;
 
 impl Drop for Engine {
     fn drop(&mut self) {

@@ -30,6 +30,19 @@
 //! (API key, or `cache_salt`) which prompts another sent. The scope seeds
 //! the chain hash and is compared on every lookup, so even a colliding hash
 //! never crosses scopes.
+//!
+//! A hybrid target (recurrent layers beside attention) also needs the
+//! recurrent state at the boundary a hit resumes from: with
+//! [`BlockManager::attach_checkpoints`], hits are clamped to boundaries
+//! that have a state checkpoint ([`checkpoints`]), and the checkpoint
+//! plan of each sequence lives beside its blocks. Which recurrent-state
+//! slot each running sequence holds is [`slots::StateSlots`].
+
+pub mod checkpoints;
+pub mod slots;
+
+pub use checkpoints::{CheckpointStats, Checkpoints};
+pub use slots::StateSlots;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -119,10 +132,11 @@ pub struct BlockManager<S = RandomState> {
     /// The last registration number handed out.
     last_reg: u64,
     stats: PrefixStats,
-    /// Off for models whose cache is not only per-token blocks (a
-    /// recurrent state is not in any block, so a block hit cannot restore
-    /// it): no lookup matches and nothing is registered.
+    /// Off by the user's choice: no lookup matches and nothing is
+    /// registered.
     prefix_caching: bool,
+    /// For a hybrid target: the recurrent-state checkpoints a hit needs.
+    checkpoints: Option<Checkpoints>,
 }
 
 impl BlockManager {
@@ -161,6 +175,70 @@ impl<S: BuildHasher> BlockManager<S> {
             last_reg: ROOT,
             stats: PrefixStats::default(),
             prefix_caching: true,
+            checkpoints: None,
+        }
+    }
+
+    /// Makes this the cache of a hybrid target: a prefix hit is clamped to
+    /// the deepest matched boundary with a checkpoint in `c`, and each
+    /// admitted sequence gets a checkpoint plan (restore, save points,
+    /// tail; see [`checkpoints`]).
+    pub fn attach_checkpoints(&mut self, c: Checkpoints) {
+        self.checkpoints = Some(c);
+    }
+
+    /// The checkpoints, for a hybrid target.
+    pub fn checkpoints(&self) -> Option<&Checkpoints> {
+        self.checkpoints.as_ref()
+    }
+
+    /// The checkpoints, for a hybrid target (to take restores, tails).
+    pub fn checkpoints_mut(&mut self) -> Option<&mut Checkpoints> {
+        self.checkpoints.as_mut()
+    }
+
+    /// The first save point of `seq` past `computed` (hybrid targets), where
+    /// its prefill chunk must end.
+    pub fn next_stop(&self, seq: SeqId, computed: usize) -> Option<usize> {
+        self.checkpoints.as_ref()?.next_stop(seq, computed)
+    }
+
+    /// The registration of `seq`'s block that ends at token `boundary` (a
+    /// multiple of the block size), if registration has linked it.
+    pub fn reg_at(&self, seq: SeqId, boundary: usize) -> Option<u64> {
+        let i = (boundary / self.block_size).checked_sub(1)?;
+        if boundary % self.block_size != 0 {
+            return None;
+        }
+        self.tables.get(&seq)?.links.get(i)?.reg
+    }
+
+    /// A checkpoint slot to copy `seq`'s state into, now that it has fed
+    /// `computed` tokens: when `computed` is one of its save points and the
+    /// block ending there is registered. The key is recorded now; the
+    /// caller copies the state in (or drops the slot if it cannot).
+    pub fn save_point(&mut self, seq: SeqId, computed: usize) -> Option<u32> {
+        let reg = self.reg_at(seq, computed)?;
+        let c = self.checkpoints.as_mut()?;
+        if !c.is_stop(seq, computed) {
+            return None;
+        }
+        c.save(reg)
+    }
+
+    /// At the end of `seq`'s request: keys the state its tail holds at a
+    /// block boundary under that block's registration (see
+    /// [`Checkpoints::commit_tail`]). Call after registering its blocks.
+    pub fn commit_tail(&mut self, seq: SeqId) {
+        let Some(at) = self.checkpoints.as_ref().and_then(|c| c.tail_boundary(seq)) else {
+            if let Some(c) = self.checkpoints.as_mut() {
+                c.commit_tail(seq, None);
+            }
+            return;
+        };
+        let reg = self.reg_at(seq, at);
+        if let Some(c) = self.checkpoints.as_mut() {
+            c.commit_tail(seq, reg);
         }
     }
 
@@ -303,12 +381,22 @@ impl<S: BuildHasher> BlockManager<S> {
             });
             (parent_hash, parent) = (hash, reg);
         }
+        let queried = cacheable >= bs;
+        if let Some(c) = self.checkpoints.as_mut() {
+            let regs: Vec<u64> = links.iter().filter_map(|l| l.reg).collect();
+            let keep = c.plan_admission(seq, &regs, tokens.len(), queried).blocks;
+            matched.truncate(keep);
+            links.truncate(keep);
+        }
         let fresh = self.blocks_for(tokens.len()).saturating_sub(matched.len());
         let pinned_evictable = matched
             .iter()
             .filter(|&&b| self.ref_counts[b as usize] == 0)
             .count();
         if fresh + pinned_evictable > self.num_free() {
+            if let Some(c) = self.checkpoints.as_mut() {
+                c.forget(seq);
+            }
             return Err(KvError::OutOfBlocks {
                 needed: fresh,
                 free: self.num_free() - pinned_evictable,
@@ -438,6 +526,9 @@ impl<S: BuildHasher> BlockManager<S> {
     /// Frees every block of a finished, cancelled or preempted sequence.
     /// Freeing an unknown sequence is a no-op (idempotent cleanup).
     pub fn free(&mut self, seq: SeqId) {
+        if let Some(c) = self.checkpoints.as_mut() {
+            c.forget(seq);
+        }
         if let Some(table) = self.tables.remove(&seq) {
             // Last blocks first: they are the least likely to be shared, so
             // they are evicted before the prefix that others can reuse.
@@ -468,6 +559,9 @@ impl<S: BuildHasher> BlockManager<S> {
                     .take()
                     .expect("evictable blocks are cached");
                 self.by_hash.remove(&c.hash);
+                if let Some(cp) = self.checkpoints.as_mut() {
+                    cp.drop_reg(c.reg);
+                }
                 b
             }
         };
@@ -529,6 +623,9 @@ impl<S: BuildHasher> BlockManager<S> {
                     ));
                 }
             }
+        }
+        if let Some(c) = &self.checkpoints {
+            c.check_invariants()?;
         }
         let registered = self.cached.iter().filter(|c| c.is_some()).count();
         if registered != self.by_hash.len() {

@@ -73,6 +73,7 @@ pub fn spec_decode_tree(
                 k: k.min(left - 1),
                 branches,
                 state_slot: SLOT,
+                snapshot: None,
             }],
             &[],
             stats,

@@ -37,24 +37,12 @@ use crate::kernels::vector::{exp, F32Ops};
 use half::bf16;
 
 mod latent;
+mod states;
 mod tree;
 
 pub use latent::CacheDtype;
 pub(crate) use latent::LatentRow;
-
-/// A slot's states after the rows of its latest verification of `rows`
-/// rows: row `i < rows - 1` in `buf[i * f..(i + 1) * f]` (the state with
-/// rows `0..=i` fed), the last row's being the slot's live state, so it is
-/// never copied. The buffer outlives the verification: the next one
-/// reuses it, and a step neither allocates nor zero-fills it.
-#[derive(Default)]
-struct RowStates {
-    /// Rows of the recorded verification; 0 when none is recorded (none
-    /// ran since the last commit).
-    rows: usize,
-    /// At least `(rows - 1) * state_floats` floats.
-    buf: Vec<f32>,
-}
+use states::RowStates;
 
 /// Default token slots per block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -88,6 +76,10 @@ pub(crate) enum PoolOp {
     KeepRows { slot: u32, rows: usize },
     /// [`KvPool::release_state`].
     ReleaseState { slot: u32 },
+    /// [`KvPool::copy_state`].
+    CopyState { from: u32, to: u32 },
+    /// [`KvPool::copy_row_state`].
+    CopyRowState { slot: u32, row: usize, to: u32 },
 }
 
 /// What a [`KvPool`] holds, as a model describes it (`Model::kv_layout`,
@@ -134,8 +126,9 @@ pub(crate) struct KvShard {
     /// `num_state_slots * state_floats` floats.
     states: Vec<f32>,
     /// Per slot, the states after the rows of its last multi-row
-    /// verification ([`RowStates`]). [`KvPool::keep_rows`] commits one.
-    row_states: std::collections::HashMap<u32, RowStates>,
+    /// verification, and spare buffers for the next ([`RowStates`]).
+    /// [`KvPool::keep_rows`] commits one.
+    row_states: RowStates,
 }
 
 impl KvPool {
@@ -211,119 +204,6 @@ impl KvPool {
     /// Bytes of one state slot across all shards.
     pub fn state_bytes_per_slot(&self) -> usize {
         self.shards.iter().map(|s| s.state_floats).sum::<usize>() * std::mem::size_of::<f32>()
-    }
-
-    /// Rolls a state slot back to the end of row `rows - 1` of its last
-    /// multi-row verification (rows `0..rows` accepted, the rest rejected):
-    /// the slot then holds exactly the state of feeding the accepted tokens
-    /// only. Free: the forward kept each row's state, nothing is recomputed.
-    ///
-    /// Errors: no recorded rows for `slot` (no verification of two or more
-    /// rows ran since the last commit), or `rows` outside `1..=recorded`.
-    pub fn keep_rows(&mut self, slot: u32, rows: usize) -> Result<()> {
-        if let Some((_, ops)) = &mut self.mirror {
-            // Replayed as is: the other ranks' pools fail the same way.
-            ops.push(PoolOp::KeepRows { slot, rows });
-        }
-        // Every shard recorded the same rows: check once, apply to all.
-        let n = match self.shards.first().and_then(|s| s.row_states.get(&slot)) {
-            Some(r) if r.rows > 0 => r.rows,
-            _ => {
-                return Err(VerifyError::BadBatch(format!(
-                    "no per-row states recorded for state slot {slot}"
-                )))
-            }
-        };
-        if rows == 0 || rows > n {
-            self.release_state(slot);
-            return Err(VerifyError::BadBatch(format!(
-                "keeping {rows} rows of a verification of {n} in state slot {slot}"
-            )));
-        }
-        for shard in &mut self.shards {
-            let f = shard.state_floats;
-            if let Some(r) = shard.row_states.get_mut(&slot) {
-                r.rows = 0;
-                if rows < n {
-                    let at = slot as usize * f;
-                    shard.states[at..at + f].copy_from_slice(&r.buf[(rows - 1) * f..rows * f]);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A copy of `slot`'s state on every shard (for a caller that
-    /// checkpoints states itself, e.g. a draft model feeding one token at
-    /// a time).
-    ///
-    /// Errors: a slot outside the pool.
-    pub fn read_state(&self, slot: u32) -> Result<Vec<Vec<f32>>> {
-        self.check_state_slot(slot)?;
-        Ok(self
-            .shards
-            .iter()
-            .map(|s| {
-                let f = s.state_floats;
-                s.states[slot as usize * f..(slot as usize + 1) * f].to_vec()
-            })
-            .collect())
-    }
-
-    /// Puts back a state read by [`KvPool::read_state`].
-    ///
-    /// Errors: a slot outside the pool, a state of another shape, or a
-    /// pool of ranks run as processes (whose other shards this process
-    /// does not hold).
-    pub fn write_state(&mut self, slot: u32, state: &[Vec<f32>]) -> Result<()> {
-        self.check_state_slot(slot)?;
-        if self.mirror.is_some() {
-            return Err(VerifyError::BadBatch(
-                "states of a model run as processes cannot be written back".into(),
-            ));
-        }
-        if state.len() != self.shards.len()
-            || self
-                .shards
-                .iter()
-                .zip(state)
-                .any(|(s, x)| x.len() != s.state_floats)
-        {
-            return Err(VerifyError::BadBatch(format!(
-                "a state of another shape written to state slot {slot}"
-            )));
-        }
-        for (s, x) in self.shards.iter_mut().zip(state) {
-            let f = s.state_floats;
-            s.states[slot as usize * f..(slot as usize + 1) * f].copy_from_slice(x);
-            if let Some(r) = s.row_states.get_mut(&slot) {
-                r.rows = 0;
-            }
-        }
-        Ok(())
-    }
-
-    /// Forgets a slot's recorded rows (its sequence ended or was preempted:
-    /// the slot's state is dead until a sequence starts over in it).
-    pub fn release_state(&mut self, slot: u32) {
-        if let Some((_, ops)) = &mut self.mirror {
-            ops.push(PoolOp::ReleaseState { slot });
-        }
-        for shard in &mut self.shards {
-            shard.row_states.remove(&slot);
-        }
-    }
-
-    /// Checks that `slot` names one of this pool's state slots.
-    pub(crate) fn check_state_slot(&self, slot: u32) -> Result<()> {
-        if (slot as usize) < self.state_slots() {
-            Ok(())
-        } else {
-            Err(VerifyError::BadBatch(format!(
-                "state slot {slot} outside a pool of {} slots",
-                self.state_slots()
-            )))
-        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -457,50 +337,6 @@ impl KvShard {
         }
     }
 
-    /// The buffer for the states after the first `rows - 1` rows of a
-    /// verification of `rows` rows in `slot` (see [`RowStates`]): the one
-    /// the slot's last verification used, grown if short (only the growth
-    /// is zero-filled). Forgets what that verification recorded; hand the
-    /// buffer back with [`KvShard::set_row_states`].
-    pub(crate) fn take_row_buffer(&mut self, slot: u32, rows: usize) -> Vec<f32> {
-        let need = rows.saturating_sub(1) * self.state_floats;
-        let mut buf = self
-            .row_states
-            .get_mut(&slot)
-            .map(|r| {
-                r.rows = 0;
-                std::mem::take(&mut r.buf)
-            })
-            .unwrap_or_default();
-        if buf.len() < need {
-            buf.resize(need, 0.0);
-        }
-        buf
-    }
-
-    /// Records `buf` (from [`KvShard::take_row_buffer`], the states after
-    /// rows `0..rows - 1` written) as `slot`'s latest verification of
-    /// `rows` rows (see [`KvPool::keep_rows`]).
-    pub(crate) fn set_row_states(&mut self, slot: u32, rows: usize, buf: Vec<f32>) {
-        debug_assert!(buf.len() >= rows.saturating_sub(1) * self.state_floats);
-        self.row_states.insert(slot, RowStates { rows, buf });
-    }
-
-    /// The recurrent state in `slot` (its layout is the model family's).
-    ///
-    /// Errors: a slot outside the pool, or a pool without states.
-    pub(crate) fn state_mut(&mut self, slot: u32) -> Result<&mut [f32]> {
-        let f = self.state_floats;
-        let (a, b) = (slot as usize * f, (slot as usize + 1) * f);
-        if f == 0 || b > self.states.len() {
-            return Err(VerifyError::BadBatch(format!(
-                "state slot {slot} outside a pool of {} slots",
-                self.states.len().checked_div(f).unwrap_or(0)
-            )));
-        }
-        Ok(&mut self.states[a..b])
-    }
-
     /// A shard of zeros; `latent`: a latent shard storing `width`-value
     /// rows as that dtype (`None`: K and V of `heads` heads).
     fn zeroed(
@@ -530,7 +366,7 @@ impl KvShard {
             latent,
             state_floats: 0,
             states: Vec::new(),
-            row_states: std::collections::HashMap::new(),
+            row_states: RowStates::default(),
         }
     }
 

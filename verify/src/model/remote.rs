@@ -103,6 +103,7 @@ fn logits_code(l: LogitsWanted) -> u8 {
         LogitsWanted::None => 0,
         LogitsWanted::Last => 1,
         LogitsWanted::All => 2,
+        LogitsWanted::Scored => 3,
     }
 }
 
@@ -111,6 +112,7 @@ fn logits_from(code: u8) -> Result<LogitsWanted> {
         0 => LogitsWanted::None,
         1 => LogitsWanted::Last,
         2 => LogitsWanted::All,
+        3 => LogitsWanted::Scored,
         _ => return Err(bad("logits code")),
     })
 }
@@ -140,6 +142,17 @@ fn encode_step(pool: u32, ops: &[PoolOp], seqs: &[SeqInput]) -> Vec<u8> {
                 w.u8(1);
                 w.u32(slot);
             }
+            PoolOp::CopyState { from, to } => {
+                w.u8(2);
+                w.u32(from);
+                w.u32(to);
+            }
+            PoolOp::CopyRowState { slot, row, to } => {
+                w.u8(3);
+                w.u32(slot);
+                w.u64(row);
+                w.u32(to);
+            }
         }
     }
     w.u32(seqs.len() as u32);
@@ -164,6 +177,15 @@ fn decode_step(r: &mut Reader) -> Result<(u32, Vec<PoolOp>, Vec<Seq>)> {
                 rows: r.u64()?,
             },
             1 => PoolOp::ReleaseState { slot: r.u32()? },
+            2 => PoolOp::CopyState {
+                from: r.u32()?,
+                to: r.u32()?,
+            },
+            3 => PoolOp::CopyRowState {
+                slot: r.u32()?,
+                row: r.u64()?,
+                to: r.u32()?,
+            },
             _ => return Err(bad("pool operation")),
         });
     }
@@ -401,6 +423,12 @@ fn follow(model: &mut Model) -> Result<()> {
                             let _ = p.keep_rows(slot, rows);
                         }
                         PoolOp::ReleaseState { slot } => p.release_state(slot),
+                        PoolOp::CopyState { from, to } => {
+                            let _ = p.copy_state(from, to);
+                        }
+                        PoolOp::CopyRowState { slot, row, to } => {
+                            let _ = p.copy_row_state(slot, row, to);
+                        }
                     }
                 }
                 let inputs: Vec<SeqInput> = seqs

@@ -14,8 +14,13 @@ pub enum LogitsWanted {
     None,
     /// Only the last new token's (plain decoding, end of prefill).
     Last,
-    /// Every new token's (speculative verification: k+1 rows).
+    /// Every new token's (speculative verification: k+1 rows). A model
+    /// with recurrent layers also keeps the state after each row, so the
+    /// verdict can roll rejected rows back ([`crate::KvPool::keep_rows`]).
     All,
+    /// Every new token's, for rows that are committed as they are (prompt
+    /// rows scored for `echo` + `logprobs`): no per-row state is kept.
+    Scored,
 }
 
 impl LogitsWanted {
@@ -23,7 +28,7 @@ impl LogitsWanted {
         match self {
             LogitsWanted::None => 0..0,
             LogitsWanted::Last => n.saturating_sub(1)..n,
-            LogitsWanted::All => 0..n,
+            LogitsWanted::All | LogitsWanted::Scored => 0..n,
         }
     }
 }
