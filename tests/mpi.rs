@@ -4,7 +4,9 @@
 //! memory and over TCP (`--mca btl self,tcp`, as across hosts);
 //! `serve --distributed mpi` gives the same greedy text as one process
 //! (draft model and n-gram speculation, 12 concurrent requests with
-//! preemption); and a worker that is killed or hangs turns /health to 503,
+//! preemption); conversations resume from recurrent-state checkpoints with
+//! the text of one process without prefix caching; and a worker that is
+//! killed or hangs turns /health to 503,
 //! ends the in-flight request with an error and ends the job non-zero.
 //!
 //! Skipped, with the reason printed, in a build without the `mpi` feature
@@ -472,6 +474,53 @@ fn serving_over_mpi_gives_the_text_of_one_process() {
             .expect("exits after SIGTERM");
         assert!(status.success(), "np {np}: a clean stop exits 0: {status}");
     }
+}
+
+/// A conversation of four greedy turns, each answer fed back as the
+/// assistant's message: the answers.
+fn conversation(addr: SocketAddr) -> Vec<String> {
+    let mut messages = vec![json!({"role": "system", "content":
+        "You are a careful assistant. Answer in one short line and keep to the facts \
+         the user gives you; say so when you do not know."})];
+    let mut answers = Vec::new();
+    for t in 0..4 {
+        messages.push(json!({"role": "user", "content": format!("question {t}: name a colour")}));
+        let mut body = k3_chat("", 16, json!({}));
+        body["messages"] = json!(messages);
+        let answer = text(addr, body);
+        messages.push(json!({"role": "assistant", "content": answer}));
+        answers.push(answer);
+    }
+    answers
+}
+
+/// Kimi K3 conversations over ranks run as processes: a later turn
+/// restores a recurrent-state checkpoint (rank 0 decides, every rank copies
+/// its shard in the same step message), and the text is that of one
+/// process with prefix caching off.
+#[test]
+fn conversations_over_mpi_resume_from_checkpoints_with_the_same_text() {
+    if mpirun().is_none() {
+        return;
+    }
+    let alone = Serve::start(k3_serve(
+        0,
+        None,
+        &["--tensor-parallel-size", "2", "--prefix-caching", "false"],
+    ));
+    let reference = conversation(alone.addr);
+    drop(alone);
+    let mut s = Serve::start(k3_serve(2, None, &[]));
+    assert_eq!(conversation(s.addr), reference);
+    let metrics = request(s.addr, "GET", "/metrics", &[], "").body;
+    let hits = metric(&metrics, "specgate_state_checkpoint_hits_total");
+    assert!(hits >= 3.0, "{hits} checkpoint hits");
+    let rank0 = s.rank_pid(0);
+    let _ = Command::new("kill").arg(rank0.to_string()).status();
+    let status = s
+        .wait_exit(Duration::from_secs(30))
+        .expect("exits after SIGTERM");
+    assert!(status.success(), "a clean stop exits 0: {status}");
 }
 
 /// Sends a long streaming request; returns a thread that reads it to its

@@ -114,6 +114,15 @@ const ROWS: &[Row] = &[
     ("--kv-latent-dtype", "bf16", "kv.latent_dtype", |c| {
         c.kv.latent_dtype.to_string()
     }),
+    ("--prefix-caching", "false", "kv.prefix_caching", |c| {
+        c.kv.prefix_caching.to_string()
+    }),
+    (
+        "--state-checkpoint-mib",
+        "64",
+        "kv.state_checkpoint_mib",
+        |c| c.kv.state_checkpoint_mib.to_string(),
+    ),
     ("--max-num-seqs", "64", "scheduler.max_num_seqs", |c| {
         c.scheduler.max_num_seqs.to_string()
     }),

@@ -141,3 +141,34 @@ fn slice_bf16_latent_cache_effect() {
         );
     }
 }
+
+/// Prompt rows scored for `echo` + `logprobs` (`LogitsWanted::Scored`) get
+/// every row's logits, the same as a verification's, but keep no per-row
+/// state: nothing of theirs can be rolled back, so nothing is held. A
+/// verification's rows are held only until its verdict is committed.
+#[test]
+fn scored_prompt_rows_keep_no_row_states() {
+    let m = load_model(&fixture("tiny-k3.gguf")).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
+    let mut logits = Vec::new();
+    for wanted in [LogitsWanted::All, LogitsWanted::Scored] {
+        let mut pool = KvPool::for_model(&m, 8, 16).unwrap();
+        let seq = SeqInput {
+            tokens: &prompt,
+            start_pos: 0,
+            block_table: &[0, 1, 2],
+            logits: wanted,
+            state_slot: 0,
+        };
+        logits.push(m.forward_rows(&mut pool, &[seq]).unwrap());
+        let held = pool.row_state_bytes();
+        if wanted == LogitsWanted::All {
+            assert!(held > 0);
+            pool.keep_rows(0, 40).unwrap();
+        } else {
+            assert_eq!(held, 0, "scored rows kept states");
+            assert!(pool.keep_rows(0, 40).is_err());
+        }
+    }
+    assert_eq!(logits[0], logits[1]);
+}
