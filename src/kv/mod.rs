@@ -207,7 +207,7 @@ impl<S: BuildHasher> BlockManager<S> {
     /// multiple of the block size), if registration has linked it.
     pub fn reg_at(&self, seq: SeqId, boundary: usize) -> Option<u64> {
         let i = (boundary / self.block_size).checked_sub(1)?;
-        if boundary % self.block_size != 0 {
+        if !boundary.is_multiple_of(self.block_size) {
             return None;
         }
         self.tables.get(&seq)?.links.get(i)?.reg
