@@ -87,12 +87,13 @@ pub struct Checkpoints {
     stats: CheckpointStats,
 }
 
-/// What an admission found and will need (see
-/// [`Checkpoints::plan_admission`]).
+/// Where a lookup's hit is clamped to (see [`Checkpoints::clamp`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Clamped {
     /// Matched blocks the sequence may use (a prefix of those matched).
     pub blocks: usize,
+    /// The checkpoint slot at their end, if any.
+    pub restore: Option<u32>,
 }
 
 impl Checkpoints {
@@ -144,30 +145,41 @@ impl Checkpoints {
         }
     }
 
-    /// Plans the admission of `seq` whose lookup matched the blocks
-    /// registered as `regs` (in chain order) for a prompt of `len` tokens:
-    /// clamps the hit to the deepest matched boundary with a checkpoint
-    /// (recording the restore), and the save points of its prefill: the
-    /// end of the whole match when it lies past the clamped hit (a branch
-    /// point), and the prompt's last full block boundary before its last
-    /// token. `queried`: whether the lookup looked at a block at all (for
-    /// the hit and miss counters).
+    /// A lookup that matched the blocks registered as `regs` (in chain
+    /// order), clamped to the deepest matched boundary with a checkpoint.
+    /// Changes nothing (see [`Checkpoints::plan_admission`]).
+    pub fn clamp(&self, regs: &[u64]) -> Clamped {
+        match regs.iter().rposition(|r| self.by_reg.contains_key(r)) {
+            Some(i) => Clamped {
+                blocks: i + 1,
+                restore: Some(self.by_reg[&regs[i]].slot),
+            },
+            None => Clamped {
+                blocks: 0,
+                restore: None,
+            },
+        }
+    }
+
+    /// Records the admission of `seq`, whose lookup matched `regs` and was
+    /// clamped to `c` ([`Checkpoints::clamp`]), for a prompt of `len`
+    /// tokens: the restore, and the save points of its prefill: the end of
+    /// the whole match when it lies past the clamped hit (a branch point),
+    /// and the prompt's last full block boundary before its last token.
+    /// `queried`: whether the lookup looked at a block at all (for the hit
+    /// and miss counters).
     pub fn plan_admission(
         &mut self,
         seq: SeqId,
         regs: &[u64],
+        c: Clamped,
         len: usize,
         queried: bool,
-    ) -> Clamped {
-        let deepest = regs
-            .iter()
-            .rposition(|r| self.by_reg.contains_key(r))
-            .map(|i| i + 1);
-        let blocks = deepest.unwrap_or(0);
-        let restore = deepest.map(|i| {
-            self.touch(regs[i - 1]);
-            self.by_reg[&regs[i - 1]].slot
-        });
+    ) {
+        let Clamped { blocks, restore } = c;
+        if restore.is_some() {
+            self.touch(regs[blocks - 1]);
+        }
         match restore {
             Some(_) => {
                 self.stats.hits += 1;
@@ -189,7 +201,6 @@ impl Checkpoints {
                 tail: None,
             },
         );
-        Clamped { blocks }
     }
 
     /// The checkpoint slot to copy into `seq`'s state slot before its first

@@ -381,12 +381,12 @@ impl<S: BuildHasher> BlockManager<S> {
             });
             (parent_hash, parent) = (hash, reg);
         }
-        let queried = cacheable >= bs;
-        if let Some(c) = self.checkpoints.as_mut() {
-            let regs: Vec<u64> = links.iter().filter_map(|l| l.reg).collect();
-            let keep = c.plan_admission(seq, &regs, tokens.len(), queried).blocks;
-            matched.truncate(keep);
-            links.truncate(keep);
+        // A hybrid target's hit stops at the deepest checkpoint.
+        let regs: Vec<u64> = links.iter().filter_map(|l| l.reg).collect();
+        let clamped = self.checkpoints.as_ref().map(|c| c.clamp(&regs));
+        if let Some(c) = clamped {
+            matched.truncate(c.blocks);
+            links.truncate(c.blocks);
         }
         let fresh = self.blocks_for(tokens.len()).saturating_sub(matched.len());
         let pinned_evictable = matched
@@ -394,9 +394,6 @@ impl<S: BuildHasher> BlockManager<S> {
             .filter(|&&b| self.ref_counts[b as usize] == 0)
             .count();
         if fresh + pinned_evictable > self.num_free() {
-            if let Some(c) = self.checkpoints.as_mut() {
-                c.forget(seq);
-            }
             return Err(KvError::OutOfBlocks {
                 needed: fresh,
                 free: self.num_free() - pinned_evictable,
@@ -407,6 +404,9 @@ impl<S: BuildHasher> BlockManager<S> {
                 self.evictable.remove(&self.released_at[b as usize]);
             }
             self.ref_counts[b as usize] += 1;
+        }
+        if let (Some(cp), Some(c)) = (self.checkpoints.as_mut(), clamped) {
+            cp.plan_admission(seq, &regs, c, tokens.len(), cacheable >= bs);
         }
         let mut blocks = matched;
         let hit_tokens = blocks.len() * bs;
