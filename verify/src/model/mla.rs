@@ -80,6 +80,97 @@ fn attend_head(
     }
 }
 
+/// Query rows of one sequence scored together by [`attend_head_block`]:
+/// each cached latent row is read once for all of them (from L1 for all
+/// but the first), where row by row the whole latent cache streams from
+/// memory again for every query row and head (a prompt chunk over a long
+/// history: hundreds of rows times the cache).
+const BLOCK_ROWS: usize = 16;
+
+/// What [`attend_head_block`] keeps between calls: scores (`rows * ctx`),
+/// and per row its latent query and output (`rows * kvr` each).
+#[derive(Default)]
+struct BlockScratch {
+    scores: Vec<f32>,
+    q_lat: Vec<f32>,
+    o_lat: Vec<f32>,
+}
+
+/// [`attend_head`] for several query rows of one sequence at once: row `i`
+/// (query `qs[i]`) attends slots `0..ctxs[i]` and writes `outs[i]`. Every
+/// row's numbers are [`attend_head`]'s bit for bit: each one's dot
+/// products, softmax and sums run in the same order; only the loops over
+/// slots are shared, so a latent row is read once for the whole block.
+#[allow(clippy::too_many_arguments)]
+fn attend_head_block(
+    d: MlaDims,
+    kv_b: &Dense,
+    pool: &KvShard,
+    layer: usize,
+    table: &[u32],
+    ctxs: &[usize],
+    qs: &[&[f32]],
+    hh: usize,
+    outs: &mut [&mut [f32]],
+    scratch: &mut BlockScratch,
+) {
+    let n = ctxs.len();
+    let qk = d.nope + d.rope;
+    let ctx = ctxs.iter().copied().max().unwrap_or(0);
+    let base = hh * (d.nope + d.v);
+    let BlockScratch {
+        scores,
+        q_lat,
+        o_lat,
+    } = scratch;
+    scores.clear();
+    scores.resize(n * ctx, 0.0);
+    q_lat.clear();
+    q_lat.resize(n * d.kvr, 0.0);
+    for (i, q) in qs.iter().enumerate() {
+        let ql = &mut q_lat[i * d.kvr..(i + 1) * d.kvr];
+        for (j, &a) in q[hh * qk..hh * qk + d.nope].iter().enumerate() {
+            axpy(a, kv_b.row(base + j), ql);
+        }
+    }
+    for t in 0..ctx {
+        let row = pool.latent_row(layer, table, t);
+        for i in (0..n).filter(|&i| t < ctxs[i]) {
+            let qr = &qs[i][hh * qk + d.nope..(hh + 1) * qk];
+            let ql = &q_lat[i * d.kvr..(i + 1) * d.kvr];
+            scores[i * ctx + t] = (row.dot_from(0, ql) + row.dot_from(d.kvr, qr)) * d.scale;
+        }
+    }
+    let mut inv = [0f32; BLOCK_ROWS];
+    for i in 0..n {
+        let s = &mut scores[i * ctx..i * ctx + ctxs[i]];
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0.0;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        inv[i] = 1.0 / sum;
+    }
+    o_lat.clear();
+    o_lat.resize(n * d.kvr, 0.0);
+    for t in 0..ctx {
+        let row = pool.latent_row(layer, table, t);
+        for i in (0..n).filter(|&i| t < ctxs[i]) {
+            row.axpy_into(
+                scores[i * ctx + t] * inv[i],
+                &mut o_lat[i * d.kvr..(i + 1) * d.kvr],
+            );
+        }
+    }
+    for (i, out) in outs.iter_mut().enumerate() {
+        let ol = &o_lat[i * d.kvr..(i + 1) * d.kvr];
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = dot(kv_b.row(base + d.nope + j), ol);
+        }
+    }
+}
+
 /// Absorbed attention for every row of a batch but those `skip` names:
 /// row `r` (sequence `rows.seq[r]`, table `tables[..]`) attends slots
 /// `0..=rows.positions[r]` (with `tree`: the slots it lists for row `r`)
@@ -114,11 +205,52 @@ pub(crate) fn attend_rows(
         static SCRATCH: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> = const {
             RefCell::new((Vec::new(), Vec::new(), Vec::new()))
         };
+        static BLOCK: RefCell<BlockScratch> = RefCell::new(BlockScratch::default());
+    }
+    let live: Vec<usize> = (0..n).filter(|&r| !skip(r)).collect();
+    // Runs of rows of one sequence (no tree), at most BLOCK_ROWS each: a
+    // prompt chunk's rows, a chain's verify rows.
+    let mut blocks: Vec<&[usize]> = Vec::new();
+    if tree.is_none() {
+        let mut rest = &live[..];
+        while let Some(&first) = rest.first() {
+            let len = rest
+                .iter()
+                .take(BLOCK_ROWS)
+                .take_while(|&&r| rows.seq[r] == rows.seq[first])
+                .count();
+            blocks.push(&rest[..len]);
+            rest = &rest[len..];
+        }
     }
     let dst = SharedMut::new(out);
+    if !blocks.is_empty() {
+        team::for_each(d.heads, |hh| {
+            BLOCK.with_borrow_mut(|scratch| {
+                for block in &blocks {
+                    let ctxs: Vec<usize> = block.iter().map(|&r| rows.positions[r] + 1).collect();
+                    let qs: Vec<&[f32]> = block.iter().map(|&r| &q[r * qd..(r + 1) * qd]).collect();
+                    // SAFETY: head hh writes only its own `v` floats of
+                    // each row of the block, inside `out` (asserted above);
+                    // no other task touches them while these slices live.
+                    let mut outs: Vec<&mut [f32]> = block
+                        .iter()
+                        .map(|&r| unsafe {
+                            std::slice::from_raw_parts_mut(dst.at((r * d.heads + hh) * d.v), d.v)
+                        })
+                        .collect();
+                    let table = tables[rows.seq[block[0]]];
+                    attend_head_block(
+                        d, kv_b, pool, layer, table, &ctxs, &qs, hh, &mut outs, scratch,
+                    );
+                }
+            })
+        });
+        return;
+    }
     team::for_each(d.heads, |hh| {
         SCRATCH.with_borrow_mut(|scratch| {
-            for r in (0..n).filter(|&r| !skip(r)) {
+            for r in live.iter().copied() {
                 // SAFETY: head hh writes only its own `v` floats of row r,
                 // inside `out` (asserted above); no other task touches
                 // them while this slice lives.
