@@ -2,7 +2,6 @@
 //! place ([`LatentRow`]): f32 as computed, or bf16 rounded once when
 //! written and widened exactly when read.
 
-use crate::kernels::vector::{axpy, dot};
 use half::bf16;
 
 /// How a latent cache stores its values.
@@ -46,10 +45,6 @@ fn widen(v: bf16) -> f32 {
     f32::from_bits((v.to_bits() as u32) << 16)
 }
 
-/// Lanes of the bf16 dot: independent partial sums, so the compiler can
-/// keep them in vector registers (the order is fixed, whoever calls).
-const LANES: usize = 16;
-
 impl LatentRow<'_> {
     /// Value `i` of the row, widened to f32 (exact).
     pub(crate) fn get(&self, i: usize) -> f32 {
@@ -59,37 +54,16 @@ impl LatentRow<'_> {
         }
     }
 
-    /// `sum(x[i] * row[at + i])` over `x`: the row's values from `at` on.
-    pub(crate) fn dot_from(&self, at: usize, x: &[f32]) -> f32 {
+    /// The row as f32 values: borrowed as it is stored when f32, else
+    /// widened (exactly) into `buf`. Attention widens each cached row once
+    /// for all the query rows that read it and then runs the f32 kernels.
+    pub(crate) fn as_f32<'b>(&'b self, buf: &'b mut Vec<f32>) -> &'b [f32] {
         match self {
-            LatentRow::F32(r) => dot(x, &r[at..at + x.len()]),
+            LatentRow::F32(r) => r,
             LatentRow::Bf16(r) => {
-                let r = &r[at..at + x.len()];
-                let mut acc = [0f32; LANES];
-                let (xc, rc) = (x.chunks_exact(LANES), r.chunks_exact(LANES));
-                let (xt, rt) = (xc.remainder(), rc.remainder());
-                for (a, b) in xc.zip(rc) {
-                    for i in 0..LANES {
-                        acc[i] += a[i] * widen(b[i]);
-                    }
-                }
-                for (i, (a, &b)) in xt.iter().zip(rt).enumerate() {
-                    acc[i] += a * widen(b);
-                }
-                acc.iter().sum()
-            }
-        }
-    }
-
-    /// `out[i] += a * row[i]` over `out` (the row's first values).
-    pub(crate) fn axpy_into(&self, a: f32, out: &mut [f32]) {
-        let n = out.len();
-        match self {
-            LatentRow::F32(r) => axpy(a, &r[..n], out),
-            LatentRow::Bf16(r) => {
-                for (o, &v) in out.iter_mut().zip(&r[..n]) {
-                    *o += a * widen(v);
-                }
+                buf.clear();
+                buf.extend(r.iter().map(|&v| widen(v)));
+                buf
             }
         }
     }

@@ -24,6 +24,15 @@ pub(crate) struct MlaDims {
     pub(crate) scale: f32,
 }
 
+/// One query's score against a cached latent row (as f32): its latent
+/// query against the latent part, its RoPE part against the shared key.
+/// Every attention path scores with this, so a row's numbers do not depend
+/// on which path or block computed them.
+#[inline]
+fn score(row: &[f32], q_lat: &[f32], qr: &[f32], d: MlaDims) -> f32 {
+    (dot(q_lat, &row[..d.kvr]) + dot(qr, &row[d.kvr..d.kvr + qr.len()])) * d.scale
+}
+
 /// Absorbed attention of head `hh` of one query row (`q`: this rank's
 /// heads, each `nope + rope`, RoPE applied) over slots `0..prefix` and
 /// then `extra` of a sequence's latent cache, in that order; writes the
@@ -58,9 +67,11 @@ fn attend_head(
         axpy(a, kv_b.row(base + j), q_lat);
     }
     let mut max = f32::NEG_INFINITY;
+    let mut wide = Vec::new();
     for (t, s) in scores.iter_mut().enumerate() {
         let row = pool.latent_row(layer, table, slot(t));
-        *s = (row.dot_from(0, q_lat) + row.dot_from(d.kvr, qr)) * d.scale;
+        let row = row.as_f32(&mut wide);
+        *s = score(row, q_lat, qr, d);
         max = max.max(*s);
     }
     let mut sum = 0.0;
@@ -72,8 +83,8 @@ fn attend_head(
     o_lat.clear();
     o_lat.resize(d.kvr, 0.0);
     for (t, &s) in scores.iter().enumerate() {
-        pool.latent_row(layer, table, slot(t))
-            .axpy_into(s * inv, o_lat);
+        let row = pool.latent_row(layer, table, slot(t));
+        axpy(s * inv, &row.as_f32(&mut wide)[..d.kvr], o_lat);
     }
     for (j, o) in out.iter_mut().enumerate() {
         *o = dot(kv_b.row(base + d.nope + j), o_lat);
@@ -94,6 +105,8 @@ struct BlockScratch {
     scores: Vec<f32>,
     q_lat: Vec<f32>,
     o_lat: Vec<f32>,
+    /// The latent row being read, widened to f32 (a bf16 cache).
+    wide: Vec<f32>,
 }
 
 /// [`attend_head`] for several query rows of one sequence at once: row `i`
@@ -122,6 +135,7 @@ fn attend_head_block(
         scores,
         q_lat,
         o_lat,
+        wide,
     } = scratch;
     scores.clear();
     scores.resize(n * ctx, 0.0);
@@ -135,10 +149,11 @@ fn attend_head_block(
     }
     for t in 0..ctx {
         let row = pool.latent_row(layer, table, t);
+        let row = row.as_f32(wide);
         for i in (0..n).filter(|&i| t < ctxs[i]) {
             let qr = &qs[i][hh * qk + d.nope..(hh + 1) * qk];
             let ql = &q_lat[i * d.kvr..(i + 1) * d.kvr];
-            scores[i * ctx + t] = (row.dot_from(0, ql) + row.dot_from(d.kvr, qr)) * d.scale;
+            scores[i * ctx + t] = score(row, ql, qr, d);
         }
     }
     let mut inv = [0f32; BLOCK_ROWS];
@@ -156,9 +171,11 @@ fn attend_head_block(
     o_lat.resize(n * d.kvr, 0.0);
     for t in 0..ctx {
         let row = pool.latent_row(layer, table, t);
+        let row = &row.as_f32(wide)[..d.kvr];
         for i in (0..n).filter(|&i| t < ctxs[i]) {
-            row.axpy_into(
+            axpy(
                 scores[i * ctx + t] * inv[i],
+                row,
                 &mut o_lat[i * d.kvr..(i + 1) * d.kvr],
             );
         }
