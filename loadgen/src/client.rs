@@ -164,7 +164,8 @@ impl std::fmt::Display for Failure {
 /// What one finished request measured. Times are seconds from sending.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timing {
-    /// Arrival of each SSE event that carried text, in order.
+    /// Arrival of each SSE event that carried text (content or reasoning),
+    /// in order.
     pub chunks: Vec<f64>,
     /// When the stream ended (`[DONE]` or the body's end).
     pub end: f64,
@@ -174,6 +175,10 @@ pub struct Timing {
     pub prompt_tokens: Option<u64>,
     /// Whether `output_tokens` came from the server's usage chunk.
     pub exact_tokens: bool,
+    /// The streamed answer: `delta.content` (chat) or `text` (completions).
+    pub content: String,
+    /// The streamed `delta.reasoning_content` (or `delta.reasoning`).
+    pub reasoning: String,
 }
 
 impl Timing {
@@ -208,6 +213,9 @@ pub struct RequestOptions {
     pub ignore_eos: bool,
     /// A request still unfinished after this long fails with "timeout".
     pub timeout: Duration,
+    /// Sent as `chat_template_kwargs` with chat requests (template
+    /// variables such as Kimi K3's `thinking`).
+    pub chat_template_kwargs: Option<Value>,
 }
 
 /// The JSON body of one streaming request for `entry`, and its path.
@@ -225,6 +233,9 @@ pub fn body(entry: &Entry, o: &RequestOptions) -> (&'static str, Value) {
         }
         Input::Messages(m) => {
             b["messages"] = json!(m);
+            if let Some(k) = &o.chat_template_kwargs {
+                b["chat_template_kwargs"] = k.clone();
+            }
             "/v1/chat/completions"
         }
     };
@@ -317,10 +328,19 @@ fn on_event(data: &str, now: f64, t: &mut Timing) -> Result<bool, Failure> {
         return Err(Failure::new("stream error", msg));
     }
     let c = &v["choices"][0];
-    let text = c["delta"]["content"].as_str().or(c["text"].as_str());
-    if text.is_some_and(|s| !s.is_empty()) {
+    let text = c["delta"]["content"]
+        .as_str()
+        .or(c["text"].as_str())
+        .filter(|s| !s.is_empty());
+    let reasoning = c["delta"]["reasoning_content"]
+        .as_str()
+        .or(c["delta"]["reasoning"].as_str())
+        .filter(|s| !s.is_empty());
+    if text.is_some() || reasoning.is_some() {
         t.chunks.push(now);
     }
+    t.content.push_str(text.unwrap_or(""));
+    t.reasoning.push_str(reasoning.unwrap_or(""));
     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
         if let Some(n) = u["completion_tokens"].as_u64() {
             t.output_tokens = n;
@@ -422,6 +442,13 @@ mod tests {
         assert!(!on_event(role, 0.1, &mut t).unwrap());
         on_event(r#"{"choices":[{"delta":{"content":"ab"}}]}"#, 0.5, &mut t).unwrap();
         on_event(r#"{"choices":[{"text":"c"}]}"#, 0.7, &mut t).unwrap();
+        // A reasoning delta is a token too (TTFT counts it), kept apart.
+        on_event(
+            r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#,
+            0.75,
+            &mut t,
+        )
+        .unwrap();
         on_event(
             r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#,
             0.8,
@@ -437,7 +464,8 @@ mod tests {
         assert!(on_event("[DONE]", 0.9, &mut t).unwrap());
         t.end = 0.9;
         let t = finish(t);
-        assert_eq!(t.chunks, vec![0.5, 0.7]);
+        assert_eq!(t.chunks, vec![0.5, 0.7, 0.75]);
+        assert_eq!((t.content.as_str(), t.reasoning.as_str()), ("abc", "hm"));
         assert_eq!(
             (t.output_tokens, t.prompt_tokens, t.exact_tokens),
             (5, Some(9), true)
@@ -446,6 +474,10 @@ mod tests {
         assert!((t.tpot().unwrap() - 0.1).abs() < 1e-12); // (0.9 - 0.5) / 4
         let gaps: Vec<f64> = t.gaps().collect();
         assert!((gaps[0] - 0.2).abs() < 1e-12);
+        // A reasoning-only stream has its first token at the first reasoning delta.
+        let mut t = Timing::default();
+        on_event(r#"{"choices":[{"delta":{"reasoning":"x"}}]}"#, 0.3, &mut t).unwrap();
+        assert_eq!((t.ttft(), t.content.as_str()), (Some(0.3), ""));
         let e = on_event(
             r#"{"error":{"message":"boom"}}"#,
             1.0,
@@ -466,6 +498,7 @@ mod tests {
             max_tokens: None,
             ignore_eos: true,
             timeout: Duration::from_secs(1),
+            chat_template_kwargs: Some(json!({"thinking": false})),
         };
         let e = Entry {
             input: Input::Prompt("p".into()),
@@ -476,6 +509,8 @@ mod tests {
         assert_eq!(b["max_tokens"], 7);
         assert_eq!(b["ignore_eos"], true);
         assert_eq!(b["stream_options"]["include_usage"], true);
+        // Template variables go with chat requests only.
+        assert!(b.get("chat_template_kwargs").is_none());
         let o = RequestOptions {
             max_tokens: Some(3),
             ignore_eos: false,
@@ -489,5 +524,6 @@ mod tests {
         assert_eq!(path, "/v1/chat/completions");
         assert_eq!(b["max_tokens"], 3);
         assert!(b.get("ignore_eos").is_none());
+        assert_eq!(b["chat_template_kwargs"]["thinking"], false);
     }
 }

@@ -5,9 +5,11 @@
 //! throughput, TTFT / inter-token / end-to-end percentiles and the server's
 //! speculative acceptance, as a table, a JSON file and SVG charts.
 //! `report` combines several labelled JSON files into one table and one set
-//! of charts.
+//! of charts. `conversation` runs growing multi-turn chats and reports time
+//! to first token turn by turn (what a prefix cache changes).
 
 mod client;
+mod conversation;
 mod load;
 mod report;
 mod scrape;
@@ -40,7 +42,9 @@ use scrape::{Counters, ServerDelta};
         --concurrency 1,4,8 --num-requests 16 --label ngram --json ngram.json\n  \
         specgate-bench run --base-url http://127.0.0.1:8000/v1 --workload benches/workloads/editing.jsonl \\\n      \
         --rate 0.5,1,2 --duration 60 --warmup 2\n  \
-        specgate-bench report --svg-dir docs/bench --markdown off.json ngram.json draft.json"
+        specgate-bench report --svg-dir docs/bench --markdown off.json ngram.json draft.json\n  \
+        specgate-bench conversation --url http://127.0.0.1:8000 --turns 6 --conversations 1 \\\n      \
+        --system-words 600 --turn-words 30 --max-tokens 64 --out conv.json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -53,6 +57,75 @@ enum Command {
     Run(Box<RunArgs>),
     /// Combine results files (one per configuration) into a table and charts.
     Report(ReportArgs),
+    /// Growing multi-turn chats: per turn, prompt tokens, time to first
+    /// token, total time and output tokens.
+    Conversation(Box<ConversationArgs>),
+}
+
+#[derive(clap::Args)]
+struct ConversationArgs {
+    /// Server root, http:// only (a trailing /v1 is accepted); requests go
+    /// to its /v1/chat/completions.
+    #[arg(long, alias = "base-url", default_value = "http://127.0.0.1:8000")]
+    url: String,
+    /// Sent as `Authorization: Bearer KEY`.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Model name to request (default: the first on /v1/models).
+    #[arg(long)]
+    model: Option<String>,
+    /// User turns per conversation.
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    /// Conversations run at the same time (each its turns one by one).
+    #[arg(long, default_value_t = 1)]
+    conversations: usize,
+    /// Words of each conversation's system prompt (0: no system message).
+    #[arg(long, default_value_t = 600)]
+    system_words: usize,
+    /// Words of each user turn.
+    #[arg(long, default_value_t = 30)]
+    turn_words: usize,
+    /// `max_tokens` of every answer.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: u32,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Ask for max_tokens regardless of end-of-sequence (`ignore_eos`), so
+    /// every server's answers, and so its histories, have the same length.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Seed of the generated text: the same seed, the same prompts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// One system prompt for every conversation (else one each).
+    #[arg(long)]
+    shared_system: bool,
+    /// A JSON object sent as every request's `chat_template_kwargs`, e.g.
+    /// '{"thinking": false}' (Kimi K3: answer in the response channel).
+    #[arg(long, value_name = "JSON")]
+    chat_template_kwargs: Option<String>,
+    /// Send each answer's reasoning back as the assistant message's
+    /// `reasoning_content` (default: its content only).
+    #[arg(long)]
+    replay_reasoning: bool,
+    /// Uncounted short requests sent first (one at a time), unrelated to
+    /// the conversations' text.
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// A request unfinished after this many seconds fails (and ends its
+    /// conversation).
+    #[arg(long, default_value_t = 600.0)]
+    request_timeout: f64,
+    /// First wait up to this many seconds for GET /health to answer 200.
+    #[arg(long, default_value_t = 0.0)]
+    wait_ready: f64,
+    /// Names this run in the results file.
+    #[arg(long, default_value = "conversation")]
+    label: String,
+    /// Write the per-turn figures and every turn's record here as JSON.
+    #[arg(long, alias = "json")]
+    out: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -274,6 +347,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         max_tokens: a.max_tokens,
         ignore_eos: a.ignore_eos,
         timeout: Duration::from_secs_f64(a.request_timeout),
+        chat_template_kwargs: None,
     };
     let mut ctx = Ctx {
         target: Arc::new(target),
@@ -371,18 +445,119 @@ fn report_cmd(a: ReportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn conversation_cmd(a: ConversationArgs) -> anyhow::Result<()> {
+    if a.turns == 0 || a.conversations == 0 || a.conversations > 4096 {
+        bail!("--turns must be at least 1 and --conversations 1..=4096");
+    }
+    if a.turn_words == 0 || a.max_tokens == 0 {
+        bail!("--turn-words and --max-tokens must be at least 1");
+    }
+    if !(a.request_timeout.is_finite() && a.request_timeout > 0.0) {
+        bail!("--request-timeout must be positive");
+    }
+    let chat_template_kwargs = match &a.chat_template_kwargs {
+        Some(text) => {
+            let v: serde_json::Value = serde_json::from_str(text)
+                .with_context(|| format!("--chat-template-kwargs {text:?} is not JSON"))?;
+            if !v.is_object() {
+                bail!("--chat-template-kwargs must be a JSON object");
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let target = Target::parse(&a.url, a.api_key.clone())?;
+    if a.wait_ready > 0.0 {
+        wait_ready(&target, Duration::from_secs_f64(a.wait_ready)).await?;
+    }
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => target
+            .first_model()
+            .await
+            .context("finding the model name (or pass --model)")?,
+    };
+    let options = RequestOptions {
+        model: model.clone(),
+        temperature: a.temperature,
+        max_tokens: Some(a.max_tokens),
+        ignore_eos: a.ignore_eos,
+        timeout: Duration::from_secs_f64(a.request_timeout),
+        chat_template_kwargs,
+    };
+    for i in 0..a.warmup {
+        let entry = workload::Entry {
+            input: workload::Input::Messages(vec![serde_json::json!({
+                "role": "user",
+                "content": "Say hello in one short sentence.",
+            })]),
+            max_tokens: Some(8),
+        };
+        let o = RequestOptions {
+            max_tokens: None,
+            ..options.clone()
+        };
+        if let Err(f) = client::stream_request(&target, &entry, &o).await {
+            eprintln!("warm-up request {} failed: {f}", i + 1);
+        }
+    }
+    let spec = conversation::Spec {
+        conversations: a.conversations,
+        turns: a.turns,
+        system_words: a.system_words,
+        turn_words: a.turn_words,
+        seed: a.seed,
+        shared_system: a.shared_system,
+        replay_reasoning: a.replay_reasoning,
+    };
+    let options_kwargs = options.chat_template_kwargs.clone();
+    let (records, duration_s) =
+        conversation::run(Arc::new(target), Arc::new(options), Arc::new(spec.clone())).await;
+    for r in records.iter().filter(|r| r.error.is_some()) {
+        eprintln!(
+            "conversation {} turn {} failed: {}",
+            r.conversation,
+            r.turn,
+            r.error.as_deref().unwrap_or_default()
+        );
+    }
+    let results = conversation::ConversationResults {
+        label: a.label.clone(),
+        url: a.url.clone(),
+        model,
+        per_turn: conversation::per_turn(&records, spec.turns),
+        spec,
+        max_tokens: a.max_tokens,
+        temperature: a.temperature,
+        ignore_eos: a.ignore_eos,
+        chat_template_kwargs: options_kwargs,
+        duration_s,
+        records,
+    };
+    print!("{}", conversation::text_table(&results));
+    if let Some(p) = &a.out {
+        let text = serde_json::to_string_pretty(&results)?;
+        std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    if results.per_turn.iter().all(|t| t.completed == 0) {
+        bail!("every turn failed");
+    }
+    Ok(())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(a) => {
-            let a = *a;
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            rt.block_on(run(a))
-        }
+        Command::Run(a) => runtime()?.block_on(run(*a)),
         Command::Report(a) => report_cmd(a),
+        Command::Conversation(a) => runtime()?.block_on(conversation_cmd(*a)),
     }
 }

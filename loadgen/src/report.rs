@@ -237,6 +237,7 @@ mod tests {
                 output_tokens: tokens,
                 prompt_tokens: Some(10),
                 exact_tokens: true,
+                ..Timing::default()
             }),
         }
     }

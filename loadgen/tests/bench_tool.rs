@@ -14,6 +14,14 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The server's metrics are process-wide counters: the tests that compare
+/// them before and after a run take turns.
+static METRICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    METRICS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("specgate-bench-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -57,6 +65,7 @@ const WORKLOAD: &str = r#"# two chats and a completion
 
 #[test]
 fn reported_counts_match_the_servers_metrics() {
+    let _serial = serial();
     let s = Server::start(config(|_| {}), None);
     let dir = scratch("counts");
     let wl = dir.join("w.jsonl");
@@ -216,5 +225,80 @@ fn reported_counts_match_the_servers_metrics() {
         );
     }
     s.wait_idle();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn conversation_turns_grow_the_prompt() {
+    let _serial = serial();
+    let s = Server::start(config(|_| {}), None);
+    let dir = scratch("conversation");
+    let json = dir.join("conv.json");
+    let url = format!("http://{}", s.addr);
+    let before = counts(&s);
+    let (table, _) = bench(&[
+        "conversation",
+        "--url",
+        &url,
+        "--turns",
+        "3",
+        "--conversations",
+        "2",
+        "--system-words",
+        "20",
+        "--turn-words",
+        "6",
+        "--max-tokens",
+        "5",
+        "--ignore-eos",
+        "--seed",
+        "3",
+        "--label",
+        "conv",
+        "--out",
+        json.to_str().unwrap(),
+    ]);
+    s.wait_idle();
+    let after = counts(&s);
+    assert!(
+        table.starts_with("turn") && table.lines().count() == 4,
+        "{table}"
+    );
+    let v = read_json(&json);
+    assert_eq!(
+        (v["label"].as_str(), v["model"].as_str()),
+        (Some("conv"), Some(MODEL))
+    );
+    // Every turn of both conversations ran; each answer is 5 tokens.
+    let records = v["records"].as_array().unwrap();
+    assert_eq!(records.len(), 6, "{v}");
+    for c in 0..2 {
+        let mine: Vec<&Value> = records.iter().filter(|r| r["conversation"] == c).collect();
+        let prompts: Vec<u64> = mine
+            .iter()
+            .map(|r| r["prompt_tokens"].as_u64().unwrap())
+            .collect();
+        // Each prompt holds the previous one, its answer and a new turn.
+        assert!(prompts.windows(2).all(|w| w[1] > w[0] + 5), "{prompts:?}");
+        for r in mine {
+            assert!(r["error"].is_null(), "{r}");
+            assert_eq!(r["output_tokens"], 5, "{r}");
+            let (ttft, total) = (
+                r["ttft_s"].as_f64().unwrap(),
+                r["total_s"].as_f64().unwrap(),
+            );
+            assert!(0.0 < ttft && ttft <= total, "{r}");
+        }
+    }
+    for (i, t) in v["per_turn"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(
+            (t["turn"].as_u64(), t["completed"].as_u64()),
+            (Some(i as u64 + 1), Some(2)),
+            "{t}"
+        );
+        assert_eq!(t["ttft"]["count"], 2, "{t}");
+    }
+    // The server counted exactly the six requests and their 30 tokens.
+    assert_eq!((after.0 - before.0, after.1 - before.1), (6.0, 30.0));
     let _ = std::fs::remove_dir_all(&dir);
 }
