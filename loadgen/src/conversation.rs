@@ -373,25 +373,7 @@ pub fn text_table(r: &ConversationResults) -> String {
             ]
         })
         .collect();
-    let mut w: Vec<usize> = HEADER.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (i, c) in row.iter().enumerate() {
-            w[i] = w[i].max(c.len());
-        }
-    }
-    let line = |cells: Vec<&str>| -> String {
-        let padded: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
-            .collect();
-        padded.join("  ").trim_end().to_string() + "\n"
-    };
-    let mut s = line(HEADER.to_vec());
-    for row in &rows {
-        s += &line(row.iter().map(String::as_str).collect());
-    }
-    s
+    crate::report::aligned(&HEADER, &rows)
 }
 
 /// Runs conversation `c` turn by turn; after a failed turn the rest are

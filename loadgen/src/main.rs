@@ -323,6 +323,29 @@ async fn settled_delta(
     }
 }
 
+/// The server at `url` (after waiting up to `wait` seconds for its
+/// `/health`, when positive) and the model to ask for: `model`, else the
+/// first it lists.
+async fn connect(
+    url: &str,
+    api_key: &Option<String>,
+    wait: f64,
+    model: &Option<String>,
+) -> anyhow::Result<(Target, String)> {
+    let target = Target::parse(url, api_key.clone())?;
+    if wait > 0.0 {
+        wait_ready(&target, Duration::from_secs_f64(wait)).await?;
+    }
+    let model = match model {
+        Some(m) => m.clone(),
+        None => target
+            .first_model()
+            .await
+            .context("finding the model name (or pass --model)")?,
+    };
+    Ok((target, model))
+}
+
 async fn run(a: RunArgs) -> anyhow::Result<()> {
     let shapes = shapes(&a)?;
     let bounds = bounds(&a)?;
@@ -330,17 +353,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         bail!("--request-timeout must be positive");
     }
     let entries = workload::load(&a.workload)?;
-    let target = Target::parse(&a.base_url, a.api_key.clone())?;
-    if a.wait_ready > 0.0 {
-        wait_ready(&target, Duration::from_secs_f64(a.wait_ready)).await?;
-    }
-    let model = match &a.model {
-        Some(m) => m.clone(),
-        None => target
-            .first_model()
-            .await
-            .context("finding the model name (or pass --model)")?,
-    };
+    let (target, model) = connect(&a.base_url, &a.api_key, a.wait_ready, &a.model).await?;
     let options = RequestOptions {
         model: model.clone(),
         temperature: a.temperature,
@@ -466,17 +479,7 @@ async fn conversation_cmd(a: ConversationArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let target = Target::parse(&a.url, a.api_key.clone())?;
-    if a.wait_ready > 0.0 {
-        wait_ready(&target, Duration::from_secs_f64(a.wait_ready)).await?;
-    }
-    let model = match &a.model {
-        Some(m) => m.clone(),
-        None => target
-            .first_model()
-            .await
-            .context("finding the model name (or pass --model)")?,
-    };
+    let (target, model) = connect(&a.url, &a.api_key, a.wait_ready, &a.model).await?;
     let options = RequestOptions {
         model: model.clone(),
         temperature: a.temperature,

@@ -190,9 +190,14 @@ fn rows(all: &[Results]) -> Vec<Vec<String>> {
 
 /// An aligned plain-text table of every run of every file.
 pub fn text_table(all: &[Results]) -> String {
-    let rows = rows(all);
-    let mut w: Vec<usize> = HEADER.iter().map(|h| h.len()).collect();
-    for r in &rows {
+    aligned(&HEADER, &rows(all))
+}
+
+/// `header` and `rows` as a plain-text table, each column as wide as its
+/// widest cell, two spaces apart.
+pub fn aligned(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
         for (i, c) in r.iter().enumerate() {
             w[i] = w[i].max(c.chars().count());
         }
@@ -205,8 +210,8 @@ pub fn text_table(all: &[Results]) -> String {
             .collect();
         padded.join("  ").trim_end().to_string() + "\n"
     };
-    let mut s = line(HEADER.to_vec());
-    for r in &rows {
+    let mut s = line(header.to_vec());
+    for r in rows {
         s += &line(r.iter().map(String::as_str).collect());
     }
     s
