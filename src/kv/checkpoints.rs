@@ -113,16 +113,6 @@ impl Checkpoints {
         }
     }
 
-    /// Checkpoint slots in all.
-    pub fn capacity(&self) -> usize {
-        self.total
-    }
-
-    /// Bytes of one checkpoint.
-    pub fn slot_bytes(&self) -> usize {
-        self.slot_bytes
-    }
-
     /// Counters so far.
     pub fn stats(&self) -> CheckpointStats {
         CheckpointStats {

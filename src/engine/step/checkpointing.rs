@@ -84,8 +84,12 @@ impl Engine {
     /// Where each decoding sequence's verify round copies its state as it
     /// passes its next block boundary (its tail, kept for the end of its
     /// request): for sequences whose rows may reach that boundary.
-    /// `rows[i]`: `(sequence, tokens, deepest row)` of decode `i`.
+    /// `rows[i]`: `(sequence, tokens, deepest row)` of decode `i`. Empty
+    /// for a target without checkpoints.
     pub(super) fn snapshots(&mut self, rows: &[(SeqId, usize, usize)]) -> Vec<Option<Snapshot>> {
+        if self.bm.checkpoints().is_none() {
+            return Vec::new();
+        }
         let bs = self.bm.block_size();
         rows.iter()
             .map(|&(id, len, depth)| {

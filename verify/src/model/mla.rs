@@ -36,9 +36,10 @@ fn score(row: &[f32], q_lat: &[f32], qr: &[f32], d: MlaDims) -> f32 {
 /// Absorbed attention of head `hh` of one query row (`q`: this rank's
 /// heads, each `nope + rope`, RoPE applied) over slots `0..prefix` and
 /// then `extra` of a sequence's latent cache, in that order; writes the
-/// head's `v` floats to `out`. `scratch` holds `(scores, q_lat, o_lat)`
-/// between calls. A row whose slots are `0..prefix + extra.len()` gets the
-/// bits of `prefix + extra.len()` contiguous slots.
+/// head's `v` floats to `out`. `scratch` holds `(scores, q_lat, o_lat,
+/// widened latent row)` between calls. A row whose slots are
+/// `0..prefix + extra.len()` gets the bits of `prefix + extra.len()`
+/// contiguous slots.
 #[allow(clippy::too_many_arguments)]
 fn attend_head(
     d: MlaDims,
@@ -50,9 +51,9 @@ fn attend_head(
     q: &[f32],
     hh: usize,
     out: &mut [f32],
-    scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>),
+    scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>),
 ) {
-    let (scores, q_lat, o_lat) = scratch;
+    let (scores, q_lat, o_lat, wide) = scratch;
     let qk = d.nope + d.rope;
     let ctx = prefix + extra.len();
     let slot = |t: usize| if t < prefix { t } else { extra[t - prefix] };
@@ -67,10 +68,9 @@ fn attend_head(
         axpy(a, kv_b.row(base + j), q_lat);
     }
     let mut max = f32::NEG_INFINITY;
-    let mut wide = Vec::new();
     for (t, s) in scores.iter_mut().enumerate() {
         let row = pool.latent_row(layer, table, slot(t));
-        let row = row.as_f32(&mut wide);
+        let row = row.as_f32(wide);
         *s = score(row, q_lat, qr, d);
         max = max.max(*s);
     }
@@ -84,7 +84,7 @@ fn attend_head(
     o_lat.resize(d.kvr, 0.0);
     for (t, &s) in scores.iter().enumerate() {
         let row = pool.latent_row(layer, table, slot(t));
-        axpy(s * inv, &row.as_f32(&mut wide)[..d.kvr], o_lat);
+        axpy(s * inv, &row.as_f32(wide)[..d.kvr], o_lat);
     }
     for (j, o) in out.iter_mut().enumerate() {
         *o = dot(kv_b.row(base + d.nope + j), o_lat);
@@ -219,8 +219,8 @@ pub(crate) fn attend_rows(
     // The forward's thread team, not rayon's pool: its helpers spin between
     // loops, and a second pool on the same cores would fight them.
     thread_local! {
-        static SCRATCH: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> = const {
-            RefCell::new((Vec::new(), Vec::new(), Vec::new()))
+        static SCRATCH: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>)> = const {
+            RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new()))
         };
         static BLOCK: RefCell<BlockScratch> = RefCell::new(BlockScratch::default());
     }
