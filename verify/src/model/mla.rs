@@ -24,6 +24,10 @@ pub(crate) struct MlaDims {
     pub(crate) scale: f32,
 }
 
+/// What [`attend_head`] keeps between calls: scores, latent query, latent
+/// output, and the latent row being read, widened to f32.
+type RowScratch = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// One query's score against a cached latent row (as f32): its latent
 /// query against the latent part, its RoPE part against the shared key.
 /// Every attention path scores with this, so a row's numbers do not depend
@@ -51,7 +55,7 @@ fn attend_head(
     q: &[f32],
     hh: usize,
     out: &mut [f32],
-    scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>),
+    scratch: &mut RowScratch,
 ) {
     let (scores, q_lat, o_lat, wide) = scratch;
     let qk = d.nope + d.rope;
@@ -219,7 +223,7 @@ pub(crate) fn attend_rows(
     // The forward's thread team, not rayon's pool: its helpers spin between
     // loops, and a second pool on the same cores would fight them.
     thread_local! {
-        static SCRATCH: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>)> = const {
+        static SCRATCH: RefCell<RowScratch> = const {
             RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new()))
         };
         static BLOCK: RefCell<BlockScratch> = RefCell::new(BlockScratch::default());
