@@ -586,8 +586,9 @@ mod tests {
             .zip(&row)
             .all(|(w, r)| (w - r).abs() <= r.abs() / 256.0));
         // Attention reads the rounded values, widened exactly.
-        let mut buf = Vec::new();
-        assert_eq!(got.as_f32(&mut buf), &wide[..]);
+        let mut buf = vec![0f32; wide.len()];
+        got.widen_into(&mut buf);
+        assert_eq!(buf, wide);
     }
 
     #[test]

@@ -43,6 +43,7 @@ macro_rules! by_rows {
 }
 
 pub mod act;
+pub mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

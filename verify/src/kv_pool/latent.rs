@@ -54,16 +54,16 @@ impl LatentRow<'_> {
         }
     }
 
-    /// The row as f32 values: borrowed as it is stored when f32, else
-    /// widened (exactly) into `buf`. Attention widens each cached row once
-    /// for all the query rows that read it and then runs the f32 kernels.
-    pub(crate) fn as_f32<'b>(&'b self, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    /// The first `dst.len()` values of the row, widened to f32 (exact).
+    /// Attention widens each cached row once for all the queries that
+    /// read it and then runs the f32 kernels.
+    pub(crate) fn widen_into(&self, dst: &mut [f32]) {
         match self {
-            LatentRow::F32(r) => r,
+            LatentRow::F32(r) => dst.copy_from_slice(&r[..dst.len()]),
             LatentRow::Bf16(r) => {
-                buf.clear();
-                buf.extend(r.iter().map(|&v| widen(v)));
-                buf
+                for (o, &v) in dst.iter_mut().zip(r.iter()) {
+                    *o = widen(v);
+                }
             }
         }
     }

@@ -4,12 +4,26 @@
 //! per head and scored against cached latent rows in place (f32 or bf16,
 //! as the pool stores them: `kv_pool::LatentRow`). With a token tree
 //! ([`TreeAttn`]) a row reads only the slots the tree lets it see.
+//!
+//! Work comes in blocks: query rows of one sequence that read the same
+//! list of slots (a prompt chunk's or a verify chain's rows, each its own
+//! prefix of it; a tree row alone, with its own list), times a group of
+//! heads. A block is two small matrix products over the cached rows, in
+//! tiles of [`TILE`] slots: the scores of every (row, head) query, then
+//! the probability-weighted sums of the latent rows, both with the
+//! register-tiled kernels of [`crate::kernels::attn`]. Those accumulate
+//! each value in one order whatever the tiling, so a row's numbers do not
+//! depend on the block, the head group or the path that computed them:
+//! chunked, whole and token-by-token prefill agree bit for bit, as do a
+//! tree and the chain it contains.
 
 use super::dense::Dense;
 use super::rows::Rows;
 use super::tree::TreeAttn;
-use crate::kernels::vector::{axpy, dot};
-use crate::kv_pool::KvShard;
+use crate::kernels::attn::{scores, weighted_sums};
+use crate::kernels::vector::{axpy, dot, exp};
+use crate::kernels::Isa;
+use crate::kv_pool::{KvShard, LatentRow};
 use crate::team::{self, SharedMut};
 use std::cell::RefCell;
 
@@ -24,170 +38,178 @@ pub(crate) struct MlaDims {
     pub(crate) scale: f32,
 }
 
-/// What [`attend_head`] keeps between calls: scores, latent query, latent
-/// output, and the latent row being read, widened to f32.
-type RowScratch = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
-
-/// One query's score against a cached latent row (as f32): its latent
-/// query against the latent part, its RoPE part against the shared key.
-/// Every attention path scores with this, so a row's numbers do not depend
-/// on which path or block computed them.
-#[inline]
-fn score(row: &[f32], q_lat: &[f32], qr: &[f32], d: MlaDims) -> f32 {
-    (dot(q_lat, &row[..d.kvr]) + dot(qr, &row[d.kvr..d.kvr + qr.len()])) * d.scale
-}
-
-/// Absorbed attention of head `hh` of one query row (`q`: this rank's
-/// heads, each `nope + rope`, RoPE applied) over slots `0..prefix` and
-/// then `extra` of a sequence's latent cache, in that order; writes the
-/// head's `v` floats to `out`. `scratch` holds `(scores, q_lat, o_lat,
-/// widened latent row)` between calls. A row whose slots are
-/// `0..prefix + extra.len()` gets the bits of `prefix + extra.len()`
-/// contiguous slots.
-#[allow(clippy::too_many_arguments)]
-fn attend_head(
-    d: MlaDims,
-    kv_b: &Dense,
-    pool: &KvShard,
-    layer: usize,
-    table: &[u32],
-    (prefix, extra): (usize, &[usize]),
-    q: &[f32],
-    hh: usize,
-    out: &mut [f32],
-    scratch: &mut RowScratch,
-) {
-    let (scores, q_lat, o_lat, wide) = scratch;
-    let qk = d.nope + d.rope;
-    let ctx = prefix + extra.len();
-    let slot = |t: usize| if t < prefix { t } else { extra[t - prefix] };
-    scores.resize(ctx, 0.0);
-    let qn = &q[hh * qk..hh * qk + d.nope];
-    let qr = &q[hh * qk + d.nope..(hh + 1) * qk];
-    let base = hh * (d.nope + d.v);
-    // q_lat = W_UK^T q_nope: the query seen from the latent space.
-    q_lat.clear();
-    q_lat.resize(d.kvr, 0.0);
-    for (j, &a) in qn.iter().enumerate() {
-        axpy(a, kv_b.row(base + j), q_lat);
-    }
-    let mut max = f32::NEG_INFINITY;
-    for (t, s) in scores.iter_mut().enumerate() {
-        let row = pool.latent_row(layer, table, slot(t));
-        let row = row.as_f32(wide);
-        *s = score(row, q_lat, qr, d);
-        max = max.max(*s);
-    }
-    let mut sum = 0.0;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
-    o_lat.clear();
-    o_lat.resize(d.kvr, 0.0);
-    for (t, &s) in scores.iter().enumerate() {
-        let row = pool.latent_row(layer, table, slot(t));
-        axpy(s * inv, &row.as_f32(wide)[..d.kvr], o_lat);
-    }
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = dot(kv_b.row(base + d.nope + j), o_lat);
-    }
-}
-
-/// Query rows of one sequence scored together by [`attend_head_block`]:
-/// each cached latent row is read once for all of them (from L1 for all
-/// but the first), where row by row the whole latent cache streams from
-/// memory again for every query row and head (a prompt chunk over a long
-/// history: hundreds of rows times the cache).
+/// Query rows of one sequence in one block, at most: each cached latent
+/// row is read once for all of them (from cache for all but the first
+/// query), where row by row the whole latent cache streams from memory
+/// again for every query row (a prompt chunk over a long history:
+/// hundreds of rows times the cache).
 const BLOCK_ROWS: usize = 16;
 
-/// What [`attend_head_block`] keeps between calls: scores (`rows * ctx`),
-/// and per row its latent query and output (`rows * kvr` each).
-#[derive(Default)]
-struct BlockScratch {
-    scores: Vec<f32>,
-    q_lat: Vec<f32>,
-    o_lat: Vec<f32>,
-    /// The latent row being read, widened to f32 (a bf16 cache).
-    wide: Vec<f32>,
+/// Heads one task takes: its queries share each latent row read, and
+/// enough groups remain to spread a single decode row over the cores.
+const HEAD_GROUP: usize = 4;
+
+/// Cached rows read per tile: widened to f32 (a bf16 cache), they stay in
+/// L2 while every query of the block reads them (64 x 576 floats at K3's
+/// widths: 147 KB).
+const TILE: usize = 64;
+
+/// Rows that read one list of slots: slots `0..prefix`, then `extra`.
+/// Row `i` (batch row `rows[i]`) attends the first `ctxs[i]` of them.
+struct Block<'a> {
+    rows: Vec<usize>,
+    ctxs: Vec<usize>,
+    prefix: usize,
+    extra: &'a [usize],
+    table: &'a [u32],
 }
 
-/// [`attend_head`] for several query rows of one sequence at once: row `i`
-/// (query `qs[i]`) attends slots `0..ctxs[i]` and writes `outs[i]`. Every
-/// row's numbers are [`attend_head`]'s bit for bit: each one's dot
-/// products, softmax and sums run in the same order; only the loops over
-/// slots are shared, so a latent row is read once for the whole block.
+impl Block<'_> {
+    fn slot(&self, t: usize) -> usize {
+        if t < self.prefix {
+            t
+        } else {
+            self.extra[t - self.prefix]
+        }
+    }
+}
+
+/// What a task keeps between blocks (per thread).
+#[derive(Default)]
+struct Scratch {
+    /// Per query (row-major over rows, then heads): its latent query, then
+    /// its RoPE part (`kvr + rope` floats).
+    q: Vec<f32>,
+    /// Per query, its scores over the block's slots, then probabilities.
+    s: Vec<f32>,
+    /// Per query, its latent output (`kvr` floats).
+    o: Vec<f32>,
+    /// A tile of cached rows widened to f32.
+    tile: Vec<f32>,
+}
+
+/// The cached rows `t0..t1` of `block`'s slot list, as f32: borrowed
+/// where the pool stores f32, else widened (exactly) into `buf`.
+fn tile_rows<'a>(
+    pool: &'a KvShard,
+    layer: usize,
+    block: &Block,
+    (t0, t1): (usize, usize),
+    width: usize,
+    buf: &'a mut Vec<f32>,
+) -> Vec<&'a [f32]> {
+    let rows: Vec<LatentRow<'a>> =
+        (t0..t1).map(|t| pool.latent_row(layer, block.table, block.slot(t))).collect();
+    if rows.iter().all(|r| matches!(r, LatentRow::F32(_))) {
+        return rows
+            .into_iter()
+            .map(|r| match r {
+                LatentRow::F32(r) => &r[..width],
+                LatentRow::Bf16(_) => unreachable!("checked f32 above"),
+            })
+            .collect();
+    }
+    buf.clear();
+    buf.resize(rows.len() * width, 0.0);
+    for (row, dst) in rows.iter().zip(buf.chunks_exact_mut(width)) {
+        row.widen_into(dst);
+    }
+    buf.chunks_exact(width).collect()
+}
+
+/// Attention of `block`'s rows for heads `heads` (queries in `q`, each row
+/// `qd` floats), written to their `v` floats of `out`.
+///
+/// # Safety
+/// `out` holds `heads * v` floats per batch row; no other task writes
+/// these rows' floats of these heads while this runs.
 #[allow(clippy::too_many_arguments)]
-fn attend_head_block(
+unsafe fn attend_block(
     d: MlaDims,
+    isa: Isa,
     kv_b: &Dense,
     pool: &KvShard,
     layer: usize,
-    table: &[u32],
-    ctxs: &[usize],
-    qs: &[&[f32]],
-    hh: usize,
-    outs: &mut [&mut [f32]],
-    scratch: &mut BlockScratch,
+    block: &Block,
+    q: &[f32],
+    heads: std::ops::Range<usize>,
+    out: &SharedMut<f32>,
+    scratch: &mut Scratch,
 ) {
-    let n = ctxs.len();
-    let qk = d.nope + d.rope;
-    let ctx = ctxs.iter().copied().max().unwrap_or(0);
-    let base = hh * (d.nope + d.v);
-    let BlockScratch {
-        scores,
-        q_lat,
-        o_lat,
-        wide,
-    } = scratch;
-    scores.clear();
-    scores.resize(n * ctx, 0.0);
-    q_lat.clear();
-    q_lat.resize(n * d.kvr, 0.0);
-    for (i, q) in qs.iter().enumerate() {
-        let ql = &mut q_lat[i * d.kvr..(i + 1) * d.kvr];
-        for (j, &a) in q[hh * qk..hh * qk + d.nope].iter().enumerate() {
-            axpy(a, kv_b.row(base + j), ql);
+    let Scratch { q: qv, s, o, tile } = scratch;
+    let (qk, w) = (d.nope + d.rope, d.kvr + d.rope);
+    let qd = d.heads * qk;
+    let nh = heads.len();
+    let nq = block.rows.len() * nh;
+    let ctx = block.ctxs.iter().copied().max().unwrap_or(0);
+    let ctx_of = |j: usize| block.ctxs[j / nh];
+    // Queries: W_UK^T q_nope (the query seen from the latent space), then
+    // the RoPE part, scored in one dot against a cached row.
+    qv.clear();
+    qv.resize(nq * w, 0.0);
+    for (i, &r) in block.rows.iter().enumerate() {
+        for (g, hh) in heads.clone().enumerate() {
+            let src = &q[r * qd + hh * qk..r * qd + (hh + 1) * qk];
+            let dst = &mut qv[(i * nh + g) * w..(i * nh + g + 1) * w];
+            let base = hh * (d.nope + d.v);
+            for (j, &a) in src[..d.nope].iter().enumerate() {
+                axpy(a, kv_b.row(base + j), &mut dst[..d.kvr]);
+            }
+            dst[d.kvr..].copy_from_slice(&src[d.nope..]);
         }
     }
-    for t in 0..ctx {
-        let row = pool.latent_row(layer, table, t);
-        let row = row.as_f32(wide);
-        for i in (0..n).filter(|&i| t < ctxs[i]) {
-            let qr = &qs[i][hh * qk + d.nope..(hh + 1) * qk];
-            let ql = &q_lat[i * d.kvr..(i + 1) * d.kvr];
-            scores[i * ctx + t] = score(row, ql, qr, d);
-        }
+    let queries: Vec<&[f32]> = qv.chunks_exact(w).collect();
+    s.clear();
+    s.resize(nq * ctx, 0.0);
+    for t0 in (0..ctx).step_by(TILE) {
+        let t1 = (t0 + TILE).min(ctx);
+        let keys = tile_rows(pool, layer, block, (t0, t1), w, tile);
+        scores(isa, &queries, &keys, w, d.scale, &mut s[t0..], ctx);
     }
-    let mut inv = [0f32; BLOCK_ROWS];
-    for i in 0..n {
-        let s = &mut scores[i * ctx..i * ctx + ctxs[i]];
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    for (j, sj) in s.chunks_exact_mut(ctx.max(1)).enumerate().take(nq) {
+        let sj = &mut sj[..ctx_of(j)];
+        let max = sj.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut sum = 0.0;
-        for x in s.iter_mut() {
-            *x = (*x - max).exp();
+        for x in sj.iter_mut() {
+            *x = exp(*x - max);
             sum += *x;
         }
-        inv[i] = 1.0 / sum;
+        let inv = 1.0 / sum;
+        sj.iter_mut().for_each(|x| *x *= inv);
     }
-    o_lat.clear();
-    o_lat.resize(n * d.kvr, 0.0);
-    for t in 0..ctx {
-        let row = pool.latent_row(layer, table, t);
-        let row = &row.as_f32(wide)[..d.kvr];
-        for i in (0..n).filter(|&i| t < ctxs[i]) {
-            axpy(
-                scores[i * ctx + t] * inv[i],
-                row,
-                &mut o_lat[i * d.kvr..(i + 1) * d.kvr],
-            );
+    o.clear();
+    o.resize(nq * d.kvr, 0.0);
+    for t0 in (0..ctx).step_by(TILE) {
+        let t1 = (t0 + TILE).min(ctx);
+        let vals = tile_rows(pool, layer, block, (t0, t1), w, tile);
+        // Queries that read the whole tile go together; a row that ends
+        // inside it (the last tile of a prompt chunk's causal mask) adds
+        // only its own slots.
+        let (mut ps, mut outs, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        for (j, oj) in o.chunks_exact_mut(d.kvr).enumerate() {
+            let end = ctx_of(j).clamp(t0, t1);
+            if end == t1 {
+                ps.push(&s[j * ctx + t0..j * ctx + t1]);
+                outs.push(oj);
+            } else if end > t0 {
+                ends.push((end, &s[j * ctx + t0..j * ctx + end], oj));
+            }
+        }
+        weighted_sums(isa, &ps, &vals, d.kvr, &mut outs);
+        for (end, p, oj) in ends {
+            weighted_sums(isa, &[p], &vals[..end - t0], d.kvr, &mut [oj]);
         }
     }
-    for (i, out) in outs.iter_mut().enumerate() {
-        let ol = &o_lat[i * d.kvr..(i + 1) * d.kvr];
-        for (j, o) in out.iter_mut().enumerate() {
-            *o = dot(kv_b.row(base + d.nope + j), ol);
+    for (i, &r) in block.rows.iter().enumerate() {
+        for (g, hh) in heads.clone().enumerate() {
+            let ol = &o[(i * nh + g) * d.kvr..(i * nh + g + 1) * d.kvr];
+            let base = hh * (d.nope + d.v) + d.nope;
+            // SAFETY: row r's floats of head hh, inside `out` and written
+            // by this task alone (the caller's contract).
+            let dst = std::slice::from_raw_parts_mut(out.at((r * d.heads + hh) * d.v), d.v);
+            for (j, x) in dst.iter_mut().enumerate() {
+                *x = dot(kv_b.row(base + j), ol);
+            }
         }
     }
 }
@@ -195,15 +217,13 @@ fn attend_head_block(
 /// Absorbed attention for every row of a batch but those `skip` names:
 /// row `r` (sequence `rows.seq[r]`, table `tables[..]`) attends slots
 /// `0..=rows.positions[r]` (with `tree`: the slots it lists for row `r`)
-/// with its query `q[r]` (`heads * (nope + rope)`
-/// floats) into `out[r]` (`heads * v` floats). Parallel over heads, each
-/// taking every row in turn: a head's slice of `kv_b` (`nope + v` rows of
-/// `kvr` floats) is then read from memory once per call and from cache for
-/// its other rows, where (row, head) pairs in row order read all of `kv_b`
-/// again for every row (33.5 MB at K3's widths, 4 rows of a verify pass:
-/// the MLA layer took 2.5x its 1-row time). A single decode row still
-/// spreads its heads over the cores; each head's numbers are the same
-/// whichever thread computes them.
+/// with its query `q[r]` (`heads * (nope + rope)` floats) into `out[r]`
+/// (`heads * v` floats). Parallel over groups of heads, each taking every
+/// block in turn: a group's slice of `kv_b` is then read from memory once
+/// per call and from cache for its other rows, and each cached latent row
+/// is read once per block and group. A single decode row still spreads
+/// its heads over the cores; each head's numbers are the same whichever
+/// thread, group or block computes them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_rows(
     d: MlaDims,
@@ -223,76 +243,52 @@ pub(crate) fn attend_rows(
     // The forward's thread team, not rayon's pool: its helpers spin between
     // loops, and a second pool on the same cores would fight them.
     thread_local! {
-        static SCRATCH: RefCell<RowScratch> = const {
-            RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new()))
-        };
-        static BLOCK: RefCell<BlockScratch> = RefCell::new(BlockScratch::default());
+        static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     }
     let live: Vec<usize> = (0..n).filter(|&r| !skip(r)).collect();
-    // Runs of rows of one sequence (no tree), at most BLOCK_ROWS each: a
-    // prompt chunk's rows, a chain's verify rows.
-    let mut blocks: Vec<&[usize]> = Vec::new();
-    if tree.is_none() {
-        let mut rest = &live[..];
-        while let Some(&first) = rest.first() {
-            let len = rest
-                .iter()
-                .take(BLOCK_ROWS)
-                .take_while(|&&r| rows.seq[r] == rows.seq[first])
-                .count();
-            blocks.push(&rest[..len]);
-            rest = &rest[len..];
+    let mut blocks: Vec<Block> = Vec::new();
+    match tree {
+        // A tree row reads its own list: the prefix, then its ancestors.
+        Some(t) => blocks.extend(live.iter().map(|&r| Block {
+            rows: vec![r],
+            ctxs: vec![t.prefix[r] + t.extra[r].len()],
+            prefix: t.prefix[r],
+            extra: &t.extra[r],
+            table: tables[rows.seq[r]],
+        })),
+        // Runs of rows of one sequence: a prompt chunk's, a chain's.
+        None => {
+            let mut rest = &live[..];
+            while let Some(&first) = rest.first() {
+                let len = rest
+                    .iter()
+                    .take(BLOCK_ROWS)
+                    .take_while(|&&r| rows.seq[r] == rows.seq[first])
+                    .count();
+                let ctxs: Vec<usize> = rest[..len].iter().map(|&r| rows.positions[r] + 1).collect();
+                blocks.push(Block {
+                    rows: rest[..len].to_vec(),
+                    prefix: ctxs.iter().copied().max().unwrap_or(0),
+                    ctxs,
+                    extra: &[],
+                    table: tables[rows.seq[first]],
+                });
+                rest = &rest[len..];
+            }
         }
     }
+    let isa = Isa::current();
     let dst = SharedMut::new(out);
-    if !blocks.is_empty() {
-        team::for_each(d.heads, |hh| {
-            BLOCK.with_borrow_mut(|scratch| {
-                for block in &blocks {
-                    let ctxs: Vec<usize> = block.iter().map(|&r| rows.positions[r] + 1).collect();
-                    let qs: Vec<&[f32]> = block.iter().map(|&r| &q[r * qd..(r + 1) * qd]).collect();
-                    // SAFETY: head hh writes only its own `v` floats of
-                    // each row of the block, inside `out` (asserted above);
-                    // no other task touches them while these slices live.
-                    let mut outs: Vec<&mut [f32]> = block
-                        .iter()
-                        .map(|&r| unsafe {
-                            std::slice::from_raw_parts_mut(dst.at((r * d.heads + hh) * d.v), d.v)
-                        })
-                        .collect();
-                    let table = tables[rows.seq[block[0]]];
-                    attend_head_block(
-                        d, kv_b, pool, layer, table, &ctxs, &qs, hh, &mut outs, scratch,
-                    );
-                }
-            })
-        });
-        return;
-    }
-    team::for_each(d.heads, |hh| {
+    team::for_each(d.heads.div_ceil(HEAD_GROUP), |g| {
+        let heads = g * HEAD_GROUP..((g + 1) * HEAD_GROUP).min(d.heads);
         SCRATCH.with_borrow_mut(|scratch| {
-            for r in live.iter().copied() {
-                // SAFETY: head hh writes only its own `v` floats of row r,
-                // inside `out` (asserted above); no other task touches
-                // them while this slice lives.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(dst.at((r * d.heads + hh) * d.v), d.v)
+            for block in &blocks {
+                // SAFETY: this task writes only heads `heads` of its
+                // blocks' rows, inside `out` (asserted above); every
+                // (row, head) belongs to one block and one group.
+                unsafe {
+                    attend_block(d, isa, kv_b, pool, layer, block, q, heads.clone(), &dst, scratch)
                 };
-                attend_head(
-                    d,
-                    kv_b,
-                    pool,
-                    layer,
-                    tables[rows.seq[r]],
-                    match tree {
-                        Some(t) => (t.prefix[r], &t.extra[r][..]),
-                        None => (rows.positions[r] + 1, &[][..]),
-                    },
-                    &q[r * qd..(r + 1) * qd],
-                    hh,
-                    o,
-                    scratch,
-                );
             }
         })
     });
