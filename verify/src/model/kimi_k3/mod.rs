@@ -52,7 +52,7 @@ use super::tree::TreeAttn;
 use super::{LogitsWanted, Model, MoeConfig, SeqInput};
 use crate::error::Result;
 use crate::kernels::mxfp4::{self, Mxfp4Matrix, Mxfp4Product, Q8Acts};
-use crate::kernels::vector::{axpy, dot};
+use crate::kernels::vector::{self, axpy, dot};
 use crate::kv_pool::{CacheDtype, KvPool, KvShard};
 use crate::team::{self, SharedMut};
 use crate::tp::Communicator;
@@ -345,10 +345,13 @@ fn softplus(x: f32) -> f32 {
 }
 
 /// `beta * tanh(g / beta) * sigmoid(g) * linear(u)`, `linear(u) = lb *
-/// tanh(u / lb)` when `lb > 0`, else `u`.
+/// tanh(u / lb)` when `lb > 0`, else `u`. With the vectorizing `tanh`
+/// and `sigmoid` (within 3 ulp of libm's): libm's are a call per value,
+/// and two `tanh` and an `exp` a value made SiTU ~16% of a prompt chunk.
+#[inline(always)]
 fn situ(g: f32, u: f32, beta: f32, lb: f32) -> f32 {
-    let a = beta * (g / beta).tanh() * sigmoid(g);
-    let u = if lb > 0.0 { lb * (u / lb).tanh() } else { u };
+    let a = beta * vector::tanh(g / beta) * vector::sigmoid(g);
+    let u = if lb > 0.0 { lb * vector::tanh(u / lb) } else { u };
     a * u
 }
 

@@ -236,11 +236,14 @@ fn tensor_parallel_2_and_4_equal_world_1() {
     }
     // The bf16 directory's own bf16 latent cache: a summation-order
     // difference can now flip a bf16 rounding of a cached value, which this
-    // chaotic model amplifies (measured 1.4e-3 at world 4; greedy tokens
-    // the same); the well-conditioned files stay at 4e-6
+    // chaotic model amplifies: which value flips, and so the diff, is luck
+    // (1.4e-3 at world 4 with libm's tanh; 4.2e-2 at world 2 and 7.8e-5 at
+    // world 4 with the vectorized one, whose f32-cache runs above sit at
+    // 1.1e-5); greedy tokens stay the same. A sharding bug moves logits by
+    // whole units. The well-conditioned files stay at 4e-6
     // (`formats_tensor_parallel_equals_world_1`).
     let d = tensor_parallel_diff(&fixture("tiny-hf"), &prompt, &chunks, &[2, 4], None);
-    assert!(d < 1e-2, "tiny-hf, bf16 latent cache: max diff {d}");
+    assert!(d < 1e-1, "tiny-hf, bf16 latent cache: max diff {d}");
 }
 
 #[test]
