@@ -116,6 +116,10 @@ pub struct ServeArgs {
     /// (overrides [kv] state_checkpoint_mib).
     #[arg(long, value_name = "MIB")]
     pub state_checkpoint_mib: Option<usize>,
+    /// Memory for one step's per-row recurrent states of a hybrid target's
+    /// verification rows, in MiB (overrides [kv] row_state_mib).
+    #[arg(long, value_name = "MIB")]
+    pub row_state_mib: Option<usize>,
 
     /// Sequences decoding at once (overrides [scheduler] max_num_seqs).
     #[arg(long, value_name = "N")]
@@ -175,6 +179,7 @@ impl ServeArgs {
             kv_latent_dtype,
             prefix_caching,
             state_checkpoint_mib,
+            row_state_mib,
             max_num_seqs,
             max_num_batched_tokens,
             speculative_method,
@@ -215,6 +220,7 @@ impl ServeArgs {
         set(&mut cfg.kv.latent_dtype, kv_latent_dtype);
         set(&mut cfg.kv.prefix_caching, prefix_caching);
         set(&mut cfg.kv.state_checkpoint_mib, state_checkpoint_mib);
+        set(&mut cfg.kv.row_state_mib, row_state_mib);
         set(&mut cfg.scheduler.max_num_seqs, max_num_seqs);
         set(
             &mut cfg.scheduler.max_num_batched_tokens,

@@ -233,6 +233,10 @@ pub struct KvConfig {
     /// Memory for a hybrid target's recurrent-state checkpoints, in MiB
     /// (their own budget, beside `memory_mib`); whole checkpoints only.
     pub state_checkpoint_mib: usize,
+    /// Memory for the per-row recurrent states of one step's verification
+    /// rows (a hybrid target keeps one after each drafted row, to roll a
+    /// rejection back), in MiB; drafts shrink to fit.
+    pub row_state_mib: usize,
 }
 
 /// `kv.latent_dtype` (and `--kv-latent-dtype`): the storage of a latent
@@ -274,6 +278,7 @@ impl Default for KvConfig {
             latent_dtype: LatentDtype::Auto,
             prefix_caching: true,
             state_checkpoint_mib: crate::engine::DEFAULT_CHECKPOINT_BYTES >> 20,
+            row_state_mib: crate::engine::DEFAULT_ROW_STATE_BYTES >> 20,
         }
     }
 }
@@ -835,6 +840,7 @@ impl Config {
     /// | `kv.num_blocks` | 0 (derive from memory) or 1..=4194304 | block ids are u32; 2^22 blocks hold 2^22 * block_size tokens |
     /// | `kv.memory_mib` | 1..=1048576 (0 when `num_blocks` is set) | 1 TiB |
     /// | `kv.state_checkpoint_mib` | 0..=1048576 | 1 TiB; 0 keeps no checkpoint (a hybrid target then never hits) |
+    /// | `kv.row_state_mib` | 0..=1048576 | 1 TiB; 0: a hybrid target verifies no draft (plain decoding) |
     /// | `scheduler.max_num_seqs` | 1..=4096 | |
     /// | `scheduler.max_num_batched_tokens` | max_num_seqs..=1048576 | every running sequence can decode a row each step (as vLLM requires) |
     /// | `scheduler.max_echo_prompt_tokens` | 1..=16777216 | |
@@ -946,6 +952,7 @@ impl Config {
             kv.state_checkpoint_mib,
             0..=1 << 20,
         )?;
+        in_range("kv.row_state_mib", kv.row_state_mib, 0..=1 << 20)?;
 
         let sch = &self.scheduler;
         in_range("scheduler.max_num_seqs", sch.max_num_seqs, 1..=4_096)?;

@@ -319,6 +319,7 @@ fn load(
             enabled: cfg.kv.prefix_caching,
             checkpoint_bytes: cfg.kv.state_checkpoint_mib << 20,
         },
+        row_state_bytes: cfg.kv.row_state_mib << 20,
     };
     let (engine, _join) = spawn(target, proposer, Some(tokenizer.clone()), engine_cfg)?;
     let stats = engine.stats();

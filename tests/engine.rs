@@ -70,6 +70,7 @@ fn engine_with(
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }
@@ -377,6 +378,7 @@ fn a_draft_with_a_shorter_context_does_not_fail_the_batch() {
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     let h = spawn(target(), ProposerKind::Draft(short_draft), None, cfg)
         .unwrap()
@@ -482,6 +484,7 @@ fn real_target_concurrent_requests_match_alone() {
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     let solo = spawn(
         load_gguf(&tp).unwrap(),
@@ -534,6 +537,7 @@ fn memory_budget_sets_the_block_count_for_draft_and_target() {
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     let bytes = 10 * 16 * (per_token + d_per_token) + 5;
     let (h, _) = spawn(

@@ -89,6 +89,7 @@ fn engine(
         suffix,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }

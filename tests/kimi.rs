@@ -115,6 +115,7 @@ fn kimi_under_continuous_batching_emits_what_each_request_emits_alone() {
             suffix: None,
             tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
             prefix: Default::default(),
+            row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
         };
         spawn(target, proposer, None, cfg).unwrap().0
     };

@@ -333,6 +333,7 @@ fn engine(
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     spawn(target, proposer, None, cfg).unwrap().0
 }
@@ -371,6 +372,64 @@ fn concurrent_requests_with_preemption_equal_each_alone_at_tp_1_2_and_4() {
     assert!(preempted > 0, "the pool was meant to force preemptions");
     // The n-gram and draft proposals branch: K3 verifies token trees.
     assert!(trees > 0, "no tree was verified");
+}
+
+/// Per-row recurrent states are bounded (issue 49, item 3): with room for
+/// two rows' states a step, sequences speculating together (n-gram and
+/// draft model, chains and trees) shrink their drafts to fit; no step
+/// needed more, an unbounded run needed more, and the tokens are the same.
+#[test]
+fn per_row_states_stay_within_the_row_state_budget_and_change_no_token() {
+    let probe = engine(target(1), ProposerKind::None, 64, 1, 64);
+    let state_bytes = wait_idle(&probe).checkpoint_slot_bytes;
+    assert!(state_bytes > 0, "the tiny K3 has a recurrent state");
+    for draft in [false, true] {
+        let run = |row_state_bytes: usize| {
+            let proposer = if draft {
+                ProposerKind::Draft(tiny_draft())
+            } else {
+                ProposerKind::Ngram { min_n: 1, max_n: 3 }
+            };
+            let cfg = EngineConfig {
+                kv: KvSize::Blocks(64),
+                block_size: BS,
+                scheduler: SchedulerConfig {
+                    max_num_seqs: 6,
+                    max_num_batched_tokens: 64,
+                },
+                policy: DraftPolicy::Fixed { k: 3 },
+                suffix: None,
+                tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
+                prefix: Default::default(),
+                row_state_bytes,
+            };
+            let h = spawn(target(1), proposer, None, cfg).unwrap().0;
+            let rxs: Vec<_> = (0..6).map(|i| h.submit(long(i)).unwrap()).collect();
+            let tokens: Vec<Vec<u32>> = rxs.into_iter().map(collect_tokens).collect();
+            (tokens, wait_idle(&h))
+        };
+        let (free, f) = run(specgate::engine::DEFAULT_ROW_STATE_BYTES);
+        let (bounded, b) = run(2 * state_bytes);
+        eprintln!(
+            "draft {draft}: peak rows unbounded {} bounded {}",
+            f.row_state_peak_bytes / state_bytes,
+            b.row_state_peak_bytes / state_bytes
+        );
+        assert_eq!(bounded, free, "draft model {draft}");
+        assert_eq!(b.row_state_rows, 2);
+        assert!(
+            f.row_state_peak_bytes > 2 * state_bytes,
+            "unbounded, a step needed only {} bytes: the bound was never tested",
+            f.row_state_peak_bytes
+        );
+        assert!(b.row_state_peak_bytes > 0, "nothing was verified");
+        assert!(
+            b.row_state_peak_bytes <= 2 * state_bytes,
+            "a step kept {} bytes of row states, over the budget of {}",
+            b.row_state_peak_bytes,
+            2 * state_bytes
+        );
+    }
 }
 
 /// Clients hanging up at random points (before the first token, mid-way,
@@ -548,6 +607,7 @@ fn bf16_latent_cache_doubles_the_blocks_in_the_same_memory() {
             suffix: None,
             tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
             prefix: Default::default(),
+            row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
         };
         let h = spawn(m, ProposerKind::None, None, cfg).unwrap().0;
         wait_idle(&h).num_blocks

@@ -71,6 +71,7 @@ fn engine_sized(blocks: usize, max_num_seqs: usize, tokens: usize) -> EngineHand
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     spawn(target(), ProposerKind::Draft(draft), None, cfg)
         .unwrap()

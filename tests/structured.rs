@@ -69,6 +69,7 @@ fn run(
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     let (h, _) = spawn(load_gguf(&path).unwrap(), proposer, Some(tok.clone()), cfg).unwrap();
     let schemas = schemas();

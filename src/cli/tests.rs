@@ -123,6 +123,9 @@ const ROWS: &[Row] = &[
         "kv.state_checkpoint_mib",
         |c| c.kv.state_checkpoint_mib.to_string(),
     ),
+    ("--row-state-mib", "32", "kv.row_state_mib", |c| {
+        c.kv.row_state_mib.to_string()
+    }),
     ("--max-num-seqs", "64", "scheduler.max_num_seqs", |c| {
         c.scheduler.max_num_seqs.to_string()
     }),

@@ -61,6 +61,11 @@ pub(crate) struct Calibration<'a> {
     /// Rows one forward may carry, and sequences one step may draft for.
     pub max_rows: usize,
     pub max_seqs: usize,
+    /// Rows whose recurrent states one forward may keep (`[kv]
+    /// row_state_mib`; `None`: unbounded). Longer forwards are timed
+    /// scoring every row without keeping states, so measuring never holds
+    /// more than serving may.
+    pub state_rows: Option<usize>,
 }
 
 /// Times the target (and the draft) on this machine and returns the cost
@@ -94,8 +99,15 @@ pub(crate) fn measure(c: Calibration) -> Result<Option<CostModel>, EngineError> 
         context,
         rows_fit,
         c.max_seqs,
+        c.state_rows,
     );
     c.bm.free(CALIBRATION_SEQ);
+    // The timed verifications are never committed: their per-row states
+    // would stay recorded against the slot until a sequence used it.
+    c.pool.release_state(c.state_slot);
+    // What serving needs is what the peak reports (the timed forwards
+    // kept at most `state_rows` too).
+    c.pool.reset_row_state_peak();
     let model = result?;
     log(&model, started.elapsed());
     Ok(Some(model))
@@ -111,6 +123,7 @@ fn run(
     context: usize,
     rows_fit: usize,
     max_seqs: usize,
+    state_rows: Option<usize>,
 ) -> Result<CostModel, EngineError> {
     let failed = |e: String| EngineError::Invalid(format!("measuring the cost model: {e}"));
     let vocab = target.config().vocab_size.max(1) as u32;
@@ -131,7 +144,15 @@ fn run(
             .map_err(|e| failed(e.to_string()))?;
         Ok(t.elapsed().as_secs_f64())
     };
-    let time_target = |pool: &mut KvPool, rows| time_forward(pool, rows, LogitsWanted::All);
+    let time_target = |pool: &mut KvPool, rows| {
+        let keeps_states = state_rows.is_none_or(|n| rows <= n + 1);
+        let logits = if keeps_states {
+            LogitsWanted::All
+        } else {
+            LogitsWanted::Scored
+        };
+        time_forward(pool, rows, logits)
+    };
     let deadline = Instant::now() + TIME_LIMIT;
     // Warm-up: the first forward pays for page faults and thread start.
     time_target(pool, 1)?;

@@ -197,7 +197,16 @@ pub struct EngineConfig {
     /// Automatic prefix caching, and its state checkpoints for a hybrid
     /// target.
     pub prefix: PrefixCaching,
+    /// Bytes of per-row recurrent states one step may keep (a hybrid
+    /// target's verification rows; `[kv] row_state_mib`): each step's
+    /// drafts and branches shrink to fit ([`crate::kv::row_states`]).
+    pub row_state_bytes: usize,
 }
+
+/// [`EngineConfig::row_state_bytes`]'s default: 1 GiB (hundreds of rows of
+/// a small hybrid model; two of a full Kimi K3 at TP 1, which then drafts
+/// two tokens a step in all).
+pub const DEFAULT_ROW_STATE_BYTES: usize = 1 << 30;
 
 /// Automatic prefix caching (`[kv] prefix_caching`,
 /// `[kv] state_checkpoint_mib`).
@@ -259,6 +268,12 @@ pub struct EngineStats {
     /// sequences (0 and 0 for models without recurrent layers).
     pub state_slots: usize,
     pub state_slots_used: usize,
+    /// Rows whose recurrent states one step may keep (`[kv]
+    /// row_state_mib` over a state's bytes; 0 without recurrent layers,
+    /// where nothing is bounded), and the most bytes of such states any
+    /// step needed so far.
+    pub row_state_rows: usize,
+    pub row_state_peak_bytes: usize,
     /// Fraction of the cache in use, blocks and state slots weighted by
     /// their bytes.
     pub cache_usage: f64,

@@ -23,6 +23,7 @@ use super::{
     ProposerKind, SpecMethod, Usage, MAX_SPECULATIVE_TOKENS,
 };
 use crate::config::MAX_NGRAM;
+use crate::kv::row_states::{fit_rows, row_budget};
 use crate::kv::{BlockManager, Checkpoints, SeqId, StateSlots};
 use crate::metrics as names;
 use crate::spec::{
@@ -93,6 +94,9 @@ pub(crate) struct Engine {
     /// Branch nodes a sequence may add beside its chain per step (0 when
     /// the config says so or the target cannot verify trees).
     tree_branches: usize,
+    /// Rows whose recurrent states one step may keep (`None`: the target
+    /// has no recurrent state); drafts and branches shrink to fit.
+    row_state_rows: Option<usize>,
     context_lookup: Option<NgramProposer>,
     /// This step's lookup guesses, found while planning (so the policy
     /// knows they cost no model step), by sequence.
@@ -314,6 +318,7 @@ impl Engine {
             state_slot: 0,
             max_rows,
             max_seqs: cfg.scheduler.max_num_seqs,
+            state_rows: row_budget(cfg.row_state_bytes, slot_bytes),
         })?
         .ok_or_else(|| invalid("the KV pool cannot hold one row to measure the model".into()))?;
         let stats = EngineStats {
@@ -324,6 +329,7 @@ impl Engine {
             state_slots,
             checkpoint_slots,
             checkpoint_slot_bytes: if checkpoint_slots > 0 { slot_bytes } else { 0 },
+            row_state_rows: row_budget(cfg.row_state_bytes, slot_bytes).unwrap_or(0),
             ..Default::default()
         };
         let tree_branches = if target.supports_trees() {
@@ -362,6 +368,7 @@ impl Engine {
             suffix: cfg.suffix.as_ref().map(|o| SuffixPool::new(o.pool.clone())),
             suffix_global: cfg.suffix.as_ref().is_some_and(|o| o.global),
             tree_branches,
+            row_state_rows: row_budget(cfg.row_state_bytes, slot_bytes),
             context_lookup,
             lookups: HashMap::new(),
         })
@@ -390,6 +397,7 @@ impl Engine {
             state_slot: slot,
             max_rows: self.sched.config().max_num_batched_tokens,
             max_seqs: self.sched.config().max_num_seqs,
+            state_rows: self.row_state_rows,
         });
         if let Some(s) = self.slots.release(CALIBRATION) {
             self.pool.release_state(s);
@@ -489,6 +497,7 @@ impl Engine {
             self.stats.checkpoints = c.stats();
         }
         self.stats.state_slots_used = self.slots.used();
+        self.stats.row_state_peak_bytes = self.pool.row_state_peak_bytes();
         let used = (self.bm.num_blocks() - self.bm.num_free()) * self.block_bytes
             + self.slots.used() * self.slot_bytes;
         self.stats.cache_usage = used as f64 / self.stats.kv_bytes.max(1) as f64;
@@ -1014,6 +1023,7 @@ impl Engine {
         let goodput = matches!(policy, DraftPolicy::Goodput { .. });
         let chosen = std::cell::Cell::new((false, 0.0, false, 0.0));
         let tree_branches = self.tree_branches;
+        let row_state_rows = self.row_state_rows;
         // Per sequence: its chain drafts and branch nodes as planned (the
         // scheduler sees their sum, the rows and slots it reserves).
         let shapes = std::cell::RefCell::new(HashMap::new());
@@ -1083,7 +1093,7 @@ impl Engine {
                 })
                 .collect();
             let decode_rows: usize = plan.ks.iter().map(|k| k + 1).sum();
-            let widths = if goodput {
+            let mut widths = if goodput {
                 let w = plan_widths(
                     &branch_seqs,
                     cost,
@@ -1105,6 +1115,9 @@ impl Engine {
                     .map(|b| if b.k > 0 { b.max } else { 0 })
                     .collect()
             };
+            if let Some(rows) = row_state_rows {
+                fit_rows(&mut plan.ks, &mut widths, rows);
+            }
             let mut planned = shapes.borrow_mut();
             for ((s, &k), &w) in ready.iter().zip(&plan.ks).zip(&widths) {
                 planned.insert(s.spec.id, (k, w));

@@ -39,6 +39,7 @@
 //! slot each running sequence holds is [`slots::StateSlots`].
 
 pub mod checkpoints;
+pub mod row_states;
 pub mod slots;
 
 pub use checkpoints::{CheckpointStats, Checkpoints};

@@ -166,7 +166,10 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-            Y(_mm256_fmadd_ps(a.0, b.0, c.0), _mm256_fmadd_ps(a.1, b.1, c.1))
+            Y(
+                _mm256_fmadd_ps(a.0, b.0, c.0),
+                _mm256_fmadd_ps(a.1, b.1, c.1),
+            )
         }
         #[inline(always)]
         unsafe fn store(self, p: *mut f32) {
@@ -290,7 +293,13 @@ unsafe fn wsum_tile<L: Lanes, const QT: usize, const JT: usize>(
     w: usize,
 ) {
     let part = w < LANES;
-    let load = |ptr: *const f32| if part { L::load_part(ptr, w) } else { L::load(ptr) };
+    let load = |ptr: *const f32| {
+        if part {
+            L::load_part(ptr, w)
+        } else {
+            L::load(ptr)
+        }
+    };
     let mut acc: [[L; JT]; QT] =
         std::array::from_fn(|i| std::array::from_fn(|j| load(out[i].add(c + j * LANES))));
     for (t, v) in vs.iter().enumerate() {
@@ -502,7 +511,11 @@ mod tests {
                 for i in 0..nq {
                     for t in 0..nt {
                         let want = reference_dot(&q[i], &k[t], d) * 0.125;
-                        assert_eq!(out[i * stride + t].to_bits(), want.to_bits(), "{isa:?} {nq}x{nt}x{d} ({i},{t})");
+                        assert_eq!(
+                            out[i * stride + t].to_bits(),
+                            want.to_bits(),
+                            "{isa:?} {nq}x{nt}x{d} ({i},{t})"
+                        );
                     }
                 }
             }
@@ -526,7 +539,10 @@ mod tests {
                 let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|r| &mut r[..]).collect();
                 weighted_sums(isa, &refs(&p), &refs(&v), d, &mut outs);
                 for i in 0..nq {
-                    let same = got[i].iter().zip(&want[i]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    let same = got[i]
+                        .iter()
+                        .zip(&want[i])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{isa:?} {nq}x{nt}x{d} row {i}");
                 }
             }

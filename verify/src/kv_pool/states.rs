@@ -27,6 +27,9 @@ const SPARE_BUFFERS: usize = 4;
 pub(crate) struct RowStates {
     pending: HashMap<u32, Recorded>,
     spare: Vec<Vec<f32>>,
+    /// The most floats of states ever recorded pending at once (what a
+    /// step's verifications needed; the spares excluded).
+    peak_pending: usize,
 }
 
 /// A slot's states after the rows of its pending verification of `rows`
@@ -243,6 +246,28 @@ impl KvPool {
             * std::mem::size_of::<f32>()
     }
 
+    /// The most bytes of per-row states that verifications recorded at
+    /// once (the states they needed, not the buffers' spare capacity),
+    /// over the shards, since the pool was built or the last
+    /// [`KvPool::reset_row_state_peak`]: what `[kv] row_state_mib` bounds.
+    pub fn row_state_peak_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.row_states.peak_pending)
+            .sum::<usize>()
+            * std::mem::size_of::<f32>()
+    }
+
+    /// Starts [`KvPool::row_state_peak_bytes`] over from what is recorded
+    /// now.
+    pub fn reset_row_state_peak(&mut self) {
+        for s in &mut self.shards {
+            let rs = &mut s.row_states;
+            let needed: usize = rs.pending.values().map(|r| r.rows.saturating_sub(1)).sum();
+            rs.peak_pending = needed * s.state_floats;
+        }
+    }
+
     /// Checks that `slot` names one of this pool's state slots.
     pub(crate) fn check_state_slot(&self, slot: u32) -> Result<()> {
         if (slot as usize) < self.state_slots() {
@@ -287,7 +312,10 @@ impl KvShard {
     /// `rows` rows (see [`KvPool::keep_rows`]).
     pub(crate) fn set_row_states(&mut self, slot: u32, rows: usize, buf: Vec<f32>) {
         debug_assert!(buf.len() >= rows.saturating_sub(1) * self.state_floats);
-        self.row_states.pending.insert(slot, Recorded { rows, buf });
+        let rs = &mut self.row_states;
+        rs.pending.insert(slot, Recorded { rows, buf });
+        let needed: usize = rs.pending.values().map(|r| r.rows.saturating_sub(1)).sum();
+        rs.peak_pending = rs.peak_pending.max(needed * self.state_floats);
     }
 
     /// The recurrent state in `slot` (its layout is the model family's).

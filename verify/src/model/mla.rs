@@ -98,8 +98,9 @@ fn tile_rows<'a>(
     width: usize,
     buf: &'a mut Vec<f32>,
 ) -> Vec<&'a [f32]> {
-    let rows: Vec<LatentRow<'a>> =
-        (t0..t1).map(|t| pool.latent_row(layer, block.table, block.slot(t))).collect();
+    let rows: Vec<LatentRow<'a>> = (t0..t1)
+        .map(|t| pool.latent_row(layer, block.table, block.slot(t)))
+        .collect();
     if rows.iter().all(|r| matches!(r, LatentRow::F32(_))) {
         return rows
             .into_iter()
@@ -287,7 +288,18 @@ pub(crate) fn attend_rows(
                 // blocks' rows, inside `out` (asserted above); every
                 // (row, head) belongs to one block and one group.
                 unsafe {
-                    attend_block(d, isa, kv_b, pool, layer, block, q, heads.clone(), &dst, scratch)
+                    attend_block(
+                        d,
+                        isa,
+                        kv_b,
+                        pool,
+                        layer,
+                        block,
+                        q,
+                        heads.clone(),
+                        &dst,
+                        scratch,
+                    )
                 };
             }
         })

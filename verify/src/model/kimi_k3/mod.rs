@@ -351,7 +351,11 @@ fn softplus(x: f32) -> f32 {
 #[inline(always)]
 fn situ(g: f32, u: f32, beta: f32, lb: f32) -> f32 {
     let a = beta * vector::tanh(g / beta) * vector::sigmoid(g);
-    let u = if lb > 0.0 { lb * vector::tanh(u / lb) } else { u };
+    let u = if lb > 0.0 {
+        lb * vector::tanh(u / lb)
+    } else {
+        u
+    };
     a * u
 }
 
