@@ -135,6 +135,7 @@ fn main() {
             suffix: None,
             tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
             prefix: Default::default(),
+            row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
         };
         let (h, _join) = spawn(target, proposer, None, cfg).unwrap();
         for &c in &concs {

@@ -77,6 +77,7 @@ fn run(
         suffix: None,
         tree_branches: specgate::engine::DEFAULT_TREE_BRANCHES,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     let target = load_gguf(&dir.join(TARGET)).unwrap();
     let (h, _) = spawn(target, proposer, Some(tok.clone()), cfg).unwrap();

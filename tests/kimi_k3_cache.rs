@@ -79,6 +79,7 @@ fn engine(s: Setup, caching: bool) -> EngineHandle {
             enabled: caching,
             checkpoint_bytes: s.checkpoint_bytes,
         },
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     };
     spawn(target(s.world), proposer, None, cfg).unwrap().0
 }
