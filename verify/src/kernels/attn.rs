@@ -311,12 +311,12 @@ unsafe fn wsum_tile<L: Lanes, const QT: usize, const JT: usize>(
             }
         }
     }
-    for i in 0..QT {
-        for j in 0..JT {
+    for (row, &o) in acc.iter().zip(&out) {
+        for (j, a) in row.iter().enumerate() {
             if part {
-                acc[i][j].store_part(out[i].add(c + j * LANES), w);
+                a.store_part(o.add(c + j * LANES), w);
             } else {
-                acc[i][j].store(out[i].add(c + j * LANES));
+                a.store(o.add(c + j * LANES));
             }
         }
     }
