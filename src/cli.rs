@@ -20,8 +20,10 @@ use std::path::{Path, PathBuf};
 /// `[speculative]` and logs each value it changes.
 #[derive(Debug, Clone, Default, PartialEq, clap::Parser)]
 pub struct ServeArgs {
-    /// TOML config file (default: built-in defaults, i.e. configs/default.toml's values).
-    /// Its [speculative] section is re-read on SIGHUP and when the file changes.
+    /// TOML config file (default: built-in defaults, i.e. configs/default.toml's values,
+    /// except that without --draft and --speculative-method the method is auto: the
+    /// built-in draft where it fits --model, else n-gram lookup). Its [speculative]
+    /// section is re-read on SIGHUP and when the file changes.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -130,7 +132,7 @@ pub struct ServeArgs {
     pub max_num_batched_tokens: Option<usize>,
 
     /// The proposer; requests may ask for another (overrides [speculative]
-    /// method).
+    /// method; without --config and --draft the default is auto).
     #[arg(long, value_enum, value_name = "METHOD")]
     pub speculative_method: Option<SpeculativeMethod>,
     /// How the draft length k is chosen each step (overrides [speculative]
@@ -239,6 +241,12 @@ impl ServeArgs {
     /// flags, for live reloads (a reload compares the file with what the
     /// file said, not with the flags).
     ///
+    /// Without `--config`, `--draft` and `--speculative-method`, the method
+    /// is [`SpeculativeMethod::Auto`]: the built-in draft is nobody's
+    /// choice, so a `--model` it does not fit speculates by n-gram lookup
+    /// instead of failing to start. A draft that was asked for (a flag or
+    /// the file) keeps the method `draft`, which must fit.
+    ///
     /// Errors: the file cannot be read or parsed, or a value (from the file
     /// or a flag) is out of its bounds ([`ConfigError`] names the key).
     pub fn resolve(&self) -> Result<(Config, Option<ConfigFile>), ConfigError> {
@@ -252,6 +260,9 @@ impl ServeArgs {
         let mut cfg = file
             .as_ref()
             .map_or_else(Config::default, |f| f.as_loaded.clone());
+        if self.config.is_none() && self.draft.is_none() && self.speculative_method.is_none() {
+            cfg.speculative.method = SpeculativeMethod::Auto;
+        }
         self.apply(&mut cfg);
         cfg.validate()?;
         Ok((cfg, file))

@@ -343,6 +343,13 @@ pub enum SpeculativeMethod {
     Ngram,
     /// No speculation: one token per step.
     Off,
+    /// The draft model (`[draft] path`) where it fits the target (the same
+    /// tokenizer: vocabulary and special tokens, see
+    /// `server::speculation`), else prompt lookup as `ngram`; the start-up
+    /// log says which and why. What `specgate serve` uses when neither
+    /// `--config`, `--draft` nor `--speculative-method` is given, so that
+    /// `--model` alone serves any model.
+    Auto,
 }
 
 /// `speculative.policy` (and `--speculative-policy`): how the draft length k

@@ -3,19 +3,16 @@
 //! and exit; SIGHUP (and a change of the config file) re-reads the
 //! `[speculative]` section and applies it to the next engine step.
 
-use crate::config::{Config, LatentDtype, SpeculativeMethod, SuffixScope};
+use crate::config::{Config, LatentDtype, SuffixScope};
 use crate::engine::scheduler::SchedulerConfig;
-use crate::engine::{
-    spawn, EngineConfig, EngineHandle, KvSize, PrefixCaching, ProposerKind, SuffixOptions,
-};
+use crate::engine::{spawn, EngineConfig, EngineHandle, KvSize, PrefixCaching, SuffixOptions};
 use crate::grammar::Grammars;
 use crate::http::cors::CorsPolicy;
 use crate::http::{serve, AppState, Backend, ConnLimits, HttpSettings};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{Context, Result};
 use specgate_verify::model::{
-    load_model, load_model_shard, load_model_tp, read_token_list, token_list_vocabulary,
-    vocab_fingerprint,
+    load_model_shard, load_model_tp, read_token_list, token_list_vocabulary, vocab_fingerprint,
 };
 use specgate_verify::{CacheDtype, Model};
 use std::net::SocketAddr;
@@ -24,6 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+
+mod speculation;
 
 /// A started server.
 pub struct Running {
@@ -274,29 +273,15 @@ fn load(
     };
     let sp = &cfg.speculative;
     // The one place the config's method becomes the engine's proposer.
-    let proposer = match sp.method {
-        SpeculativeMethod::Draft => {
-            let path = cfg
-                .draft
-                .path
-                .as_ref()
-                .context("speculative.method = \"draft\" needs draft.path")?;
-            tracing::info!(draft = %path.display(), "loading the draft model");
-            let mut d = load_model(path)
-                .with_context(|| format!("loading draft model {}", path.display()))?;
-            if let Some((list, ids)) = draft_head(cfg.draft.head_tokens.as_deref(), path)? {
-                tracing::info!(list = %list.display(), tokens = ids.len(), "draft head reduced");
-                d.restrict_head(&ids)?;
-            }
-            d.warm_up()?;
-            ProposerKind::Draft(d)
-        }
-        SpeculativeMethod::Ngram => ProposerKind::Ngram {
-            min_n: sp.ngram_min,
-            max_n: sp.ngram_max,
-        },
-        SpeculativeMethod::Off => ProposerKind::None,
-    };
+    let choice = speculation::choose(cfg, &target, &tokenizer)?;
+    tracing::info!(
+        model = %cfg.model.path.display(),
+        method = %choice.method,
+        reason = %choice.reason,
+        "speculative method in force: {}",
+        choice.method
+    );
+    let proposer = choice.proposer;
     let kv = if cfg.kv.num_blocks > 0 {
         KvSize::Blocks(cfg.kv.num_blocks)
     } else {

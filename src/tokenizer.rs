@@ -608,6 +608,50 @@ impl TextTokenizer {
         Some(bytes)
     }
 
+    /// How `other` gives token ids another meaning than `self` does, or
+    /// `None` when the two agree on every id: the same number of ids, each
+    /// id the same bytes, and the same kind (ordinary, added, or special:
+    /// the control tokens chat markup is made of). Models that pass token
+    /// ids to each other as they are (a draft and its target) must agree.
+    /// The answer names the first id that differs, `self`'s side first.
+    pub fn difference(&self, other: &TextTokenizer) -> Option<String> {
+        if self.vocab_size != other.vocab_size {
+            return Some(format!(
+                "a vocabulary of {} tokens against {}",
+                self.vocab_size, other.vocab_size
+            ));
+        }
+        let ours = self.inner.get_added_vocabulary().get_added_tokens_decoder();
+        let theirs = other
+            .inner
+            .get_added_vocabulary()
+            .get_added_tokens_decoder();
+        let kind = |t: Option<&AddedToken>| match t {
+            None => "ordinary",
+            Some(t) if t.special => "special",
+            Some(_) => "added",
+        };
+        let shown = |b: Option<Vec<u8>>| b.map(|b| String::from_utf8_lossy(&b).into_owned());
+        for id in 0..self.vocab_size as u32 {
+            let (a, b) = (self.token_bytes(id), other.token_bytes(id));
+            if a != b {
+                return Some(format!(
+                    "token {id} is {:?} against {:?}",
+                    shown(a),
+                    shown(b)
+                ));
+            }
+            let (ka, kb) = (kind(ours.get(&id)), kind(theirs.get(&id)));
+            if ka != kb {
+                return Some(format!(
+                    "token {id} ({:?}) is {ka} against {kb}",
+                    shown(a).unwrap_or_default()
+                ));
+            }
+        }
+        None
+    }
+
     /// The id of a vocabulary string (byte-level form), or `None`.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

@@ -349,3 +349,33 @@ fn route_flags_override_the_router_section() {
         .to_string();
     assert!(e.contains("router.replicas"), "{e}");
 }
+
+/// `--model` alone (no file, no draft, no method) asks for no draft, so
+/// the method is auto; a draft or a method asked for, or a file, keeps
+/// what was asked (the built-in `draft`, which must then fit).
+#[test]
+fn without_config_draft_or_method_the_method_is_auto() {
+    let _env = lock();
+    let method = |args: &[&str]| serve(args).resolve().unwrap().0.speculative.method;
+    assert_eq!(method(&["--model", "m.gguf"]), SpeculativeMethod::Auto);
+    assert_eq!(method(&[]), SpeculativeMethod::Auto);
+    assert_eq!(
+        method(&["--model", "m.gguf", "--draft", "d.gguf"]),
+        SpeculativeMethod::Draft
+    );
+    for m in ["draft", "ngram", "off", "auto"] {
+        let got = method(&["--model", "m.gguf", "--speculative-method", m]);
+        assert_eq!(got.to_string(), m);
+    }
+    let dir = std::env::temp_dir().join(format!("specgate-cli-auto-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("serve.toml");
+    std::fs::write(&file, "[server]\nport = 7000\n").unwrap();
+    let got = method(&["--config", file.to_str().unwrap(), "--model", "m.gguf"]);
+    assert_eq!(
+        got,
+        SpeculativeMethod::Draft,
+        "the file's method (its default)"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

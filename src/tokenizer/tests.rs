@@ -407,3 +407,42 @@ fn tool_messages_serialize_only_what_they_carry() {
         serde_json::json!({"role": "tool", "content": "{\"temp\": 21}", "tool_call_id": "call_1"})
     );
 }
+
+/// A draft must read token ids as its target does: `difference` finds a
+/// vocabulary of another size, one id spelled otherwise, and one id of
+/// another kind (special against merely added), and nothing in a copy.
+#[test]
+fn difference_names_the_first_id_two_tokenizers_disagree_on() {
+    use super::testing::tiny_chatml_metadata;
+    let build = |edit: &dyn Fn(&mut GgufMetadata)| {
+        let mut md: GgufMetadata = tiny_chatml_metadata(300).into_iter().collect();
+        edit(&mut md);
+        TextTokenizer::from_gguf_metadata(&md).unwrap()
+    };
+    let base = build(&|_| {});
+    assert_eq!(base.difference(&build(&|_| {})), None);
+    assert_eq!(base.difference(&base), None);
+
+    let d = base.difference(&tiny()).expect("sizes differ");
+    assert!(d.contains("300 tokens against 269"), "{d}");
+
+    let respelled = build(&|md| {
+        if let Some(V::Array(tokens)) = md.get_mut(KEY_TOKENS) {
+            tokens[290] = V::String("[OTHER]".into());
+        }
+    });
+    let d = base.difference(&respelled).expect("token 290 differs");
+    assert!(d.contains("token 290") && d.contains("[OTHER]"), "{d}");
+
+    let tool_call = base.token_to_id("<tool_call>").unwrap();
+    let promoted = build(&|md| {
+        if let Some(V::Array(types)) = md.get_mut(KEY_TOKEN_TYPE) {
+            types[tool_call as usize] = V::I32(3);
+        }
+    });
+    let d = base.difference(&promoted).expect("kinds differ");
+    assert!(
+        d.contains(&format!("token {tool_call}")) && d.contains("added against special"),
+        "{d}"
+    );
+}
