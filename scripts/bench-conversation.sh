@@ -34,9 +34,9 @@
 #   PREFIX_CACHING ("": ours with the server's default; a list such as
 #                  "true false" runs ours once per value with
 #                  --prefix-caching VALUE)
-#   SPEC_METHOD (off: off, ngram or draft, --speculative-method; without
-#                --config the built-in defaults would attach a Qwen draft
-#                model that does not fit K3)
+#   SPEC_METHOD (off: off, ngram, draft or auto, --speculative-method;
+#                auto is what `serve --model` alone does: the built-in
+#                Qwen draft where it fits, else n-gram)
 #   OURS_CONFIG   a TOML file passed to ours as --config (flags still apply)
 #   OURS_ARGS     extra `specgate serve` arguments (word-split)
 #   LLAMA_ARGS    extra llama-server arguments (word-split)
