@@ -102,6 +102,12 @@ pub enum Event {
         text: String,
         /// One per id when the request asked for `logprobs`, else empty.
         logprobs: Vec<TokenLogprob>,
+        /// Where the request's shown control tokens
+        /// ([`GenRequest::shown_special_ids`]: a chat format's markers) are
+        /// in `text`: the byte offset their text starts at, and their id,
+        /// ascending. Text that spells a marker with other tokens has no
+        /// entry, which is how a parser tells markup from text.
+        markers: Vec<(usize, u32)>,
     },
     /// The prompt's log-probabilities (`prompt_logprobs`): one per prompt
     /// token after the first, before any `Tokens`.
