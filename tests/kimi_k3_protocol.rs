@@ -461,7 +461,7 @@ fn a_forced_call_spelling_markup_stays_one_call_with_its_arguments() {
     let v = ok(&post(
         s.addr,
         "/v1/chat/completions",
-        body(json!({"tools": tools, "max_tokens": 200,
+        body(json!({"tools": tools, "max_tokens": 1000,
                     "tool_choice": {"type": "function", "function": {"name": "f"}},
                     "chat_template_kwargs": {"thinking": false}})),
     ));
