@@ -20,7 +20,7 @@ mod common;
 use common::{real_model, scratch_dir, wait_idle};
 use specgate::engine::scheduler::SchedulerConfig;
 use specgate::engine::{
-    spawn, EngineConfig, EngineHandle, Event, FinishReason, GenRequest, KvSize, ProposerKind,
+    spawn, EngineConfig, EngineHandle, Event, Fault, FinishReason, GenRequest, KvSize, ProposerKind,
 };
 use specgate_draft::DraftPolicy;
 use specgate_verify::model::{load_gguf, load_model};
@@ -139,6 +139,36 @@ fn tiny_k3_request_at_the_context_end_finishes_with_length_beside_others() {
     run_to_the_end(&h, CONTEXT, request(text(100, 0), 60), others);
 }
 
+/// The check of each piece before the forward: request 1 planned as
+/// before the fix ([`Fault::PoolBoundedDrafts`]) reaches past the context
+/// near its end; that piece is refused and ends its request alone, while
+/// its neighbours in the same steps (a recurrent target, which could not
+/// run a failed batch again) finish whole.
+#[test]
+fn tiny_k3_piece_past_the_context_ends_alone() {
+    const CONTEXT: usize = 160;
+    let (h, _) = spawn(
+        tiny_k3_with_context(CONTEXT),
+        ProposerKind::Draft(load_model(&fixture("tiny-draft-hf")).unwrap()),
+        None,
+        engine_config(64),
+    )
+    .unwrap();
+    h.inject_fault(Fault::PoolBoundedDrafts(1)).unwrap();
+    let end = h.submit(request(text(100, 0), 60)).unwrap();
+    let others: Vec<_> = (1..4)
+        .map(|i| h.submit(request(text(24, i), 80)).unwrap())
+        .collect();
+    let e = outcome(end).expect_err("a piece past the context ran");
+    assert!(e.contains("internal error"), "{e}");
+    for (i, rx) in others.into_iter().enumerate() {
+        let (ids, reason) = outcome(rx).unwrap_or_else(|e| panic!("neighbour {i} errored: {e}"));
+        assert_eq!((ids.len(), reason), (80, FinishReason::Length), "{i}");
+    }
+    let s = wait_idle(&h);
+    assert_eq!(s.failed, 1);
+}
+
 /// The same on the real Qwen2.5-Coder 1.5B target with its 0.5B draft
 /// (trees), the context narrowed to 128 positions.
 #[test]
@@ -177,5 +207,13 @@ fn real_pair_request_at_the_context_end_finishes_with_length_beside_others() {
     .iter()
     .map(|t| request(prompt(t), 40))
     .collect();
-    run_to_the_end(&h, CONTEXT, request(end, max_new), others);
+    // Sampled hot, the draft is unsure at most positions and branches
+    // there, up to the last steps (greedy code it is sure of).
+    let mut end = request(end, max_new);
+    end.sampling = SamplingParams {
+        temperature: 1.5,
+        seed: Some(7),
+        ..SamplingParams::default()
+    };
+    run_to_the_end(&h, CONTEXT, end, others);
 }

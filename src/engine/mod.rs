@@ -320,6 +320,11 @@ pub enum Fault {
     /// Every restored state checkpoint is zeroed after its copy (a hybrid
     /// target resuming from a wrong state: what exactness tests must catch).
     CorruptCheckpoints,
+    /// Request n's drafts and branches are planned against the KV pool
+    /// alone, not the model's context (the planning bug of issue 49), so
+    /// near the end its rows reach past the context: the check of each
+    /// piece before the forward must end it alone.
+    PoolBoundedDrafts(u64),
 }
 
 /// The HTTP layer's way into the engine. Cheap to clone.

@@ -624,6 +624,10 @@ impl Engine {
             slots: self.bm.num_blocks() * self.bm.block_size(),
             target: self.target.config().max_position,
             draft: self.draft.as_ref().map_or(usize::MAX, |d| d.max_position()),
+            pool_only: match self.fault {
+                Some(Fault::PoolBoundedDrafts(id)) => Some(id),
+                _ => None,
+            },
         }
     }
 
@@ -1741,12 +1745,17 @@ struct Room {
     /// The draft model's context (`usize::MAX` without one): a sequence
     /// drafting with it writes its drafts into the draft's cache too.
     draft: usize,
+    /// A request planned against the pool alone ([`Fault::PoolBoundedDrafts`]).
+    pool_only: Option<SeqId>,
 }
 
 impl Room {
     /// Rows the step may add for `s` past its last token (chain drafts
     /// and branch nodes together).
     fn drafts(&self, s: &Sequence) -> usize {
+        if self.pool_only == Some(s.spec.id) {
+            return self.slots.saturating_sub(s.spec.tokens.len());
+        }
         let mut end = self.slots.min(self.target);
         if s.method == SpecMethod::Draft {
             end = end.min(self.draft);
