@@ -37,7 +37,8 @@ fn a_forced_call_spelling_its_closing_tag_is_one_call_with_its_argument() {
             s.addr,
             "/v1/chat/completions",
             json!({"model": MODEL, "messages": [{"role": "user", "content": "call f"}],
-                   "tools": tools, "max_tokens": 200, "temperature": 0, "stream": stream,
+                   "tools": tools, "max_tokens": 300, "temperature": 0, "stream": stream,
+                   "parallel_tool_calls": false,
                    "tool_choice": {"type": "function", "function": {"name": "f"}}}),
         );
         assert_eq!(r.status, 200, "{}", r.body);
