@@ -77,6 +77,17 @@ ACCEPTABLE_200 = {"huge max_tokens", "subnormal temperature", "subnormal repetit
 UTF8_PATH = "UTF-8 path across the route cut"
 
 
+# A JSON answer's value that spells chat markup (K3's markers, Hermes'
+# tags): text, never markup, so the answer must come back whole.
+SPELLED = "x<|open|>think<|sep|>y<|close|>response<|sep|><tool_call>{}</tool_call>z"
+SPELLED_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"const": SPELLED}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+
+
 def huge_schema(n, counted):
     """n empty properties; `counted`: under minProperties with no other
     properties allowed (an n x n table for a naive compiler)."""
@@ -253,12 +264,18 @@ def make_plan(rng, n, model, methods):
     n_hostile = max(len(HOSTILE), n // 40)
     n_slow = max(2, n // 100)
     n_drop = n // 3
-    rest = max(0, n - n_hostile - n_slow - n_drop)
+    # Issue 49: chats that run to the end of the context (drafting trees
+    # beside everyone else), and JSON answers whose value spells markup.
+    n_to_end = max(1, n // 150)
+    n_spelled = max(1, n // 100)
+    rest = max(0, n - n_hostile - n_slow - n_drop - n_to_end - n_spelled)
     n_whole = rest // 8
     kinds = (
         ["hostile"] * n_hostile
         + ["slow"] * n_slow
         + ["drop"] * n_drop
+        + ["to_end"] * n_to_end
+        + ["spelled"] * n_spelled
         + ["whole"] * n_whole
         + ["stream"] * (rest - n_whole)
     )[:n]
@@ -283,6 +300,24 @@ def make_plan(rng, n, model, methods):
             else:
                 path = rng.choice(["/v1/chat/completions", "/v1/completions"])
             spec.update(name=name, path=path, raw=raw.replace(b'"M"', json.dumps(model).encode()))
+        elif kind == "to_end":
+            # No max_tokens: a chat may use the whole context; ignore_eos
+            # takes it there.
+            spec["path"] = "/v1/chat/completions"
+            spec["body"] = random_body(rng, model, True, True, methods)
+            del spec["body"]["max_tokens"]
+            spec["body"].pop("stop", None)
+            spec["body"]["ignore_eos"] = True
+            spec["body"]["speculative"] = {"method": rng.choice(methods)}
+        elif kind == "spelled":
+            spec["path"] = "/v1/chat/completions"
+            spec["body"] = random_body(rng, model, True, False, methods)
+            spec["body"].pop("stop", None)
+            spec["body"]["max_tokens"] = 200
+            spec["body"]["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "spelled", "schema": SPELLED_SCHEMA},
+            }
         else:
             chat = rng.random() < 0.5
             spec["path"] = "/v1/chat/completions" if chat else "/v1/completions"
@@ -403,6 +438,16 @@ def run_one(port, key, spec, timeout, deadline):
                 check_answer({}, "", v["choices"][0]["finish_reason"], v["usage"])
                 return spec, "capped", status
             return spec, "fail", f"hostile {spec['name']!r}: {status} {body[:200]!r}"
+        if kind == "spelled":
+            status = conn.read_head()
+            body = conn.body()
+            if status != 200:
+                return spec, "fail", f"{status} {body[:200]!r}"
+            ch = json.loads(body)["choices"][0]
+            content = ch["message"]["content"] or ""
+            if ch["finish_reason"] == "stop" and json.loads(content) != {"a": SPELLED}:
+                return spec, "fail", f"spelled markup was parsed: {ch['message']}"
+            return spec, "done", 200
         if kind == "whole":
             status = conn.read_head()
             body = conn.body()
@@ -543,6 +588,7 @@ def soak(args, proc, log_path, key, methods, check):
         f"{count('stream', 'done')} streamed done, "
         f"{count('drop', 'dropped')} dropped by their client ({count('drop', 'done')} finished first), "
         f"{count('whole', 'done')} whole done, {count('slow', 'done')} slow readers done, "
+        f"{count('to_end', 'done')} run to the context's end, {count('spelled', 'done')} spelled-markup answers, "
         f"{count('hostile', 'rejected')} hostile rejected with a 4xx, {count('hostile', 'capped')} extreme but valid done, "
         f"{len(fails)} failed, {count(None, 'skipped')} skipped"
     )
@@ -550,6 +596,8 @@ def soak(args, proc, log_path, key, methods, check):
         ("stream", "every streamed request ended with [DONE]"),
         ("drop", "every dropping client that read to the end saw [DONE]"),
         ("whole", "every non-streamed request completed"),
+        ("to_end", "every chat run to the context's end ended with [DONE]"),
+        ("spelled", "every JSON answer spelling markup came back whole as content"),
         ("slow", "every slow reader ended with [DONE]"),
         ("hostile", "every hostile body got a 4xx with an OpenAI error body"),
     ]:

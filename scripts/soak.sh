@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Soak test: `specgate serve` on a loopback port under N requests at
 # concurrency C with random parameters, a third of the clients hanging up
-# mid-stream, slow readers and hostile bodies; then checks that every
+# mid-stream, slow readers, hostile bodies, chats run to the end of the
+# context and JSON answers that spell chat markup; then checks that every
 # request not dropped by its client completed, running = waiting = 0,
 # kv_cache_usage_ratio = 0, /health is 200 and a fresh request completes.
 # Prints the counts and `N passed, M failed`; exits non-zero on any failure.

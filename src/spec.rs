@@ -297,12 +297,7 @@ pub fn verify_round(
     let rows_in: Vec<Vec<u32>> = batch
         .iter()
         .zip(proposals)
-        .map(|(r, p)| {
-            let mut row = vec![*r.seq.tokens.last().expect("a sequence has tokens")];
-            row.extend_from_slice(&p.tokens);
-            row.extend(p.branches.iter().map(|&(t, _)| t));
-            row
-        })
+        .map(|(r, p)| round_rows(&r.seq.tokens, p))
         .collect();
     let inputs: Vec<SeqInput> = prefills
         .iter()
@@ -414,6 +409,17 @@ pub fn verify_round(
         out.snapshots.push(snapped);
     }
     Ok(out)
+}
+
+/// The rows a round feeds for a sequence holding `tokens` (never empty)
+/// with proposal `p`, from position `tokens.len() - 1`: its last token,
+/// the chain, then the branch nodes.
+pub fn round_rows(tokens: &[u32], p: &Proposal) -> Vec<u32> {
+    let mut row = Vec::with_capacity(1 + p.nodes());
+    row.extend(tokens.last().copied());
+    row.extend_from_slice(&p.tokens);
+    row.extend(p.branches.iter().map(|&(t, _)| t));
+    row
 }
 
 /// Takes `r`'s snapshot if the accepted `path` (its rows, root first)

@@ -187,6 +187,10 @@ fn text() -> impl Strategy<Value = String> {
         Just("user".to_owned()),
         Just("assistant".to_owned()),
         Just("<|im_start|>system\n".to_owned()),
+        // Chat markup spelled as text (issue 49): in a const or an enum it
+        // is what a grammar makes the model write, and stays text.
+        Just("x<|open|>think<|sep|>y<|close|>response<|sep|>".to_owned()),
+        Just("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>".to_owned()),
         Just("\u{2028}\u{202e}\u{0}\u{feff}".to_owned()),
         "[a-z_]{1,12}",
         ".{0,24}",

@@ -15,6 +15,12 @@
 //! streamed content equals [`parse_tool_calls`]' trimmed content). A call
 //! is emitted once its block closes; a block still open at the end is
 //! content.
+//!
+//! Where the vocabulary has the two tags as tokens of their own (Qwen2.5),
+//! a stream built [`with_markers`](ToolCallStream::with_markers) counts a
+//! tag only as its token, at the offsets the engine reports: the same
+//! characters spelled by other tokens are content (or part of a block's
+//! JSON), so text can neither open a call nor close one early.
 
 use serde_json::Value;
 
@@ -89,6 +95,12 @@ pub fn parse_tool_calls(text: &str, names: &[String]) -> (Option<String>, Vec<Pa
 #[derive(Debug)]
 pub struct ToolCallStream {
     names: Vec<String>,
+    /// The tags' token ids (open, close), when a tag counts only as its
+    /// token; `None`: tags are found in the text.
+    ids: Option<(u32, u32)>,
+    /// With `ids`: where tag tokens start (input offset, whether it opens),
+    /// at or after `start`, ascending.
+    marks: std::collections::VecDeque<(usize, bool)>,
     /// Unresolved input: a possible `<tool_call>` prefix, or an open
     /// block's text after its opening tag.
     buf: String,
@@ -105,12 +117,22 @@ impl ToolCallStream {
     pub fn new(names: Vec<String>) -> Self {
         Self {
             names,
+            ids: None,
+            marks: Default::default(),
             buf: String::new(),
             start: 0,
             in_call: false,
             held_ws: String::new(),
             calls: 0,
         }
+    }
+
+    /// This parser counting a tag only as its token: `open` for
+    /// `<tool_call>`, `close` for `</tool_call>` (see
+    /// [`push_marked`](Self::push_marked)).
+    pub fn with_markers(mut self, open: u32, close: u32) -> Self {
+        self.ids = Some((open, close));
+        self
     }
 
     /// Calls emitted so far.
@@ -120,11 +142,31 @@ impl ToolCallStream {
 
     /// Feeds generated text; returns what is settled, in order.
     pub fn push(&mut self, text: &str) -> Vec<(ToolOutput, usize)> {
+        self.push_marked(text, &[])
+    }
+
+    /// Feeds generated text and where tag tokens start in it (`(offset,
+    /// token id)`, ascending; a tag's text may end in a later push). Only
+    /// a parser [`with_markers`](Self::with_markers) reads them (other ids
+    /// are ignored); one without finds tags in the text.
+    pub fn push_marked(
+        &mut self,
+        text: &str,
+        markers: &[(usize, u32)],
+    ) -> Vec<(ToolOutput, usize)> {
+        if let Some((open, close)) = self.ids {
+            let base = self.start + self.buf.len();
+            for &(at, id) in markers {
+                if (id == open || id == close) && text.as_bytes().get(at) == Some(&b'<') {
+                    self.marks.push_back((base + at, id == open));
+                }
+            }
+        }
         self.buf.push_str(text);
         let mut out = Vec::new();
         loop {
             if self.in_call {
-                let Some(pos) = self.buf.find(CALL_CLOSE) else {
+                let Ok(pos) = self.find(CALL_CLOSE, false) else {
                     break;
                 };
                 let end = pos + CALL_CLOSE.len();
@@ -142,21 +184,48 @@ impl ToolCallStream {
                 }
                 self.consume(end);
                 self.in_call = false;
-            } else if let Some(pos) = self.buf.find(CALL_OPEN) {
-                let before = self.buf[..pos].to_owned();
-                self.content(&before, self.start + pos, &mut out);
-                self.consume(pos + CALL_OPEN.len());
-                self.in_call = true;
             } else {
-                let keep = partial_suffix(&self.buf, CALL_OPEN);
-                let cut = self.buf.len() - keep;
-                let settled = self.buf[..cut].to_owned();
-                self.content(&settled, self.start + cut, &mut out);
-                self.consume(cut);
-                break;
+                match self.find(CALL_OPEN, true) {
+                    Ok(pos) => {
+                        let before = self.buf[..pos].to_owned();
+                        self.content(&before, self.start + pos, &mut out);
+                        self.consume(pos + CALL_OPEN.len());
+                        self.in_call = true;
+                    }
+                    Err(keep) => {
+                        let cut = self.buf.len() - keep;
+                        let settled = self.buf[..cut].to_owned();
+                        self.content(&settled, self.start + cut, &mut out);
+                        self.consume(cut);
+                        break;
+                    }
+                }
             }
         }
         out
+    }
+
+    /// Where the next `tag` (the opening one when `open`) starts in `buf`
+    /// with all its text there: `Ok(pos)`; else `Err(held)`, the bytes at
+    /// the end of `buf` that may still be (or are) the start of one.
+    fn find(&self, tag: &str, open: bool) -> Result<usize, usize> {
+        if self.ids.is_none() {
+            return self
+                .buf
+                .find(tag)
+                .ok_or_else(|| partial_suffix(&self.buf, tag));
+        }
+        match self.marks.iter().find(|&&(_, o)| o == open) {
+            Some(&(at, _)) => {
+                let pos = at - self.start;
+                if self.buf.len() >= pos + tag.len() {
+                    Ok(pos)
+                } else {
+                    Err(self.buf.len() - pos)
+                }
+            }
+            None => Err(0),
+        }
     }
 
     /// The text ended: releases what is held (an open block as content;
@@ -171,6 +240,7 @@ impl ToolCallStream {
             rest
         };
         self.in_call = false;
+        self.marks.clear();
         self.content(&rest, end, &mut out);
         if self.calls == 0 && !self.held_ws.is_empty() {
             out.push((ToolOutput::Content(std::mem::take(&mut self.held_ws)), end));
@@ -182,6 +252,9 @@ impl ToolCallStream {
     fn consume(&mut self, n: usize) {
         self.buf.drain(..n);
         self.start += n;
+        while self.marks.front().is_some_and(|&(at, _)| at < self.start) {
+            self.marks.pop_front();
+        }
     }
 
     /// Emits `s` as content, holding trailing whitespace back.

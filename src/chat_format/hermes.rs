@@ -1,7 +1,9 @@
 //! The Hermes / Qwen2.5 family: calls as `<tool_call>{json}</tool_call>`
-//! blocks in plain text (parsed by [`ToolCallStream`]), no reasoning
-//! channel, no template knob for reasoning effort. Today's behaviour,
-//! unchanged: the turn is parsed only when tools are active.
+//! blocks (parsed by [`ToolCallStream`]), no reasoning channel, no
+//! template knob for reasoning effort; the turn is parsed only when tools
+//! are active. Where the vocabulary has both tags as tokens of their own
+//! ([`HermesMarkers`]), a tag counts only as its token: spelled in text it
+//! is text, and forced calls write the tokens.
 
 use super::{TurnPiece, TurnStream};
 use crate::api::tool_calls::{ToolCallStream, ToolOutput};
@@ -18,9 +20,17 @@ fn map(outs: Vec<(ToolOutput, usize)>) -> Vec<(TurnPiece, usize)> {
         .collect()
 }
 
+/// The ids of the Hermes tags in one tokenizer, where both are tokens of
+/// their own (`None`: tags are only text, found in the text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HermesMarkers {
+    /// `<tool_call>` and `</tool_call>`.
+    pub call: Option<(u32, u32)>,
+}
+
 impl TurnStream for HermesStream {
-    fn push(&mut self, text: &str) -> Vec<(TurnPiece, usize)> {
-        map(self.0.push(text))
+    fn push(&mut self, text: &str, markers: &[(usize, u32)]) -> Vec<(TurnPiece, usize)> {
+        map(self.0.push_marked(text, markers))
     }
     fn finish(&mut self) -> Vec<(TurnPiece, usize)> {
         map(self.0.finish())

@@ -14,10 +14,11 @@
 //! The generation prompt opens the think channel (thinking on, the
 //! default) or the response channel (`thinking: false`), so the parser
 //! starts inside one of them. [`K3Stream`] turns generated text (with the
-//! three markers visible) into reasoning, content and calls as it comes:
-//! text streams except a suffix that may still become a marker, and a call
-//! comes out whole once its `<|close|>call<|sep|>` arrives. No marker ever
-//! reaches the client. An unclosed think channel at the end is all
+//! three markers visible) and where their control tokens are into
+//! reasoning, content and calls as it comes: a marker counts only as its
+//! control token, so text that spells one is text where it stands; text
+//! streams as it comes, and a call comes out whole once its
+//! `<|close|>call<|sep|>` arrives. No marker token ever reaches the client. An unclosed think channel at the end is all
 //! reasoning; an unclosed call is dropped (its markup is not content).
 //! Calls of undeclared tools, and every call when the turn does not parse
 //! calls (`tool_choice: none`), are dropped with their markup.
@@ -25,7 +26,6 @@
 use serde_json::Value;
 
 use super::{ParsedCall, TurnPiece, TurnStream};
-use crate::api::tool_calls::partial_suffix;
 
 /// Opens a tag.
 pub const OPEN: &str = "<|open|>";
@@ -36,6 +36,9 @@ pub const SEP: &str = "<|sep|>";
 /// A tag head longer than this without its `<|sep|>` is not a tag: its
 /// marker is dropped and the text goes on (bounds what is held).
 const MAX_TAG_HEAD: usize = 4096;
+/// The most calls a turn forced to make parallel calls may make (each
+/// position's index is written out in the grammar).
+pub const MAX_FORCED_CALLS: usize = 16;
 
 /// Where in a turn the parser is.
 #[derive(Debug)]
@@ -67,25 +70,53 @@ struct Tag {
     attrs: Vec<(String, String)>,
 }
 
+/// One of K3's three markers, as a generated control token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    Open,
+    Close,
+    Sep,
+}
+
+impl Mark {
+    fn text(self) -> &'static str {
+        match self {
+            Mark::Open => OPEN,
+            Mark::Close => CLOSE,
+            Mark::Sep => SEP,
+        }
+    }
+}
+
 /// Incremental parsing of one K3 assistant turn (see the module doc).
 /// Each output comes with the input offset its text ends at.
+///
+/// Markup is told from text by token id: a marker counts only where the
+/// engine says its control token is ([`K3Stream::push`]'s `markers`);
+/// the same characters spelled by ordinary tokens (a JSON answer whose
+/// value is `"<|open|>think<|sep|>"`, thinking about the markup, a raw
+/// string argument) are text of whatever holds them.
 #[derive(Debug)]
 pub struct K3Stream {
+    ids: K3Markers,
     names: Vec<String>,
     parse_calls: bool,
     state: State,
     buf: String,
     /// Input offset of `buf`'s first byte.
     start: usize,
+    /// The markers at or after `start`, by input offset, ascending.
+    marks: std::collections::VecDeque<(usize, Mark)>,
     calls: usize,
 }
 
 impl K3Stream {
-    /// A parser starting inside the think channel (`thinking`) or the
-    /// response channel; calls of the `names` tools are parsed when
-    /// `parse_calls`.
-    pub fn new(thinking: bool, names: Vec<String>, parse_calls: bool) -> Self {
+    /// A parser of markup written with the `ids` control tokens, starting
+    /// inside the think channel (`thinking`) or the response channel;
+    /// calls of the `names` tools are parsed when `parse_calls`.
+    pub fn new(ids: K3Markers, thinking: bool, names: Vec<String>, parse_calls: bool) -> Self {
         Self {
+            ids,
             names,
             parse_calls,
             state: if thinking {
@@ -95,61 +126,76 @@ impl K3Stream {
             },
             buf: String::new(),
             start: 0,
+            marks: Default::default(),
             calls: 0,
         }
     }
 
     fn consume(&mut self, n: usize) -> String {
         self.start += n;
+        while self.marks.front().is_some_and(|&(at, _)| at < self.start) {
+            self.marks.pop_front();
+        }
         self.buf.drain(..n).collect()
     }
 
     /// Text up to the next marker in `buf`, and whether a marker follows
-    /// (else the text excludes a possible partial marker at the end).
+    /// (else all of `buf` is text: no marker arrives in pieces unknown).
     fn text_run(&self) -> (usize, bool) {
-        let next = [OPEN, CLOSE, SEP]
-            .iter()
-            .filter_map(|m| self.buf.find(m))
-            .min();
-        match next {
-            Some(p) => (p, true),
-            None => {
-                let keep = [OPEN, CLOSE, SEP]
-                    .iter()
-                    .map(|m| partial_suffix(&self.buf, m))
-                    .max()
-                    .unwrap_or(0);
-                (self.buf.len() - keep, false)
-            }
+        match self.marks.front() {
+            Some(&(at, _)) => (at - self.start, true),
+            None => (self.buf.len(), false),
         }
     }
 
     /// The complete tag at the start of `buf` (which starts with a
     /// marker): `Some(Ok(tag, len))`, `Some(Err(marker_len))` when it is
-    /// not a tag (a lone `<|sep|>`, a head past the bound), `None` when
-    /// more text is needed.
+    /// not a tag (a lone `<|sep|>`, another marker before the head's
+    /// `<|sep|>`, a head past the bound), `None` when more text is needed.
     fn tag(&self) -> Option<Result<(Tag, usize), usize>> {
-        let (close, m) = if self.buf.starts_with(OPEN) {
-            (false, OPEN.len())
-        } else if self.buf.starts_with(CLOSE) {
-            (true, CLOSE.len())
-        } else {
-            return Some(Err(SEP.len()));
+        let &(_, mark) = self.marks.front()?;
+        let m = mark.text().len();
+        if self.buf.len() < m {
+            return None;
+        }
+        let close = match mark {
+            Mark::Open => false,
+            Mark::Close => true,
+            Mark::Sep => return Some(Err(m)),
         };
-        let rest = &self.buf[m..];
-        let Some(end) = rest.find(SEP) else {
-            return (rest.len() > MAX_TAG_HEAD).then_some(Err(m));
+        let end = match self.marks.get(1) {
+            Some(&(at, Mark::Sep)) => at - self.start,
+            Some(_) => return Some(Err(m)),
+            None => return (self.buf.len() - m > MAX_TAG_HEAD).then_some(Err(m)),
         };
-        let head = &rest[..end];
-        if head.contains(OPEN) || head.contains(CLOSE) || head.len() > MAX_TAG_HEAD {
+        if end - m > MAX_TAG_HEAD {
             return Some(Err(m));
         }
-        let (name, attrs) = parse_head(head);
-        Some(Ok((Tag { close, name, attrs }, m + end + SEP.len())))
+        if self.buf.len() < end + SEP.len() {
+            return None;
+        }
+        let (name, attrs) = parse_head(&self.buf[m..end]);
+        Some(Ok((Tag { close, name, attrs }, end + SEP.len())))
     }
 
-    /// Feeds generated text; returns what is settled, in order.
-    pub fn push(&mut self, text: &str) -> Vec<(TurnPiece, usize)> {
+    /// Feeds generated text and where its markers are: `(offset in
+    /// text, token id)` of each marker token of [`K3Markers`] that starts
+    /// in it, ascending (a marker's text may end in a later push; other
+    /// ids are ignored). Returns what is settled, in order.
+    pub fn push(&mut self, text: &str, markers: &[(usize, u32)]) -> Vec<(TurnPiece, usize)> {
+        let base = self.start + self.buf.len();
+        for &(at, id) in markers {
+            let mark = match id {
+                id if id == self.ids.open => Mark::Open,
+                id if id == self.ids.close => Mark::Close,
+                id if id == self.ids.sep => Mark::Sep,
+                _ => continue,
+            };
+            // The engine's offsets: the marker's text starts there.
+            if text.as_bytes().get(at) == Some(&b'<') {
+                self.marks.push_back((base + at, mark));
+            }
+        }
         self.buf.push_str(text);
         let mut out = Vec::new();
         loop {
@@ -176,15 +222,20 @@ impl K3Stream {
     }
 
     /// The text ended: an open think or response channel releases what
-    /// it held (less any marker of a tag cut short); anything else left
+    /// it held (less the markers of a tag cut short); anything else left
     /// is markup and is dropped.
     pub fn finish(&mut self) -> Vec<(TurnPiece, usize)> {
         let mut out = Vec::new();
+        let mut rest = String::new();
+        let mut from = 0;
+        for &(at, mark) in &self.marks {
+            let at = at - self.start;
+            rest.push_str(&self.buf[from..at]);
+            from = (at + mark.text().len()).min(self.buf.len());
+        }
+        rest.push_str(&self.buf[from..]);
         let n = self.buf.len();
-        let rest = self.consume(n);
-        let rest = [OPEN, CLOSE, SEP]
-            .iter()
-            .fold(rest, |t, m| t.replace(m, ""));
+        self.consume(n);
         self.text(rest, &mut out);
         out
     }
@@ -275,8 +326,8 @@ impl K3Stream {
 }
 
 impl TurnStream for K3Stream {
-    fn push(&mut self, text: &str) -> Vec<(TurnPiece, usize)> {
-        K3Stream::push(self, text)
+    fn push(&mut self, text: &str, markers: &[(usize, u32)]) -> Vec<(TurnPiece, usize)> {
+        K3Stream::push(self, text, markers)
     }
     fn finish(&mut self) -> Vec<(TurnPiece, usize)> {
         K3Stream::finish(self)
@@ -381,7 +432,8 @@ impl K3Markers {
     }
 
     /// The Lark grammar (llguidance) that forces one call (`parallel`:
-    /// one or more) of `tools` (name, arguments schema with the layout
+    /// one or more, at most [`MAX_FORCED_CALLS`]; call n of the turn, from
+    /// 1, says `index="n"`) of `tools` (name, arguments schema with the layout
     /// options already added) in K3's own markup: after the think channel
     /// closes (`thinking`: the prompt left it open, so free reasoning text
     /// comes first) an empty response channel, then the tools section,
@@ -419,28 +471,33 @@ impl K3Markers {
         if thinking {
             rules.push("THINK: /(?s:.*)/".to_owned());
         }
-        rules.push(if parallel {
-            "calls: call+".to_owned()
-        } else {
-            "calls: call".to_owned()
-        });
-        let index = if parallel {
-            "INDEX".to_owned()
-        } else {
-            lit("1")
-        };
-        if parallel {
-            rules.push("INDEX: /[1-9][0-9]{0,2}/".to_owned());
-        }
-        let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
-        rules.push(format!("call: {}", alternatives.join(" | ")));
-        for (i, (name, schema)) in tools.iter().enumerate() {
+        // Call n of the turn (from 1) says `index="n"`, as the template
+        // numbers an assistant message's calls: the markup and the id the
+        // server gives the call (its position) cannot disagree.
+        let most = if parallel { MAX_FORCED_CALLS } else { 1 };
+        for n in 1..=most {
+            let next = if n < most {
+                format!(" (calls_{})?", n + 1)
+            } else {
+                String::new()
+            };
+            rules.push(format!("calls_{n}: call_at_{n}{next}"));
+            let alternatives: Vec<String> = tools
+                .iter()
+                .enumerate()
+                .map(|(i, (name, _))| {
+                    let head = format!("call tool=\"{}\" index=\"{n}\"", escape(name));
+                    format!("{} {s} args_{i}", lit(&head))
+                })
+                .collect();
             rules.push(format!(
-                "call_{i}: {o} {head} {index} {q} {s} args_{i} {c} {cname} {s}",
-                head = lit(&format!("call tool=\"{}\" index=\"", escape(name))),
-                q = lit("\""),
-                cname = lit("call"),
+                "call_at_{n}: {o} ({}) {c} {} {s}",
+                alternatives.join(" | "),
+                lit("call"),
             ));
+        }
+        rules.push("calls: calls_1".to_owned());
+        for (i, (_, schema)) in tools.iter().enumerate() {
             match self.argument_rules(i, schema) {
                 Some(args) => rules.extend(args),
                 None => rules.push(format!(

@@ -6,8 +6,11 @@
 //! is adding a module and a variant here.
 //!
 //! Parsing sees the family's markers (the engine decodes exactly
-//! [`ChatFormat::shown_special_ids`] as text for a chat turn); the pieces a
-//! parser returns never hold them, so the client never sees a marker.
+//! [`ChatFormat::shown_special_ids`] as text for a chat turn) and where
+//! their tokens are: a marker counts only as its token, and the same text
+//! spelled by ordinary tokens stays text (vLLM's Kimi K2 parser detects by
+//! token id likewise). The pieces a parser returns never hold a marker
+//! token's text, so the client never sees one.
 
 pub mod hermes;
 pub mod kimi_k3;
@@ -20,6 +23,7 @@ pub use crate::api::tool_calls::ParsedCall;
 use crate::api::tool_calls::ToolCallStream;
 use crate::api::{ApiError, ChatKnobs};
 use crate::tokenizer::TextTokenizer;
+use hermes::HermesMarkers;
 use kimi_k3::{K3Markers, K3Stream};
 
 /// A settled piece of an assistant turn.
@@ -37,8 +41,10 @@ pub enum TurnPiece {
 /// input offset (bytes fed so far) its text ends at, non-decreasing, so
 /// what rides along the input (log-probabilities) goes out with it.
 pub trait TurnStream: Send {
-    /// Feeds generated text; returns what is settled, in order.
-    fn push(&mut self, text: &str) -> Vec<(TurnPiece, usize)>;
+    /// Feeds generated text and where the family's marker tokens start in
+    /// it (`(byte offset in text, token id)`, ascending; a marker's text
+    /// may end in a later push); returns what is settled, in order.
+    fn push(&mut self, text: &str, markers: &[(usize, u32)]) -> Vec<(TurnPiece, usize)>;
     /// The text ended: releases what is held.
     fn finish(&mut self) -> Vec<(TurnPiece, usize)>;
     /// Calls emitted so far.
@@ -49,8 +55,8 @@ pub trait TurnStream: Send {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChatFormat {
     /// `<tool_call>` JSON blocks (Qwen2.5, Hermes, and any model without
-    /// a markup of its own).
-    Hermes,
+    /// a markup of its own), with the tags' ids where they are tokens.
+    Hermes(HermesMarkers),
     /// Kimi K3's `<|open|>tag<|sep|>` markup.
     KimiK3(K3Markers),
 }
@@ -68,19 +74,25 @@ pub struct TurnSetup {
 
 impl ChatFormat {
     /// The family of the model behind `tok`: K3 when its vocabulary has
-    /// K3's three markers as tokens, else Hermes.
+    /// K3's three markers as tokens, else Hermes (with its tags' ids when
+    /// both are tokens).
     pub fn detect(tok: &TextTokenizer) -> Self {
         let id = |t: &str| tok.token_to_id(t);
         match (id(kimi_k3::OPEN), id(kimi_k3::CLOSE), id(kimi_k3::SEP)) {
             (Some(open), Some(close), Some(sep)) => Self::KimiK3(K3Markers { open, close, sep }),
-            _ => Self::Hermes,
+            _ => Self::Hermes(HermesMarkers {
+                call: id(crate::api::tool_calls::CALL_OPEN)
+                    .zip(id(crate::api::tool_calls::CALL_CLOSE)),
+            }),
         }
     }
 
-    /// Control tokens the engine must decode as text for the parser.
+    /// The tokens that are the family's markers: the engine decodes them
+    /// as text for the parser (control tokens included) and reports where
+    /// each one is.
     pub fn shown_special_ids(&self) -> Vec<u32> {
         match self {
-            Self::Hermes => Vec::new(),
+            Self::Hermes(m) => m.call.map_or_else(Vec::new, |(o, c)| vec![o, c]),
             Self::KimiK3(m) => vec![m.open, m.close, m.sep],
         }
     }
@@ -95,7 +107,7 @@ impl ChatFormat {
     /// family's template has one.
     pub fn reasoning_knob(&self) -> Option<&'static str> {
         match self {
-            Self::Hermes => None,
+            Self::Hermes(_) => None,
             Self::KimiK3(_) => Some("thinking_effort"),
         }
     }
@@ -105,7 +117,7 @@ impl ChatFormat {
     /// set to a false value).
     pub fn thinking(&self, vars: &serde_json::Map<String, Value>) -> bool {
         match self {
-            Self::Hermes => false,
+            Self::Hermes(_) => false,
             Self::KimiK3(_) => vars.get("thinking").is_none_or(truthy),
         }
     }
@@ -114,11 +126,16 @@ impl ChatFormat {
     /// (Hermes without active tools).
     pub fn parser(&self, setup: TurnSetup) -> Option<Box<dyn TurnStream>> {
         match self {
-            Self::Hermes if !setup.parse_calls => None,
-            Self::Hermes => Some(Box::new(hermes::HermesStream(ToolCallStream::new(
-                setup.names,
-            )))),
-            Self::KimiK3(_) => Some(Box::new(K3Stream::new(
+            Self::Hermes(_) if !setup.parse_calls => None,
+            Self::Hermes(m) => {
+                let mut s = ToolCallStream::new(setup.names);
+                if let Some((open, close)) = m.call {
+                    s = s.with_markers(open, close);
+                }
+                Some(Box::new(hermes::HermesStream(s)))
+            }
+            Self::KimiK3(m) => Some(Box::new(K3Stream::new(
+                *m,
                 setup.thinking,
                 setup.names,
                 setup.parse_calls,
@@ -131,7 +148,7 @@ impl ChatFormat {
     /// random `call_` id.
     pub fn call_id(&self, name: &str, index: usize, random: impl FnOnce() -> String) -> String {
         match self {
-            Self::Hermes => random(),
+            Self::Hermes(_) => random(),
             Self::KimiK3(_) => format!("functions.{name}:{index}"),
         }
     }
@@ -146,7 +163,7 @@ impl ChatFormat {
         thinking: bool,
     ) -> Option<String> {
         match self {
-            Self::Hermes => None,
+            Self::Hermes(_) => None,
             Self::KimiK3(m) => Some(m.forced_calls_lark(tools, parallel, thinking)),
         }
     }
@@ -169,7 +186,7 @@ impl ChatFormat {
         };
         let mapped =
             match self {
-                Self::Hermes => return Err(ApiError::invalid(
+                Self::Hermes(_) => return Err(ApiError::invalid(
                     "reasoning_effort",
                     "'reasoning_effort' is not supported: the served model's chat template has \
                      no reasoning-effort knob.",
@@ -190,7 +207,7 @@ impl ChatFormat {
     /// the bare JSON (Hermes).
     pub fn json_answer_lark(&self, schema: &Value, thinking: bool) -> Option<String> {
         match self {
-            Self::Hermes => None,
+            Self::Hermes(_) => None,
             Self::KimiK3(m) => Some(m.json_answer_lark(schema, thinking)),
         }
     }

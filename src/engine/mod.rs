@@ -102,6 +102,12 @@ pub enum Event {
         text: String,
         /// One per id when the request asked for `logprobs`, else empty.
         logprobs: Vec<TokenLogprob>,
+        /// Where the request's shown control tokens
+        /// ([`GenRequest::shown_special_ids`]: a chat format's markers) are
+        /// in `text`: the byte offset their text starts at, and their id,
+        /// ascending. Text that spells a marker with other tokens has no
+        /// entry, which is how a parser tells markup from text.
+        markers: Vec<(usize, u32)>,
     },
     /// The prompt's log-probabilities (`prompt_logprobs`): one per prompt
     /// token after the first, before any `Tokens`.
@@ -329,6 +335,11 @@ pub enum Fault {
     /// Every restored state checkpoint is zeroed after its copy (a hybrid
     /// target resuming from a wrong state: what exactness tests must catch).
     CorruptCheckpoints,
+    /// Request n's drafts and branches are planned against the KV pool
+    /// alone, not the model's context (the planning bug of issue 49), so
+    /// near the end its rows reach past the context: the check of each
+    /// piece before the forward must end it alone.
+    PoolBoundedDrafts(u64),
 }
 
 /// The HTTP layer's way into the engine. Cheap to clone.

@@ -97,16 +97,23 @@ impl Sequence {
         (!self.req.ignore_eos && eos.contains(&token)) || self.req.stop_token_ids.contains(&token)
     }
 
-    /// Why the sequence is done after its newest tokens, if it is. Truncates
-    /// tokens past a stop token, which were drafted but are not output.
-    pub fn check_finished(&mut self, new_from: usize, eos: &[u32]) -> Option<FinishReason> {
+    /// Why the sequence is done after its newest tokens, if it is: a stop
+    /// token, its token limit, or the end of the model's `context` (prompt
+    /// and output together never hold more, as for admission). Truncates
+    /// tokens past the end, which were drafted but are not output.
+    pub fn check_finished(
+        &mut self,
+        new_from: usize,
+        eos: &[u32],
+        context: usize,
+    ) -> Option<FinishReason> {
         let prompt = self.req.prompt.len();
         for i in new_from..self.spec.tokens.len() {
             if self.is_stop(self.spec.tokens[i], eos) {
                 self.spec.tokens.truncate(i + 1);
                 return Some(FinishReason::Stop);
             }
-            if i + 1 - prompt >= self.req.max_new_tokens {
+            if i + 1 - prompt >= self.req.max_new_tokens || i + 1 >= context {
                 self.spec.tokens.truncate(i + 1);
                 return Some(FinishReason::Length);
             }

@@ -27,7 +27,8 @@ use crate::kv::row_states::{fit_rows, row_budget};
 use crate::kv::{BlockManager, Checkpoints, SeqId, StateSlots};
 use crate::metrics as names;
 use crate::spec::{
-    propose, verify_round, PromptScoring, RoundInput, RoundOutput, Snapshot, SpecError, SpecStats,
+    propose, round_rows, verify_round, PromptScoring, RoundInput, RoundOutput, Snapshot, SpecError,
+    SpecStats,
 };
 use crate::tokenizer::TextTokenizer;
 use metrics as m;
@@ -624,15 +625,30 @@ impl Engine {
         }
     }
 
+    /// Where this step's rows must end: the pool's slots, the target's
+    /// context and, for a sequence drafting with the draft model, the
+    /// draft's (see [`Room`]).
+    fn room(&self) -> Room {
+        Room {
+            slots: self.bm.num_blocks() * self.bm.block_size(),
+            target: self.target.config().max_position,
+            draft: self.draft.as_ref().map_or(usize::MAX, |d| d.max_position()),
+            pool_only: match self.fault {
+                Some(Fault::PoolBoundedDrafts(id)) => Some(id),
+                _ => None,
+            },
+        }
+    }
+
     /// The most this sequence may draft now: 0 without speculation, else
-    /// within its token budget and what the pool can hold.
-    fn k_cap(slots: usize, s: &Sequence) -> usize {
+    /// within its token budget and the rows [`Room`] leaves it.
+    fn k_cap(room: Room, s: &Sequence) -> usize {
         if s.method == SpecMethod::Off {
             return 0;
         }
         MAX_SPECULATIVE_TOKENS
             .min(s.remaining().saturating_sub(1))
-            .min(slots.saturating_sub(s.spec.tokens.len()))
+            .min(room.drafts(s))
     }
 
     /// What sequence `s`'s first draft-model step would feed: its context
@@ -766,14 +782,14 @@ impl Engine {
     /// a third of the target's for nothing; a sequence that drafts later
     /// catches up then, and the policy weighs that catch-up.
     fn batch_would_draft(&self) -> bool {
-        let slots = self.bm.num_blocks() * self.bm.block_size();
+        let room = self.room();
         let seqs: Vec<StepSeq> = self
             .running
             .iter()
             .map(|s| StepSeq {
                 state: &s.spec.policy_state,
                 prior: self.priors.of(s.method, None),
-                max_k: Self::k_cap(slots, s),
+                max_k: Self::k_cap(room, s),
                 fixed_k: s.req.num_speculative_tokens,
                 model_rows: (s.method == SpecMethod::Draft).then_some(1.0),
             })
@@ -996,7 +1012,7 @@ impl Engine {
     /// `running` (which stays put until the step ends). `None` when there
     /// is nothing to run.
     fn plan(&mut self) -> Option<Work> {
-        let slots = self.bm.num_blocks() * self.bm.block_size();
+        let room = self.room();
         self.find_lookups();
         // Where each draft-model sequence's next proposal would start.
         let held: HashMap<SeqId, usize> = match &self.draft {
@@ -1032,7 +1048,7 @@ impl Engine {
                 .iter()
                 .map(|s| {
                     let found = lookups.get(&s.spec.id);
-                    let mut max_k = Self::k_cap(slots, s);
+                    let mut max_k = Self::k_cap(room, s);
                     let grammar = s.spec.sampler.processor().has_constraint();
                     if (found.is_some() || s.method == SpecMethod::Ngram) && !grammar {
                         // A lookup drafts what it found, nothing more (under
@@ -1074,7 +1090,7 @@ impl Engine {
                 .zip(&seqs)
                 .zip(&plan.ks)
                 .map(|((s, st), &k)| {
-                    let room = slots.saturating_sub(s.spec.tokens.len() + k);
+                    let left = room.drafts(s).saturating_sub(k);
                     let offered = match lookups.get(&s.spec.id) {
                         Some(l) => l.branches.len(),
                         None if s.method == SpecMethod::Draft => tree_branches,
@@ -1085,7 +1101,7 @@ impl Engine {
                         max: if s.method == SpecMethod::Off {
                             0
                         } else {
-                            tree_branches.min(room).min(offered)
+                            tree_branches.min(left).min(offered)
                         },
                         state: st.state,
                         prior: st.prior,
@@ -1187,13 +1203,16 @@ impl Engine {
                 work.prefills.push(Prefill { idx, start, n });
             } else if let Some(&rows) = decode.get(&id) {
                 // The scheduler may have cut the planned shape to fit the
-                // budget: the chain keeps its drafts first.
+                // budget: the chain keeps its drafts first. Whatever was
+                // planned, no row goes past what the sequence has room
+                // for (the context's end), so no forward is refused for it.
                 let (k, w) = shapes.borrow().get(&id).copied().unwrap_or((rows, 0));
-                let k = k.min(rows);
+                let left = room.drafts(s);
+                let k = k.min(rows).min(left);
                 work.decodes.push(Decode {
                     idx,
                     k,
-                    branches: w.min(rows - k),
+                    branches: w.min(rows - k).min(left - k),
                     old_len: s.spec.tokens.len(),
                 });
             }
@@ -1285,10 +1304,105 @@ impl Engine {
         contained(|| propose(d, &mut rounds, sel, out))
     }
 
-    /// Verify: ONE verifier forward over every prefill chunk and decode
-    /// row, then acceptance. If it fails, each piece is run alone so a
-    /// fault is pinned on the sequences that have it.
+    /// Verify: each piece is checked alone first (a piece the forward
+    /// would refuse ends its own sequence, never its batch: a recurrent
+    /// target could not run a failed batch again), then ONE verifier
+    /// forward runs over every other prefill chunk and decode row, then
+    /// acceptance.
     fn verify_stage(&mut self, work: &Work, proposals: &[Proposal]) -> (Decoded, Prefilled) {
+        let (bad_pre, bad_dec) = self.screen(work, proposals);
+        if bad_pre.iter().chain(&bad_dec).all(Option::is_none) {
+            return self.verify_batch(work, proposals);
+        }
+        let mut kept = Work::default();
+        let mut kept_props = Vec::new();
+        for (p, bad) in work.prefills.iter().zip(&bad_pre) {
+            if bad.is_none() {
+                kept.prefills.push(p.clone());
+            }
+        }
+        for ((d, prop), bad) in work.decodes.iter().zip(proposals).zip(&bad_dec) {
+            if bad.is_none() {
+                kept.decodes.push(d.clone());
+                kept_props.push(prop.clone());
+            }
+        }
+        let (mut decoded, mut prefilled) = if kept.prefills.is_empty() && kept.decodes.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            self.verify_batch(&kept, &kept_props)
+        };
+        // Back in the step's order: each refused piece's error in its place.
+        let (mut dec, mut pre) = (decoded.drain(..), prefilled.drain(..));
+        let prefilled = bad_pre
+            .into_iter()
+            .map(|bad| match bad {
+                Some(e) => Err(e),
+                None => pre.next().unwrap_or(Err(StepError::Missing)),
+            })
+            .collect();
+        let decoded = bad_dec
+            .into_iter()
+            .map(|bad| match bad {
+                Some(e) => Err(e),
+                None => dec.next().unwrap_or(Err(StepError::Missing)),
+            })
+            .collect();
+        (decoded, prefilled)
+    }
+
+    /// Checks every piece of the step alone as the forward would
+    /// ([`Model::check_input`]): per prompt chunk and per decode (its last
+    /// token, chain and branches), the error that would refuse it.
+    fn screen(
+        &self,
+        work: &Work,
+        proposals: &[Proposal],
+    ) -> (Vec<Option<StepError>>, Vec<Option<StepError>>) {
+        let check = |s: &Sequence, tokens: &[u32], start_pos: usize| {
+            let input = SeqInput {
+                tokens,
+                start_pos,
+                block_table: self.bm.table(s.spec.id).unwrap_or(&[]),
+                logits: LogitsWanted::All,
+                state_slot: self.slots.of(s.spec.id).unwrap_or(0),
+            };
+            let r = self.target.check_input(&self.pool, &input);
+            r.err().map(|e| {
+                tracing::error!(
+                    engine_request = s.spec.id,
+                    error = %e,
+                    "a piece of the step would fail the forward; ending that sequence alone"
+                );
+                StepError::Spec(SpecError::Target(e))
+            })
+        };
+        let pre = work
+            .prefills
+            .iter()
+            .map(|p| {
+                let s = &self.running[p.idx];
+                check(s, &s.spec.tokens[p.start..p.start + p.n], p.start)
+            })
+            .collect();
+        let dec = work
+            .decodes
+            .iter()
+            .zip(proposals)
+            .map(|(d, prop)| {
+                let s = &self.running[d.idx];
+                let rows = round_rows(&s.spec.tokens, prop);
+                check(s, &rows, s.spec.tokens.len() - 1)
+            })
+            .collect();
+        (pre, dec)
+    }
+
+    /// [`verify_stage`](Self::verify_stage)'s forward over pieces that
+    /// passed their checks. If it fails, each piece is run alone so a
+    /// fault is pinned on the sequences that have it (a recurrent target,
+    /// whose states a failed forward may have advanced, ends them all).
+    fn verify_batch(&mut self, work: &Work, proposals: &[Proposal]) -> (Decoded, Prefilled) {
         match self.try_verify(&work.prefills, &work.decodes, proposals) {
             Ok(out) => (
                 out.verdicts.into_iter().map(verdict).collect(),
@@ -1511,7 +1625,8 @@ impl Engine {
             v.accepted.min(chain),
         );
         s.computed = s.spec.tokens.len() - 1;
-        let reason = s.check_finished(d.old_len, &self.eos);
+        let context = self.target.config().max_position;
+        let reason = s.check_finished(d.old_len, &self.eos, context);
         emit(s, self.tokenizer.as_deref(), d.old_len, reason, v.logprobs);
         match reason {
             Some(_) => {
@@ -1586,11 +1701,16 @@ fn emit(
     let ids = s.spec.tokens[old_len..upto].to_vec();
     logprobs.truncate(ids.len());
     let mut text = String::new();
+    let mut markers = Vec::new();
     if let Some(tok) = tokenizer {
         for &t in &ids {
             // A token the detokenizer rejects yields no text; the ids
             // still go out.
-            text.push_str(&s.detok.push(tok, t).unwrap_or_default());
+            let (piece, marker) = s.detok.push_marked(tok, t).unwrap_or_default();
+            if let Some(at) = marker {
+                markers.push((text.len() + at, t));
+            }
+            text.push_str(&piece);
         }
         if reason.is_some() {
             text.push_str(&s.detok.finish());
@@ -1601,6 +1721,7 @@ fn emit(
             ids,
             text,
             logprobs,
+            markers,
         });
     }
     if let Some(reason) = reason {
@@ -1623,7 +1744,41 @@ fn emit(
     }
 }
 
+/// Where a step's rows must end. A decode feeds a sequence's last token
+/// and its drafts at the slots after it (a tree's nodes take one slot
+/// each, whatever their depth), and the forward refuses a row past the
+/// model's context or the pool: so drafts and branches are bounded here,
+/// before any forward, and a sequence near the end drafts fewer.
+#[derive(Debug, Clone, Copy)]
+struct Room {
+    /// Token slots of the KV pool.
+    slots: usize,
+    /// The target's context (positions).
+    target: usize,
+    /// The draft model's context (`usize::MAX` without one): a sequence
+    /// drafting with it writes its drafts into the draft's cache too.
+    draft: usize,
+    /// A request planned against the pool alone ([`Fault::PoolBoundedDrafts`]).
+    pool_only: Option<SeqId>,
+}
+
+impl Room {
+    /// Rows the step may add for `s` past its last token (chain drafts
+    /// and branch nodes together).
+    fn drafts(&self, s: &Sequence) -> usize {
+        if self.pool_only == Some(s.spec.id) {
+            return self.slots.saturating_sub(s.spec.tokens.len());
+        }
+        let mut end = self.slots.min(self.target);
+        if s.method == SpecMethod::Draft {
+            end = end.min(self.draft);
+        }
+        end.saturating_sub(s.spec.tokens.len())
+    }
+}
+
 /// A prompt chunk of this step: `tokens[start..start + n]` of `running[idx]`.
+#[derive(Clone)]
 struct Prefill {
     idx: usize,
     start: usize,
@@ -1632,6 +1787,7 @@ struct Prefill {
 
 /// A decode row group of this step: `running[idx]` verifies its last token
 /// plus up to `k` drafts; it held `old_len` tokens before.
+#[derive(Clone)]
 struct Decode {
     idx: usize,
     /// Chain drafts.

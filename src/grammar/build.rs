@@ -76,9 +76,14 @@ fn lark_literal(text: &str) -> String {
 ///
 /// Errors: [`GrammarError::Invalid`] for no tools, an empty or repeated
 /// name, or an argument schema that is not an object or boolean.
+///
+/// `tags`: the ids of `<tool_call>` and `</tool_call>` where they are tokens
+/// of their own; the grammar then writes the tags as those tokens (never as
+/// text spelled by others, which a parser takes for text).
 pub(super) fn tool_calls_lark(
     tools: &[(String, Value)],
     parallel: bool,
+    tags: Option<(u32, u32)>,
 ) -> Result<String, GrammarError> {
     if tools.is_empty() {
         return Err(GrammarError::Invalid(format!(
@@ -92,11 +97,19 @@ pub(super) fn tool_calls_lark(
         "start: call".to_owned()
     });
     let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("tool_{i}")).collect();
+    let (open, close) = match tags {
+        Some((open, close)) => (
+            format!("<[{open}]> {}", lark_literal("\n")),
+            format!("{} <[{close}]>", lark_literal("\n")),
+        ),
+        None => (
+            lark_literal("<tool_call>\n"),
+            lark_literal("\n</tool_call>"),
+        ),
+    };
     rules.push(format!(
-        "call: {} ({}) {}",
-        lark_literal("<tool_call>\n"),
+        "call: {open} ({}) {close}",
         alternatives.join(" | "),
-        lark_literal("\n</tool_call>")
     ));
     for (i, (name, schema)) in tools.iter().enumerate() {
         if name.is_empty() {
@@ -167,7 +180,11 @@ pub(super) fn tool_label(name: &str) -> String {
 /// Errors: [`GrammarError::Invalid`] as [`with_layout`] and
 /// [`tool_calls_lark`]; llguidance's own checks run when the grammar is
 /// compiled for the tokenizer.
-pub(super) fn top_level(spec: &GrammarSpec) -> Result<(TopLevelGrammar, String), GrammarError> {
+/// `tags` as for [`tool_calls_lark`].
+pub(super) fn top_level(
+    spec: &GrammarSpec,
+    tags: Option<(u32, u32)>,
+) -> Result<(TopLevelGrammar, String), GrammarError> {
     let label = label(spec).to_owned();
     Ok(match spec {
         GrammarSpec::JsonObject => (
@@ -182,7 +199,7 @@ pub(super) fn top_level(spec: &GrammarSpec) -> Result<(TopLevelGrammar, String),
             label,
         ),
         GrammarSpec::ToolCalls { tools, parallel } => (
-            TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel)?),
+            TopLevelGrammar::from_lark(tool_calls_lark(tools, *parallel, tags)?),
             label,
         ),
         GrammarSpec::MarkupJson {

@@ -89,8 +89,8 @@ impl GrammarSpec {
         thinking: bool,
     ) -> Self {
         match (format, schema) {
-            (ChatFormat::Hermes, None) => Self::JsonObject,
-            (ChatFormat::Hermes, Some(s)) => Self::JsonSchema(s),
+            (ChatFormat::Hermes(_), None) => Self::JsonObject,
+            (ChatFormat::Hermes(_), Some(s)) => Self::JsonSchema(s),
             (ChatFormat::KimiK3(_), schema) => Self::MarkupJson {
                 format,
                 schema: schema.unwrap_or_else(|| serde_json::json!({"type": "object"})),
@@ -107,7 +107,7 @@ impl GrammarSpec {
         thinking: bool,
     ) -> Self {
         match format {
-            ChatFormat::Hermes => Self::ToolCalls { tools, parallel },
+            ChatFormat::Hermes(_) => Self::ToolCalls { tools, parallel },
             ChatFormat::KimiK3(_) => Self::MarkupCalls {
                 format,
                 tools,
@@ -157,6 +157,9 @@ pub struct Grammars {
 
 struct Inner {
     factory: ParserFactory,
+    /// The Hermes tags' ids where they are tokens of their own: tool-call
+    /// grammars write them as those tokens.
+    tags: Option<(u32, u32)>,
     vocab_size: usize,
     eos: Arc<[u32]>,
     slots: Arc<worker::Slots>,
@@ -200,7 +203,16 @@ impl Grammars {
         vocab_size: usize,
     ) -> Result<Self, GrammarError> {
         let eos: Arc<[u32]> = tok.eos_token_ids().into();
-        let env = tokenv::token_env(tok, encoder, vocab_size)?;
+        // A chat format's markers count only as their tokens: no grammar
+        // may produce them as text (a JSON string holding the token
+        // `</tool_call>` would close a call early), only where it names
+        // their ids.
+        let format = ChatFormat::detect(tok);
+        let tags = match format {
+            ChatFormat::Hermes(m) => m.call,
+            ChatFormat::KimiK3(_) => None,
+        };
+        let env = tokenv::token_env(tok, encoder, vocab_size, &format.shown_special_ids())?;
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| GrammarError::Setup(format!("llguidance parser factory: {e}")))?;
         factory.quiet();
@@ -208,6 +220,7 @@ impl Grammars {
         Ok(Self {
             inner: Arc::new(Inner {
                 factory,
+                tags,
                 vocab_size,
                 eos,
                 slots: Default::default(),
@@ -257,7 +270,7 @@ impl Grammars {
 
     /// [`compile`](Self::compile)'s work, on the calling thread.
     fn compile_here(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
-        let (grammar, label) = build::top_level(spec)?;
+        let (grammar, label) = build::top_level(spec, self.inner.tags)?;
         match self.source(grammar, label) {
             Ok(source) => Ok(Arc::new(source)),
             Err(e) => Err(self.blame_tool(spec).unwrap_or(e)),

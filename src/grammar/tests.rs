@@ -730,15 +730,19 @@ fn tool_call_tags_are_reachable_as_single_tokens_and_forced() {
     assert!(m
         .text(&ff)
         .starts_with("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "));
-    // The tag spelled in pieces is grammatical too.
+    // The tag counts only as its token (issue 49): spelled in pieces it
+    // is not the tag, so the grammar refuses it.
     assert_eq!(c.valid_prefix(&[tc]), 1);
-    c.commit(&m.enc("<")).unwrap();
-    c.commit(
-        &m.enc("tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"),
-    )
-    .unwrap();
+    assert!(!c.allowed(&[]).unwrap().is_allowed(m.enc("<")[0]));
+    c.commit(&[tc]).unwrap();
+    // A string may spell the closing tag (as text: it closes nothing;
+    // twelve characters, the city's bound).
+    c.commit(&m.enc("\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"</"))
+        .unwrap();
+    c.commit(&m.enc("tool_call>\"}}\n")).unwrap();
     let mask = c.allowed(&[]).unwrap();
     assert!(mask.is_allowed(end), "</tool_call> as one token");
+    assert!(!mask.is_allowed(m.enc("<")[0]), "and only so");
     c.commit(&[end]).unwrap();
     assert!(m.eos_only(&c.allowed(&[]).unwrap()));
 }

@@ -1,7 +1,7 @@
 //! The model's tokenizer as llguidance sees it (`toktrie::TokenizerEnv`): the
 //! token trie holds each id's exact bytes ([`TextTokenizer::token_bytes`]);
-//! control tokens get toktrie's special marker (`0xFF` + name) so no grammar
-//! text can produce them; ids past the tokenizer's vocabulary (padded logits)
+//! control tokens and a chat format's marker tokens get toktrie's special
+//! marker (`0xFF` + name) so no grammar text can produce them; ids past the tokenizer's vocabulary (padded logits)
 //! get unique special names so nothing allows them. Forced text is tokenized
 //! with the real tokenizer, so jump-forward feeds the model canonical tokens.
 
@@ -37,7 +37,9 @@ impl TokenizerEnv for TextTokEnv {
 }
 
 /// The token environment for `tok` with `vocab_size` ids (the logits width);
-/// `encoder` (`tok` itself or a copy of it) tokenizes forced text.
+/// `encoder` (`tok` itself or a copy of it) tokenizes forced text. The
+/// `markers` (a chat format's marker tokens) are special like control
+/// tokens: a grammar reaches them only by id.
 ///
 /// Errors: [`GrammarError::Setup`] when `vocab_size` is below the
 /// tokenizer's vocabulary, there is no end-of-sequence id, or an id has no
@@ -46,6 +48,7 @@ pub(super) fn token_env(
     tok: &TextTokenizer,
     encoder: Arc<TextTokenizer>,
     vocab_size: usize,
+    markers: &[u32],
 ) -> Result<TokEnv, GrammarError> {
     let n = tok.vocab_size();
     if vocab_size < n {
@@ -68,7 +71,7 @@ pub(super) fn token_env(
         // Unused (padding) ids are marked special too: their text
         // (`[PAD151665]`) must never be a way to spell JSON.
         let control = tok.decode(&[id], true).is_ok_and(|text| text.is_empty());
-        words.push(if control || tok.is_unused(id) {
+        words.push(if control || tok.is_unused(id) || markers.contains(&id) {
             special(&bytes)
         } else {
             bytes

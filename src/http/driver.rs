@@ -35,6 +35,9 @@ pub(super) struct Driver {
     /// Bytes of engine text fed to the stop stage, and released by it.
     pub(super) pushed: usize,
     pub(super) released: usize,
+    /// Marker tokens in the engine text not released yet: the engine-text
+    /// offset each starts at, and its id (stop strings first).
+    pub(super) marks: std::collections::VecDeque<(usize, u32)>,
     pub(super) prompt_tokens: usize,
     pub(super) completion_tokens: usize,
     pub(super) arrived: Instant,
@@ -94,11 +97,12 @@ impl Driver {
                     ids,
                     text,
                     logprobs,
+                    markers,
                 } => {
                     self.record_tokens(ids.len());
                     self.completion_tokens += ids.len();
                     if self.stop_on_content {
-                        let shaped = self.stage.push(&text, logprobs);
+                        let shaped = self.stage.push(&text, logprobs, &markers);
                         let (out, stopped) = self.stop_content(shaped);
                         if stopped {
                             // Dropping the receiver cancels the sequence.
@@ -110,9 +114,13 @@ impl Driver {
                         }
                         continue;
                     }
+                    let base = self.pushed;
+                    self.marks
+                        .extend(markers.into_iter().map(|(at, id)| (base + at, id)));
                     self.pushed += text.len();
                     self.held.push(self.pushed, logprobs);
                     let m = self.stop.push(&text);
+                    let from = self.released;
                     self.released += m.emit.len();
                     if m.stopped {
                         // Dropping the receiver cancels the sequence; the
@@ -120,13 +128,16 @@ impl Driver {
                         self.rx = None;
                         let lps = self.held.take_until(self.released);
                         self.held = OffsetQueue::default();
-                        let mut shaped = self.stage.push(&m.emit, lps);
+                        let marks = self.released_marks(from);
+                        self.marks.clear();
+                        let mut shaped = self.stage.push(&m.emit, lps, &marks);
                         shaped.extend(self.stage.finish());
                         return Some(self.finish_piece(shaped, FinishReason::Stop));
                     }
                     if !m.emit.is_empty() {
                         let lps = self.held.take_until(self.released);
-                        let shaped = self.stage.push(&m.emit, lps);
+                        let marks = self.released_marks(from);
+                        let shaped = self.stage.push(&m.emit, lps, &marks);
                         if !shaped.is_empty() {
                             return Some(Piece::Shaped(shaped));
                         }
@@ -160,7 +171,10 @@ impl Driver {
                     } else {
                         let rest = self.stop.finish();
                         let lps = self.held.take_all();
-                        let mut out = self.stage.push(&rest, lps);
+                        let from = self.released;
+                        self.released += rest.len();
+                        let marks = self.released_marks(from);
+                        let mut out = self.stage.push(&rest, lps, &marks);
                         out.extend(self.stage.finish());
                         out
                     };
@@ -173,6 +187,23 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// The pending markers that start in the engine text released last,
+    /// `from..self.released`, as offsets into that release (a marker's
+    /// text may end in a later one).
+    fn released_marks(&mut self, from: usize) -> Vec<(usize, u32)> {
+        let mut out = Vec::new();
+        while let Some(&(at, id)) = self.marks.front() {
+            if at >= self.released {
+                break;
+            }
+            self.marks.pop_front();
+            if let Some(rel) = at.checked_sub(from) {
+                out.push((rel, id));
+            }
+        }
+        out
     }
 
     /// Stop strings over the content of `shaped` (reasoning and calls

@@ -126,6 +126,7 @@ pub(super) async fn handle(
         held: OffsetQueue::default(),
         pushed: 0,
         released: 0,
+        marks: Default::default(),
         prompt_tokens,
         completion_tokens: 0,
         arrived,
@@ -357,7 +358,7 @@ fn grammar(
             };
             let format = match v.input {
                 Input::Chat(_) => plan.format,
-                _ => ChatFormat::Hermes,
+                _ => ChatFormat::Hermes(Default::default()),
             };
             (
                 GrammarSpec::json_answer(format, schema, plan.thinking),
@@ -579,6 +580,7 @@ mod tests {
             held: OffsetQueue::default(),
             pushed: 0,
             released: 0,
+            marks: Default::default(),
             prompt_tokens: 1,
             completion_tokens: 0,
             arrived: now,
@@ -609,6 +611,7 @@ mod tests {
                 ids: vec![i],
                 text: "t".into(),
                 logprobs: Vec::new(),
+                markers: Vec::new(),
             };
             if engine_tx.send(ev).is_err() {
                 break;

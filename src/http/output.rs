@@ -174,8 +174,15 @@ impl TurnStage {
         self.parser.as_ref().map_or(0, |p| p.calls())
     }
 
-    /// Feeds released text and its tokens' log-probabilities.
-    pub(super) fn push(&mut self, text: &str, lps: Vec<TokenLogprob>) -> Vec<Shaped> {
+    /// Feeds released text, its tokens' log-probabilities and where the
+    /// chat format's marker tokens start in it (`(offset, id)`, see
+    /// [`TurnStream::push`]).
+    pub(super) fn push(
+        &mut self,
+        text: &str,
+        lps: Vec<TokenLogprob>,
+        markers: &[(usize, u32)],
+    ) -> Vec<Shaped> {
         let Some(p) = &mut self.parser else {
             return if text.is_empty() && lps.is_empty() {
                 Vec::new()
@@ -185,7 +192,7 @@ impl TurnStage {
         };
         self.fed += text.len();
         self.queue.push(self.fed, lps);
-        let outs = p.push(text);
+        let outs = p.push(text, markers);
         self.shape(outs, false)
     }
 
@@ -483,23 +490,26 @@ mod tests {
     /// whose text it released; none is lost or duplicated.
     #[test]
     fn tool_stage_carries_each_tokens_logprobs_with_its_text() {
-        let parser = crate::chat_format::ChatFormat::Hermes.parser(crate::chat_format::TurnSetup {
-            names: vec!["add".into()],
-            parse_calls: true,
-            thinking: false,
-        });
+        let parser = crate::chat_format::ChatFormat::Hermes(Default::default()).parser(
+            crate::chat_format::TurnSetup {
+                names: vec!["add".into()],
+                parse_calls: true,
+                thinking: false,
+            },
+        );
         let mut t = TurnStage::new(parser);
         let mut out = Vec::new();
         // Token 1: content; 2-3: a partial tag, then the call; 4: after
         // it. An entry goes with the piece that releases the end of its
         // token's text (the held space of token 2 goes with the call).
-        out.extend(t.push("Hi", vec![lp(1)]));
-        out.extend(t.push(" <tool_", vec![lp(2)]));
+        out.extend(t.push("Hi", vec![lp(1)], &[]));
+        out.extend(t.push(" <tool_", vec![lp(2)], &[]));
         out.extend(t.push(
             "call>{\"name\": \"add\", \"arguments\": {}}</tool_call>",
             vec![lp(3)],
+            &[],
         ));
-        out.extend(t.push("\n", vec![lp(4)]));
+        out.extend(t.push("\n", vec![lp(4)], &[]));
         out.extend(t.finish());
         assert_eq!(t.calls(), 1);
         let got: Vec<(String, Vec<u32>)> = out
@@ -570,8 +580,16 @@ mod tests {
             "<|sep|>",
         ];
         let mut out = Vec::new();
+        // Each marker is its token, at the start of its text.
         for (i, tok) in tokens.iter().enumerate() {
-            out.extend(t.push(tok, vec![lp(i as u32)]));
+            let id = match *tok {
+                "<|open|>" => Some(515),
+                "<|close|>" => Some(516),
+                "<|sep|>" => Some(517),
+                _ => None,
+            };
+            let markers: Vec<(usize, u32)> = id.map(|id| (0, id)).into_iter().collect();
+            out.extend(t.push(tok, vec![lp(i as u32)], &markers));
         }
         out.extend(t.finish());
         let got: Vec<(String, Vec<u32>)> = out

@@ -84,6 +84,21 @@ impl IncrementalDecoder {
     /// Errors: [`TokenizerError::TokenIdOutOfRange`] (the id is not added) or a decode
     /// failure from the tokenizer.
     pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<String, TokenizerError> {
+        self.push_marked(tok, id).map(|(text, _)| text)
+    }
+
+    /// [`push`](Self::push), also saying where in the returned text the
+    /// token's own text starts when it is one of the shown control tokens
+    /// (it ends the text: what was held back comes first). A chat format
+    /// counts a marker only there; the same characters spelled by other
+    /// tokens are text.
+    ///
+    /// Errors: as [`push`](Self::push).
+    pub fn push_marked(
+        &mut self,
+        tok: &TextTokenizer,
+        id: u32,
+    ) -> Result<(String, Option<usize>), TokenizerError> {
         tok.check_id(id)?;
         if self.shown.contains(&id) {
             let marker = tok.decode(&[id], false)?;
@@ -93,8 +108,9 @@ impl IncrementalDecoder {
             // text across a control token.
             self.prefix_offset = self.ids.len();
             self.read_offset = self.ids.len();
+            let at = out.len();
             out.push_str(&marker);
-            return Ok(out);
+            return Ok((out, Some(at)));
         }
         self.ids.push(id);
         let decoded = tok
@@ -122,10 +138,10 @@ impl IncrementalDecoder {
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
             self.pending.clear();
-            Ok(out)
+            Ok((out, None))
         } else {
             self.pending = delta.to_owned();
-            Ok(String::new())
+            Ok((String::new(), None))
         }
     }
 

@@ -303,6 +303,39 @@ impl Model {
         }
     }
 
+    /// Checks one sequence's part of a forward batch as [`Model::forward`]
+    /// would, without running anything: a caller validates each sequence
+    /// first, so one that cannot run is refused alone instead of failing
+    /// (and, for a model with recurrent layers, possibly half-advancing)
+    /// the whole batch. What only a whole batch can break (two sequences
+    /// sharing a state slot, a pool of another shape) is not checked.
+    ///
+    /// Errors: as [`Model::forward`] for this sequence: a position beyond
+    /// the model's context, a token outside the vocabulary, a block table
+    /// too short or naming a block outside the pool, a state slot outside
+    /// the pool.
+    pub fn check_input(&self, pool: &KvPool, seq: &SeqInput) -> Result<()> {
+        rows::check_seq(self, pool, 0, seq)
+    }
+
+    /// Narrows the context this model accepts to `max_position` positions
+    /// (a deployment's `max_model_len`): forwards refuse rows past it, and
+    /// [`Model::config`] reports it, so everything sized by the context
+    /// (admission, drafting near the end) follows.
+    ///
+    /// Errors: [`VerifyError::BadConfig`] when `max_position` is 0 or above
+    /// the context the model was loaded with.
+    pub fn limit_context(&mut self, max_position: usize) -> Result<()> {
+        if max_position == 0 || max_position > self.cfg.max_position {
+            return Err(VerifyError::BadConfig(format!(
+                "context limit {max_position} is out of range; allowed 1..={}",
+                self.cfg.max_position
+            )));
+        }
+        self.cfg.max_position = max_position;
+        Ok(())
+    }
+
     /// Floats of one sequence's recurrent state on each rank, in rank
     /// order: the size of a [`crate::KvPool`] state slot. Empty for models
     /// without recurrent layers (every cache is per token).

@@ -71,7 +71,6 @@ pub(crate) struct Rows {
 /// block table too short or naming a block outside the pool, a state slot
 /// outside the pool or shared by two sequences, or no tokens.
 pub(crate) fn flatten(model: &Model, pool: &KvPool, seqs: &[SeqInput]) -> Result<Rows> {
-    let cfg = &model.cfg;
     if !pool.fits(&model.kv_layout()) {
         return Err(VerifyError::BadBatch(format!(
             "KV pool was built for a different model shape (a model sharded over {} \
@@ -86,20 +85,8 @@ pub(crate) fn flatten(model: &Model, pool: &KvPool, seqs: &[SeqInput]) -> Result
         logit_rows: Vec::new(),
     };
     for (si, s) in seqs.iter().enumerate() {
+        check_seq(model, pool, si, s)?;
         let end = s.start_pos + s.tokens.len();
-        if end > cfg.max_position {
-            return Err(VerifyError::BadBatch(format!(
-                "sequence {si} reaches position {end}, beyond the model's {}",
-                cfg.max_position
-            )));
-        }
-        if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(VerifyError::BadBatch(format!(
-                "token id {t} outside the vocabulary of {}",
-                cfg.vocab_size
-            )));
-        }
-        pool.check_table(s.block_table, end)?;
         let base = rows.tokens.len();
         rows.logit_rows
             .extend(s.logits.rows(s.tokens.len()).map(|r| (base + r) as u32));
@@ -113,7 +100,6 @@ pub(crate) fn flatten(model: &Model, pool: &KvPool, seqs: &[SeqInput]) -> Result
     if model.has_recurrent_state() {
         let mut seen = std::collections::HashSet::new();
         for s in seqs {
-            pool.check_state_slot(s.state_slot)?;
             if !seen.insert(s.state_slot) {
                 return Err(VerifyError::BadBatch(format!(
                     "two sequences of one batch share state slot {}",
@@ -123,4 +109,33 @@ pub(crate) fn flatten(model: &Model, pool: &KvPool, seqs: &[SeqInput]) -> Result
         }
     }
     Ok(rows)
+}
+
+/// The checks of one sequence `s` (number `si` of its batch, for the
+/// message) that [`flatten`] runs, alone: so a caller can refuse the one
+/// sequence that would fail a batch before the batch runs.
+///
+/// Errors: `s` reaching beyond the model's context, a token outside the
+/// vocabulary, a block table too short or naming a block outside the pool,
+/// a state slot outside the pool (models with recurrent layers).
+pub(crate) fn check_seq(model: &Model, pool: &KvPool, si: usize, s: &SeqInput) -> Result<()> {
+    let cfg = &model.cfg;
+    let end = s.start_pos + s.tokens.len();
+    if end > cfg.max_position {
+        return Err(VerifyError::BadBatch(format!(
+            "sequence {si} reaches position {end}, beyond the model's {}",
+            cfg.max_position
+        )));
+    }
+    if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(VerifyError::BadBatch(format!(
+            "token id {t} outside the vocabulary of {}",
+            cfg.vocab_size
+        )));
+    }
+    pool.check_table(s.block_table, end)?;
+    if model.has_recurrent_state() {
+        pool.check_state_slot(s.state_slot)?;
+    }
+    Ok(())
 }
