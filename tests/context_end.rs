@@ -65,6 +65,7 @@ fn engine_config(blocks: usize) -> EngineConfig {
         suffix: None,
         tree_branches: 4,
         prefix: Default::default(),
+        row_state_bytes: specgate::engine::DEFAULT_ROW_STATE_BYTES,
     }
 }
 
