@@ -717,8 +717,9 @@ fn run_failing_group(mut cmd: Command, limit: Duration) -> (Option<ExitStatus>, 
             thread::sleep(Duration::from_millis(100));
         }
         let _ = child.kill();
-        let _ = child.wait();
     }
+    // Reaped either way (a status seen by try_wait is returned again).
+    let _ = child.wait();
     (status, ran, reader.join().unwrap())
 }
 
