@@ -95,15 +95,13 @@ fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
     };
     let addr = running.addr;
     tracing::info!(%addr, "specgate listening on http://{addr}");
-    let served = rt.block_on(specgate::server::serve_until_exit(
+    // `rt` is dropped before `mpi` (declared after it): MPI is finalised
+    // (or the failed group aborted) once the server and the engine that
+    // holds the communicator are gone.
+    rt.block_on(specgate::server::serve_until_exit(
         running,
         specgate::server::termination(),
-    ));
-    // MPI is finalised (or the failed group aborted) after the server and
-    // the engine that holds the communicator are gone.
-    drop(rt);
-    drop(mpi);
-    served
+    ))
 }
 
 fn main() -> anyhow::Result<()> {
