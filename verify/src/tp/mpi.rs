@@ -17,10 +17,12 @@
 //! the job itself only if rank 0 has not within the grace and 10 s more.
 //! A worker killed outright cannot send one: `mpirun` ends the job then.
 //!
-//! Before serving: rank 0's wait for the other ranks to load their shards
-//! (the length of its first broadcast) has its own deadline, the load
-//! deadline ([`MpiComm::with_load_deadline`]), and a rank that fails
-//! before it serves ends the job at once ([`MpiSession::abort`]).
+//! Before serving: every rank joins one barrier once its shard is loaded
+//! ([`Communicator::all_loaded`]); rank 0's wait there has its own
+//! deadline, the load deadline ([`MpiComm::with_load_deadline`]). (A
+//! broadcast cannot serve: its root may complete it as soon as the data is
+//! buffered, before any worker has loaded.) A rank that fails before it
+//! serves ends the job at once ([`MpiSession::abort`]).
 //!
 //! Lengths from other ranks (a broadcast's length, the counts of an uneven
 //! all-gather, a failure notice's size) are checked before anything is
@@ -46,10 +48,8 @@ pub struct MpiComm {
     world: usize,
     /// Longest a collective may wait for the other ranks.
     deadline: Duration,
-    /// Longest rank 0 waits for the other ranks at the start of a
-    /// broadcast whose start waits for them ([`Communicator::receive_broadcast`]:
-    /// a pool announcement, the first of which waits for every worker to
-    /// load its shard).
+    /// Longest rank 0 waits for the other ranks to load their shards
+    /// ([`Communicator::all_loaded`]).
     load_deadline: Duration,
     /// How long a failed rank 0 keeps serving (503) before it aborts the
     /// job.
@@ -240,9 +240,8 @@ impl MpiComm {
     /// forward; `grace` is how long a failed rank 0 keeps answering before
     /// it aborts the job.
     ///
-    /// Rank 0's wait for the other ranks at the start of a pool
-    /// announcement is an hour until [`MpiComm::with_load_deadline`] sets
-    /// another.
+    /// Rank 0's wait for the other ranks to load their shards is an hour
+    /// until [`MpiComm::with_load_deadline`] sets another.
     ///
     /// Errors: MPI initialised already, or a library without
     /// `MPI_THREAD_SERIALIZED`.
@@ -282,11 +281,11 @@ impl MpiComm {
         Ok((comm, session))
     }
 
-    /// Sets how long rank 0 waits, at the start of a pool announcement
-    /// (the first of which follows its own load), for the other ranks to
-    /// have loaded their shards and joined; a miss fails the group, so a
-    /// worker that hangs while loading ends the job instead of holding
-    /// rank 0 for ever. Workers still wait for rank 0 without a bound.
+    /// Sets how long rank 0, its own shard loaded, waits for the other
+    /// ranks to load theirs ([`Communicator::all_loaded`]); a miss fails
+    /// the group, so a worker that hangs while loading ends the job
+    /// instead of holding rank 0 for ever. Workers wait for rank 0 without
+    /// a bound.
     pub fn with_load_deadline(mut self, load_deadline: Duration) -> Self {
         self.load_deadline = load_deadline;
         self
@@ -623,21 +622,29 @@ impl Communicator for MpiComm {
     }
 
     fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
-        // A worker waits for rank 0's next message without a bound (rank 0
-        // may be idle for hours); rank 0 (announcing a pool) waits for the
-        // workers up to the load deadline: the first announcement comes
-        // while they may still be loading their shards. The message itself
-        // keeps the deadline.
-        if self.rank == 0 {
+        // Unbounded wait for the message (rank 0 may be idle for hours);
+        // the message itself keeps the deadline.
+        self.counted_broadcast(buf, None, "broadcast (length)")
+    }
+
+    fn all_loaded(&self) -> Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let (deadline, what) = if self.rank == 0 {
             let what = format!(
-                "waiting for the other ranks to load their shards and join \
+                "waiting for the other ranks to load their shards \
                  (load deadline {} s)",
                 self.load_deadline.as_secs()
             );
-            self.counted_broadcast(buf, Some(self.load_deadline), &what)
+            (Some(self.load_deadline), what)
         } else {
-            self.counted_broadcast(buf, None, "broadcast (length)")
-        }
+            (None, "waiting for rank 0 to load its shard".to_string())
+        };
+        self.collective((), deadline, &what, |_, req| {
+            // SAFETY: a barrier has no buffers; `req` is written by MPI.
+            unsafe { ffi::MPI_Ibarrier(ffi::RSMPI_COMM_WORLD, req) }
+        })
     }
 
     fn failure(&self) -> Option<String> {
