@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// rank_timeout_secs).
     #[arg(long, value_name = "SECS")]
     pub rank_timeout_secs: Option<u64>,
+    /// With --distributed mpi: seconds rank 0 waits for the other ranks to
+    /// load their shards before the group is declared failed (overrides
+    /// [model] load_timeout_secs).
+    #[arg(long, value_name = "SECS")]
+    pub load_timeout_secs: Option<u64>,
     /// Longest context (prompt + output tokens) a request may use; at most the
     /// model's own (overrides [model] max_model_len).
     #[arg(long, value_name = "TOKENS")]
@@ -171,6 +176,7 @@ impl ServeArgs {
             tensor_parallel_size,
             distributed,
             rank_timeout_secs,
+            load_timeout_secs,
             max_model_len,
             chat_template,
             draft,
@@ -212,6 +218,7 @@ impl ServeArgs {
         set(&mut m.tensor_parallel_size, tensor_parallel_size);
         set(&mut m.distributed, distributed);
         set(&mut m.rank_timeout_secs, rank_timeout_secs);
+        set(&mut m.load_timeout_secs, load_timeout_secs);
         set(&mut m.max_model_len, max_model_len.map(Some));
         set(&mut m.chat_template, chat_template.map(Some));
         set(&mut cfg.draft.path, draft.map(Some));

@@ -149,6 +149,12 @@ pub struct ModelConfig {
     /// in one collective (a step's compute included) before the group is
     /// declared failed (a rank dead or hung).
     pub rank_timeout_secs: u64,
+    /// With `distributed = "mpi"`: the longest rank 0, once it has loaded
+    /// its own shard, waits for the other ranks to load theirs before the
+    /// group is declared failed (the job then ends non-zero instead of
+    /// waiting for a rank stuck in its load). Generous: a full K3 shard
+    /// read from a slow shared volume takes many minutes.
+    pub load_timeout_secs: u64,
 }
 
 /// `model.distributed` (and `--distributed`): where the target's ranks run.
@@ -186,6 +192,7 @@ impl Default for ModelConfig {
             chat_template: None,
             distributed: Distributed::None,
             rank_timeout_secs: 60,
+            load_timeout_secs: 3600,
         }
     }
 }
@@ -841,6 +848,7 @@ impl Config {
     /// | `model.path`, `draft.path`, `draft.head_tokens` | not empty | |
     /// | `model.tensor_parallel_size` | 1..=64 | |
     /// | `model.rank_timeout_secs` | 1..=86400 | |
+    /// | `model.load_timeout_secs` | 1..=86400 | |
     /// | `model.max_model_len` | 1..=16777216 (and at most the model's context, checked at load) | |
     /// | `model.chat_template` | not empty | |
     /// | `kv.block_size` | 1..=256 | |
@@ -933,6 +941,11 @@ impl Config {
         in_range(
             "model.rank_timeout_secs",
             self.model.rank_timeout_secs,
+            1..=86400,
+        )?;
+        in_range(
+            "model.load_timeout_secs",
+            self.model.load_timeout_secs,
             1..=86400,
         )?;
         if let Some(n) = self.model.max_model_len {

@@ -67,7 +67,7 @@ fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
     let (cfg, file) = args.resolve()?;
     // Under mpirun every rank runs this command: rank 0 serves, the
     // others follow it and end here.
-    let (leader, _mpi) = match cfg.model.distributed {
+    let (leader, mpi) = match cfg.model.distributed {
         specgate::config::Distributed::None => (None, None),
         specgate::config::Distributed::Mpi => match specgate::distributed::join(&cfg)? {
             specgate::distributed::Part::Lead(comm, session) => (Some(comm), Some(session)),
@@ -79,12 +79,29 @@ fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(async {
-        let running = specgate::server::start_with(cfg, file, leader).await?;
-        let addr = running.addr;
-        tracing::info!(%addr, "specgate listening on http://{addr}");
-        specgate::server::serve_until_exit(running, specgate::server::termination()).await
-    })
+    let running = match rt.block_on(specgate::server::start_with(cfg, file, leader)) {
+        Ok(running) => running,
+        // Rank 0 that cannot start (its port taken, its shard unreadable, a
+        // worker past the load deadline) ends the group now: the workers
+        // would wait for its broadcasts, and MPI's finalisation here for
+        // them.
+        Err(e) => match &mpi {
+            Some(session) => specgate::distributed::abort_group(
+                session,
+                &format!("rank 0 could not start serving: {e:#}"),
+            ),
+            None => return Err(e),
+        },
+    };
+    let addr = running.addr;
+    tracing::info!(%addr, "specgate listening on http://{addr}");
+    // `rt` is dropped before `mpi` (declared after it): MPI is finalised
+    // (or the failed group aborted) once the server and the engine that
+    // holds the communicator are gone.
+    rt.block_on(specgate::server::serve_until_exit(
+        running,
+        specgate::server::termination(),
+    ))
 }
 
 fn main() -> anyhow::Result<()> {

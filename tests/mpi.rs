@@ -5,9 +5,12 @@
 //! `serve --distributed mpi` gives the same greedy text as one process
 //! (draft model and n-gram speculation, 12 concurrent requests with
 //! preemption); conversations resume from recurrent-state checkpoints with
-//! the text of one process without prefix caching; and a worker that is
+//! the text of one process without prefix caching; a worker that is
 //! killed or hangs turns /health to 503,
-//! ends the in-flight request with an error and ends the job non-zero.
+//! ends the in-flight request with an error and ends the job non-zero; and
+//! a group that cannot start (a worker that cannot load its shard, rank 0
+//! that cannot bind its port, a worker that never finishes loading) ends
+//! `mpirun` non-zero within the load deadline, the cause on stderr.
 //!
 //! Skipped, with the reason printed, in a build without the `mpi` feature
 //! or where `mpirun` is not installed (scripts/test.sh installs Open MPI
@@ -150,6 +153,30 @@ fn mpi_child_rank() {
     }
     #[cfg(not(feature = "mpi"))]
     panic!("{CHILD_DIR} set in a build without MPI ({dir})");
+}
+
+/// Set for the rank of [`rank_0_gives_up_on_a_worker_that_never_loads`]
+/// that joins MPI and then never loads anything (as a worker stuck reading
+/// a slow volume would): how long it idles.
+const IDLE_RANK_SECS: &str = "SPECGATE_MPI_IDLE_RANK_SECS";
+
+/// That idle rank (does nothing in a plain test run).
+#[test]
+fn mpi_idle_rank() {
+    let Ok(secs) = std::env::var(IDLE_RANK_SECS) else {
+        return;
+    };
+    #[cfg(feature = "mpi")]
+    {
+        let _mpi =
+            specgate_verify::tp::MpiComm::init(Duration::from_secs(60), Duration::ZERO).unwrap();
+        thread::sleep(Duration::from_secs(secs.parse().unwrap()));
+        // Still here: rank 0 never gave up. Exit without finalising (that
+        // would wait for rank 0): mpirun reports the job failed.
+        std::process::exit(7);
+    }
+    #[cfg(not(feature = "mpi"))]
+    panic!("{IDLE_RANK_SECS} set in a build without MPI ({secs})");
 }
 
 /// Every rank's contribution to the all-reduce checks: values whose sum
@@ -651,4 +678,164 @@ fn a_worker_that_fails_its_forward_fails_the_requests_with_its_reason() {
         "the request's error carries the worker's reason: {body}"
     );
     assert!(!status.success(), "the job must exit non-zero");
+}
+
+/// Runs an `mpirun` command line that must fail, with its stderr captured:
+/// (its exit status, how long it ran, its stderr), or `None` when it still
+/// runs after `limit` (then it is stopped: SIGTERM to mpirun, which ends
+/// its ranks, then SIGKILL).
+fn run_failing_group(mut cmd: Command, limit: Duration) -> (Option<ExitStatus>, Duration, String) {
+    let t0 = Instant::now();
+    let mut child = cmd
+        .current_dir(root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning mpirun");
+    let stderr = child.stderr.take().unwrap();
+    let reader = thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut status = None;
+    while t0.elapsed() < limit {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let ran = t0.elapsed();
+    if status.is_none() {
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(20) {
+            thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+    }
+    // Reaped either way (a status seen by try_wait is returned again).
+    let _ = child.wait();
+    (status, ran, reader.join().unwrap())
+}
+
+/// `specgate serve` on the tiny K3 config as one app context of an
+/// `mpirun` command line (`extra` flags after the config's; `--port 0`
+/// unless they name one).
+fn serve_args(cmd: &mut Command, extra: &[&str]) {
+    cmd.arg(env!("CARGO_BIN_EXE_specgate"))
+        .args(["serve", "--config", "configs/kimi-k3-tiny.toml"])
+        .args(["--host", "127.0.0.1", "--distributed", "mpi"])
+        .args(extra);
+    if !extra.contains(&"--port") {
+        cmd.args(["--port", "0"]);
+    }
+}
+
+/// The load deadline these tests give rank 0: far above a tiny shard's load
+/// on a busy host, far below the hour of the default.
+const LOAD_SECS: u64 = 60;
+
+/// A worker whose shard is not there (its own `--model`, through mpirun's
+/// per-rank app contexts) aborts the job at once: mpirun exits non-zero
+/// within the load deadline, and stderr names the rank and the cause.
+/// (Before: the worker returned, its MPI finalisation waited for rank 0,
+/// and rank 0 waited for the pool announcement for ever.)
+#[test]
+fn a_worker_that_cannot_load_its_shard_ends_the_job_with_its_cause() {
+    if mpirun().is_none() {
+        return;
+    }
+    let load = LOAD_SECS.to_string();
+    let missing = scratch_dir("mpi-missing-shard").join("no-such-checkpoint");
+    let missing = missing.to_str().unwrap();
+    let mut cmd = mpi_command(1, Some("self,tcp"));
+    serve_args(&mut cmd, &["--load-timeout-secs", &load]);
+    cmd.args([":", "-np", "1"]);
+    serve_args(
+        &mut cmd,
+        &["--load-timeout-secs", &load, "--model", missing],
+    );
+    let limit = Duration::from_secs(LOAD_SECS + 30);
+    let (status, ran, stderr) = run_failing_group(cmd, limit);
+    eprintln!("worker without a shard: {status:?} after {ran:?}");
+    let status = status
+        .unwrap_or_else(|| panic!("mpirun still ran after {limit:?} (the group hangs):\n{stderr}"));
+    assert!(!status.success(), "the job must fail: {status}\n{stderr}");
+    assert!(
+        stderr.contains("MPI rank 1 of 2") && stderr.contains("cannot load its shard"),
+        "stderr names the rank and what failed:\n{stderr}"
+    );
+    assert!(stderr.contains(missing), "stderr names the path:\n{stderr}");
+}
+
+/// Rank 0 whose port is taken aborts the job: mpirun exits non-zero and
+/// stderr says why. (Before: rank 0 returned its error, and its MPI
+/// finalisation waited for the workers, which waited for its first
+/// broadcast.)
+#[test]
+fn rank_0_that_cannot_bind_its_port_ends_the_job() {
+    if mpirun().is_none() {
+        return;
+    }
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let mut cmd = mpi_command(2, Some("self,tcp"));
+    serve_args(
+        &mut cmd,
+        &[
+            "--load-timeout-secs",
+            &LOAD_SECS.to_string(),
+            "--port",
+            &port,
+        ],
+    );
+    let limit = Duration::from_secs(LOAD_SECS + 30);
+    let (status, ran, stderr) = run_failing_group(cmd, limit);
+    drop(taken);
+    eprintln!("rank 0 without its port: {status:?} after {ran:?}");
+    let status = status
+        .unwrap_or_else(|| panic!("mpirun still ran after {limit:?} (the group hangs):\n{stderr}"));
+    assert!(!status.success(), "the job must fail: {status}\n{stderr}");
+    assert!(
+        stderr.contains("MPI rank 0 of 2") && stderr.contains(&format!("binding 127.0.0.1:{port}")),
+        "stderr names rank 0 and its port:\n{stderr}"
+    );
+}
+
+/// A worker that joins MPI but never loads (stuck on a slow volume): rank
+/// 0, once its own shard is loaded, waits for it up to the load deadline
+/// and then ends the job non-zero, saying so. (Before: no deadline; the
+/// idle rank here gives up by itself after 150 s and exits 7.)
+#[test]
+fn rank_0_gives_up_on_a_worker_that_never_loads() {
+    if mpirun().is_none() {
+        return;
+    }
+    let mut cmd = mpi_command(1, Some("self,tcp"));
+    serve_args(&mut cmd, &["--load-timeout-secs", "3"]);
+    // mpirun's ranks on this host inherit its environment (rank 0 ignores
+    // this variable).
+    cmd.env(IDLE_RANK_SECS, "150");
+    cmd.args([":", "-np", "1"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "mpi_idle_rank",
+            "--test-threads",
+            "1",
+            "--nocapture",
+        ]);
+    let (status, ran, stderr) = run_failing_group(cmd, Duration::from_secs(120));
+    eprintln!("worker that never loads: {status:?} after {ran:?}");
+    let status = status.unwrap_or_else(|| panic!("mpirun still ran after 120 s:\n{stderr}"));
+    assert!(!status.success(), "the job must fail: {status}\n{stderr}");
+    assert!(
+        stderr.contains("MPI rank 0 of 2") && stderr.contains("load their shards"),
+        "stderr says rank 0 gave up waiting for the others to load:\n{stderr}"
+    );
 }

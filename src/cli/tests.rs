@@ -111,6 +111,12 @@ const ROWS: &[Row] = &[
     ("--rank-timeout-secs", "5", "model.rank_timeout_secs", |c| {
         c.model.rank_timeout_secs.to_string()
     }),
+    (
+        "--load-timeout-secs",
+        "90",
+        "model.load_timeout_secs",
+        |c| c.model.load_timeout_secs.to_string(),
+    ),
     ("--kv-latent-dtype", "bf16", "kv.latent_dtype", |c| {
         c.kv.latent_dtype.to_string()
     }),

@@ -75,6 +75,19 @@ pub trait Communicator: Send + Sync {
     fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
         self.broadcast_bytes(buf)
     }
+    /// Waits until every rank of the group has loaded its shard and called
+    /// this: once per rank, after its load and before its first broadcast
+    /// ([`crate::model::Model::lead`] on rank 0,
+    /// [`crate::model::serve_worker`] on the others). A communicator with
+    /// deadlines bounds rank 0's wait by its load deadline (a worker stuck
+    /// in its load fails the group) and lets a worker wait for rank 0
+    /// without one. The default (ranks that load together, in one process)
+    /// returns at once.
+    ///
+    /// Errors: a failed group, or a missed load deadline.
+    fn all_loaded(&self) -> Result<()> {
+        Ok(())
+    }
     /// Why the group can no longer run collectives (a rank that failed,
     /// died or missed a deadline), once it cannot; `None` while healthy.
     /// A server turns unhealthy when this is set.

@@ -26,6 +26,10 @@ pub(crate) trait Rank: Sync {
 ///
 /// A rank that fails (an error or a panic) aborts the group before it
 /// returns, so the other ranks' collectives fail instead of waiting forever.
+/// So does the one rank of a larger group that `ranks` holds when its
+/// ranks run as processes: rank 0's own forward failing after the step
+/// went to the workers must not leave them inside its collectives (a
+/// worker's failure is the same, with its reason passed on to rank 0).
 ///
 /// Errors: a pool with another number of shards than `ranks`, or any rank's
 /// error ([`VerifyError::RankFailed`] for a panic).
@@ -48,7 +52,17 @@ where
             // One rank of a group its caller drives: it blocks in
             // collectives, so it must not hold one of the pool's workers
             // that the group's other ranks need.
-            return step(w, kv0);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(w, kv0)))
+                .unwrap_or_else(|_| {
+                    Err(VerifyError::RankFailed(format!(
+                        "rank {} panicked in its forward",
+                        w.comm().rank()
+                    )))
+                });
+            if let Err(e) = &r {
+                w.comm().abort_because(&e.to_string());
+            }
+            return r;
         }
         // On a pool worker, the step's parallel loops run with this thread
         // taking part; called from outside the pool, each of them (some 140
@@ -145,4 +159,68 @@ pub(crate) fn dense_head(
         assemble_vocab(&all, m, &balanced(vocab, comm.world_size()), vocab)
     };
     Ok(Tensor::from_vec(logits, (m, vocab), &Device::Cpu)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_pool::{KvLayout, KvPool, TokenRow};
+    use crate::tp::ThreadComm;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    struct One(ThreadComm);
+
+    impl Rank for One {
+        fn comm(&self) -> &dyn Communicator {
+            &self.0
+        }
+    }
+
+    fn pool() -> KvPool {
+        let layout = KvLayout {
+            cached: vec![true],
+            rows: vec![TokenRow::Heads {
+                kv_heads: 1,
+                head_dim: 2,
+            }],
+            state_floats: Vec::new(),
+        };
+        KvPool::with_layout(&layout, 1, 1, 0).unwrap()
+    }
+
+    /// Rank 0 of a group whose other ranks it does not hold (ranks run as
+    /// processes): its forward fails (an error, then a panic) while rank 1
+    /// waits in the step's collective. Rank 1 must be released with an
+    /// error, as the threaded path's ranks are, not left waiting.
+    #[test]
+    fn a_lone_rank_whose_forward_fails_aborts_its_group() {
+        for panics in [false, true] {
+            let mut group = ThreadComm::group(2).unwrap().into_iter();
+            let (rank0, rank1) = (One(group.next().unwrap()), group.next().unwrap());
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut buf = vec![1.0f32; 4];
+                let _ = tx.send(rank1.all_reduce_sum(&mut buf));
+            });
+            let mut pool = pool();
+            let r: Result<()> = run_ranks(&[rank0], pool.shards_mut(), |_, _| {
+                if panics {
+                    panic!("rank 0 blew up");
+                }
+                Err(VerifyError::BadBatch("rank 0's own forward failed".into()))
+            });
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains(if panics { "panicked" } else { "own forward" }),
+                "{e}"
+            );
+            // Generous: a released rank answers at once; on failure it
+            // would wait for ever.
+            let waited = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("rank 1 is still waiting in its collective");
+            assert!(waited.is_err(), "rank 1's collective must fail");
+        }
+    }
 }

@@ -232,11 +232,16 @@ impl Model {
     /// ([`KvPool::for_model`]) and each forward is broadcast to them
     /// first. Only the latest pool made may run forwards.
     ///
+    /// First it waits for every other rank to have loaded its shard
+    /// ([`Communicator::all_loaded`]: over MPI, up to the load deadline).
+    ///
     /// Errors: a model that is not rank 0 of a larger group (loaded by
-    /// [`super::load_model_shard`]).
+    /// [`super::load_model_shard`]); a worker that did not load in time or
+    /// a failed group.
     pub fn lead(&mut self) -> Result<()> {
         match self.lone_rank() {
             Some(c) if c.rank() == 0 => {
+                c.all_loaded()?;
                 self.leader = Some(Leader::default());
                 Ok(())
             }
@@ -286,11 +291,10 @@ impl Model {
         w.u64(pool.block_size());
         w.u64(pool.state_slots());
         w.u8(dtype_code(self.latent_cache()));
-        // The first message after loading: a worker with a bigger shard or
-        // a slower disk may still be loading (minutes at full K3 size), so
-        // its start waits without the per-collective deadline, as a
-        // worker's wait for rank 0 does. A worker that dies meanwhile ends
-        // the job (mpirun); /health stays 503 until every rank is here.
+        // Every worker has loaded its shard ([`Model::lead`] waited for
+        // them) and waits for this message; the start of a later one waits
+        // without the per-collective deadline, as a worker's wait for rank
+        // 0 does.
         comm.receive_broadcast(&mut w.0)?;
         pool.mirror = Some((id, Vec::new()));
         Ok(())
@@ -340,8 +344,9 @@ impl Drop for Model {
     }
 }
 
-/// A worker rank's loop: receives each message from rank 0 and does its
-/// part (makes the announced pool; replays a step's pool operations and
+/// A worker rank's loop: tells rank 0 its shard is loaded
+/// ([`Communicator::all_loaded`]), then receives each message from rank 0
+/// and does its part (makes the announced pool; replays a step's pool operations and
 /// runs its shard of the step's forward, joining the collectives) until
 /// rank 0 sends stop.
 ///
@@ -355,7 +360,11 @@ pub fn serve_worker(model: &mut Model) -> Result<()> {
             "a worker loop needs a rank other than 0 of a group of processes".into(),
         ));
     }
-    let r = follow(model);
+    let r = model
+        .lone_rank()
+        .expect("checked above")
+        .all_loaded()
+        .and_then(|()| follow(model));
     if let Err(e) = &r {
         // Rank 0 must not wait for this rank in its next collective, and
         // should say why the group failed.

@@ -17,6 +17,17 @@
 //! the job itself only if rank 0 has not within the grace and 10 s more.
 //! A worker killed outright cannot send one: `mpirun` ends the job then.
 //!
+//! Before serving: every rank joins one barrier once its shard is loaded
+//! ([`Communicator::all_loaded`]); rank 0's wait there has its own
+//! deadline, the load deadline ([`MpiComm::with_load_deadline`]). (A
+//! broadcast cannot serve: its root may complete it as soon as the data is
+//! buffered, before any worker has loaded.) A rank that fails before it
+//! serves ends the job at once ([`MpiSession::abort`]).
+//!
+//! Lengths from other ranks (a broadcast's length, the counts of an uneven
+//! all-gather, a failure notice's size) are checked before anything is
+//! allocated or handed to MPI: a length out of bounds fails the group.
+//!
 //! Threads: MPI is initialised as `MPI_THREAD_SERIALIZED` (calls from any
 //! thread, never two at once); one mutex serialises every call.
 
@@ -37,6 +48,9 @@ pub struct MpiComm {
     world: usize,
     /// Longest a collective may wait for the other ranks.
     deadline: Duration,
+    /// Longest rank 0 waits for the other ranks to load their shards
+    /// ([`Communicator::all_loaded`]).
+    load_deadline: Duration,
     /// How long a failed rank 0 keeps serving (503) before it aborts the
     /// job.
     grace: Duration,
@@ -85,6 +99,30 @@ struct Released {
 pub struct MpiSession {
     universe: Option<mpi::environment::Universe>,
     released: Arc<Released>,
+    rank: usize,
+    world: usize,
+}
+
+impl MpiSession {
+    /// Ends the whole job now (every rank, `mpirun` exits non-zero), for a
+    /// rank that failed before it could serve (a worker that cannot load
+    /// its shard, a rank 0 that cannot bind its port): the other ranks may
+    /// be waiting for it in a collective that would never start, and MPI's
+    /// finalisation would wait for them. `why` goes to stderr first, with
+    /// this rank's number.
+    pub fn abort(&self, why: &str) -> ! {
+        eprintln!(
+            "specgate: MPI rank {} of {} failed before serving: {why}; aborting the job",
+            self.rank, self.world
+        );
+        // SAFETY: MPI is initialised for as long as the session lives (its
+        // universe is finalised only when it is dropped); MPI_Abort does
+        // not return.
+        unsafe {
+            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+        }
+        std::process::exit(1)
+    }
 }
 
 impl Drop for MpiSession {
@@ -126,6 +164,68 @@ struct State {
 /// match point-to-point messages, so any tag would do; this one is ours).
 const NOTICE_TAG: c_int = 0x5eca;
 
+/// Rank 0's wait for the other ranks to load their shards when nobody set
+/// one ([`MpiComm::with_load_deadline`]): an hour, the time a full K3
+/// shard takes from a slow shared volume.
+const DEFAULT_LOAD_DEADLINE: Duration = Duration::from_secs(3600);
+
+/// The largest broadcast message: a step message is a few MB at most (its
+/// tokens and block tables); above this a length is taken for corruption,
+/// never allocated. Below `c_int::MAX`, so it is always an MPI count.
+const MAX_BROADCAST_BYTES: usize = 1 << 30;
+
+/// The largest failure notice a worker sends (longer reasons are cut) and
+/// rank 0 receives.
+const MAX_NOTICE_BYTES: usize = 64 << 10;
+
+/// Checks a broadcast's length (rank 0's own, or the one it sent): at
+/// most [`MAX_BROADCAST_BYTES`].
+///
+/// Errors: a longer message, as [`VerifyError::BadBatch`].
+fn message_len(n: u64) -> Result<usize> {
+    usize::try_from(n)
+        .ok()
+        .filter(|&n| n <= MAX_BROADCAST_BYTES)
+        .ok_or_else(|| {
+            VerifyError::BadBatch(format!(
+                "a broadcast of {n} bytes (at most {MAX_BROADCAST_BYTES})"
+            ))
+        })
+}
+
+/// The displacements and total of an uneven all-gather, from every rank's
+/// count as gathered (`counts[rank]` must be `mine`, this rank's own).
+///
+/// Errors: a negative count, this rank's count not echoed back, or a
+/// total past an MPI count (2^31 values).
+fn gather_layout(counts: &[c_int], rank: usize, mine: c_int) -> Result<(Vec<c_int>, usize)> {
+    let bad = |why: String| VerifyError::RankFailed(format!("all-gather lengths: {why}"));
+    if counts.get(rank) != Some(&mine) {
+        return Err(bad(format!(
+            "rank {rank} sent {mine} values, the gathered counts say {:?}",
+            counts.get(rank)
+        )));
+    }
+    let mut displs = Vec::with_capacity(counts.len());
+    let mut total: c_int = 0;
+    for (r, &c) in counts.iter().enumerate() {
+        if c < 0 {
+            return Err(bad(format!("rank {r} sent a count of {c}")));
+        }
+        displs.push(total);
+        total = total
+            .checked_add(c)
+            .ok_or_else(|| bad(format!("{counts:?} values in all exceed an MPI count")))?;
+    }
+    Ok((displs, total as usize))
+}
+
+/// The size of a probed failure notice, when it is one rank 0 accepts
+/// (0..=[`MAX_NOTICE_BYTES`]; MPI reports an undefined count as negative).
+fn notice_len(n: c_int) -> Option<usize> {
+    usize::try_from(n).ok().filter(|&n| n <= MAX_NOTICE_BYTES)
+}
+
 // SAFETY: MPI is initialised with at least MPI_THREAD_SERIALIZED and every
 // MPI call goes through `state`'s mutex, so no two threads call MPI at
 // once; the universe holds no thread-affine data.
@@ -139,6 +239,9 @@ impl MpiComm {
     /// other ranks (a step's compute included): set it above the slowest
     /// forward; `grace` is how long a failed rank 0 keeps answering before
     /// it aborts the job.
+    ///
+    /// Rank 0's wait for the other ranks to load their shards is an hour
+    /// until [`MpiComm::with_load_deadline`] sets another.
     ///
     /// Errors: MPI initialised already, or a library without
     /// `MPI_THREAD_SERIALIZED`.
@@ -163,6 +266,7 @@ impl MpiComm {
             rank: rank as usize,
             world: world as usize,
             deadline,
+            load_deadline: DEFAULT_LOAD_DEADLINE,
             grace,
             state: Mutex::new(State::default()),
             released: released.clone(),
@@ -171,8 +275,20 @@ impl MpiComm {
         let session = MpiSession {
             universe: Some(universe),
             released,
+            rank: rank as usize,
+            world: world as usize,
         };
         Ok((comm, session))
+    }
+
+    /// Sets how long rank 0, its own shard loaded, waits for the other
+    /// ranks to load theirs ([`Communicator::all_loaded`]); a miss fails
+    /// the group, so a worker that hangs while loading ends the job
+    /// instead of holding rank 0 for ever. Workers wait for rank 0 without
+    /// a bound.
+    pub fn with_load_deadline(mut self, load_deadline: Duration) -> Self {
+        self.load_deadline = load_deadline;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -225,7 +341,9 @@ impl MpiComm {
     /// for rank 0 to receive it (a small message is buffered), given up
     /// after a second.
     fn notify_lead(&self, why: &str) {
-        let msg = format!("rank {} failed: {why}", self.rank).into_bytes();
+        let mut msg = format!("rank {} failed: {why}", self.rank).into_bytes();
+        // Rank 0 refuses longer notices (lossy UTF-8 on its side).
+        msg.truncate(MAX_NOTICE_BYTES);
         let Ok(n) = c_int::try_from(msg.len()) else {
             return;
         };
@@ -281,7 +399,14 @@ impl MpiComm {
         // SAFETY: `status` describes the probed message; `buf` holds its
         // `n` bytes.
         unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut n) };
-        let mut buf = vec![0u8; n.max(0) as usize];
+        let Some(len) = notice_len(n) else {
+            // Left unreceived: the group fails on this notice anyway.
+            return Some(format!(
+                "rank {} sent a failure notice of {n} bytes (at most {MAX_NOTICE_BYTES})",
+                status.MPI_SOURCE
+            ));
+        };
+        let mut buf = vec![0u8; len];
         unsafe {
             ffi::MPI_Recv(
                 buf.as_mut_ptr() as *mut c_void,
@@ -382,10 +507,23 @@ impl MpiComm {
     }
 
     /// Broadcasts rank 0's `buf` with the given deadline for its data (the
-    /// length travels first, waited for with `len_deadline`).
-    fn broadcast(&self, buf: &mut Vec<u8>, len_deadline: Option<Duration>) -> Result<()> {
+    /// length travels first, waited for with `len_deadline`; `len_what`
+    /// names that wait in the error of a miss).
+    ///
+    /// Rank 0 refuses a message longer than [`MAX_BROADCAST_BYTES`] before
+    /// anything is sent (the other ranks are not involved); a rank that
+    /// receives such a length fails the group before allocating it.
+    fn broadcast(
+        &self,
+        buf: &mut Vec<u8>,
+        len_deadline: Option<Duration>,
+        len_what: &str,
+    ) -> Result<()> {
+        if self.rank == 0 {
+            message_len(buf.len() as u64)?;
+        }
         let len = Box::new([buf.len() as u64]);
-        let len = self.collective(len, len_deadline, "broadcast (length)", |k, req| {
+        let len = self.collective(len, len_deadline, len_what, |k, req| {
             // SAFETY: `k` lives until the request completes (or is leaked).
             unsafe {
                 ffi::MPI_Ibcast(
@@ -398,7 +536,12 @@ impl MpiComm {
                 )
             }
         })?;
-        let n = len[0] as usize;
+        let n = match message_len(len[0]) {
+            Ok(n) => n,
+            Err(e) => return Err(self.fail(&mut self.lock(), format!("from rank 0: {e}"))),
+        };
+        // `n` fits: MAX_BROADCAST_BYTES < c_int::MAX.
+        let c = count(n)?;
         let mut data = std::mem::take(buf);
         data.resize(n, 0);
         let data = self.collective(data, Some(self.deadline), "broadcast", |k, req| {
@@ -406,7 +549,7 @@ impl MpiComm {
             unsafe {
                 ffi::MPI_Ibcast(
                     k.as_ptr() as *mut c_void,
-                    n as c_int,
+                    c,
                     ffi::RSMPI_UINT8_T,
                     0,
                     ffi::RSMPI_COMM_WORLD,
@@ -475,13 +618,33 @@ impl Communicator for MpiComm {
     }
 
     fn broadcast_bytes(&self, buf: &mut Vec<u8>) -> Result<()> {
-        self.counted_broadcast(buf, Some(self.deadline))
+        self.counted_broadcast(buf, Some(self.deadline), "broadcast (length)")
     }
 
     fn receive_broadcast(&self, buf: &mut Vec<u8>) -> Result<()> {
         // Unbounded wait for the message (rank 0 may be idle for hours);
         // the message itself keeps the deadline.
-        self.counted_broadcast(buf, None)
+        self.counted_broadcast(buf, None, "broadcast (length)")
+    }
+
+    fn all_loaded(&self) -> Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let (deadline, what) = if self.rank == 0 {
+            let what = format!(
+                "waiting for the other ranks to load their shards \
+                 (load deadline {} s)",
+                self.load_deadline.as_secs()
+            );
+            (Some(self.load_deadline), what)
+        } else {
+            (None, "waiting for rank 0 to load its shard".to_string())
+        };
+        self.collective((), deadline, &what, |_, req| {
+            // SAFETY: a barrier has no buffers; `req` is written by MPI.
+            unsafe { ffi::MPI_Ibarrier(ffi::RSMPI_COMM_WORLD, req) }
+        })
     }
 
     fn failure(&self) -> Option<String> {
@@ -507,9 +670,14 @@ impl Communicator for MpiComm {
 
 impl MpiComm {
     /// [`MpiComm::broadcast`], counted in the stats.
-    fn counted_broadcast(&self, buf: &mut Vec<u8>, len_deadline: Option<Duration>) -> Result<()> {
+    fn counted_broadcast(
+        &self,
+        buf: &mut Vec<u8>,
+        len_deadline: Option<Duration>,
+        len_what: &str,
+    ) -> Result<()> {
         let start = Instant::now();
-        let r = self.broadcast(buf, len_deadline);
+        let r = self.broadcast(buf, len_deadline, len_what);
         self.tally.record_broadcast(start, self.rank, buf.len());
         r
     }
@@ -610,12 +778,11 @@ impl MpiComm {
                 }
             },
         )?;
-        let mut displs = Vec::with_capacity(self.world);
-        let mut total: usize = 0;
-        for &c in &counts {
-            displs.push(count(total)?);
-            total += c as usize;
-        }
+        // Other ranks' counts size this rank's buffer: checked first.
+        let (displs, total) = match gather_layout(&counts, self.rank, n) {
+            Ok(l) => l,
+            Err(e) => return Err(self.fail(&mut self.lock(), e.to_string())),
+        };
         let bufs = (local.to_vec(), vec![0f32; total], counts, displs);
         let (_, out, _, _) =
             self.collective(bufs, Some(self.deadline), "all-gather", |k, req| {
@@ -651,5 +818,56 @@ impl Drop for MpiComm {
         }
         *self.released.done.lock().unwrap_or_else(|e| e.into_inner()) = (true, failed);
         self.released.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broadcast_length_is_bounded_before_it_is_allocated() {
+        assert_eq!(message_len(0).unwrap(), 0);
+        assert_eq!(message_len(4096).unwrap(), 4096);
+        let max = MAX_BROADCAST_BYTES as u64;
+        assert_eq!(message_len(max).unwrap(), MAX_BROADCAST_BYTES);
+        // One past the bound, past an MPI count, past usize on 32 bits:
+        // each refused, not cast.
+        for n in [max + 1, c_int::MAX as u64 + 1, 1 << 40, u64::MAX] {
+            let e = message_len(n).unwrap_err().to_string();
+            assert!(e.contains(&n.to_string()), "{n}: {e}");
+        }
+        assert!(MAX_BROADCAST_BYTES <= c_int::MAX as usize);
+    }
+
+    #[test]
+    fn gather_counts_from_other_ranks_are_checked() {
+        let (displs, total) = gather_layout(&[3, 2, 2], 1, 2).unwrap();
+        assert_eq!((displs, total), (vec![0, 3, 5], 7));
+        assert_eq!(gather_layout(&[0, 0], 0, 0).unwrap(), (vec![0, 0], 0));
+        // A negative count (read as a huge usize before).
+        let e = gather_layout(&[4, -1], 0, 4).unwrap_err().to_string();
+        assert!(e.contains("rank 1 sent a count of -1"), "{e}");
+        // A sum past an MPI count (an allocation of 8 GiB before).
+        assert!(gather_layout(&[c_int::MAX, 1], 0, c_int::MAX).is_err());
+        assert!(gather_layout(&[c_int::MAX / 2 + 1; 2], 0, c_int::MAX / 2 + 1).is_err());
+        // This rank's own count not echoed back: the gather is not ours.
+        let e = gather_layout(&[5, 5], 1, 4).unwrap_err().to_string();
+        assert!(e.contains("rank 1 sent 4"), "{e}");
+        assert!(gather_layout(&[5], 1, 5).is_err());
+    }
+
+    #[test]
+    fn a_failure_notice_size_is_bounded() {
+        assert_eq!(notice_len(0), Some(0));
+        assert_eq!(notice_len(120), Some(120));
+        assert_eq!(
+            notice_len(MAX_NOTICE_BYTES as c_int),
+            Some(MAX_NOTICE_BYTES)
+        );
+        assert_eq!(notice_len(MAX_NOTICE_BYTES as c_int + 1), None);
+        // MPI_UNDEFINED is negative.
+        assert_eq!(notice_len(-32766), None);
+        assert_eq!(notice_len(c_int::MAX), None);
     }
 }
