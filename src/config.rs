@@ -22,13 +22,9 @@ use check::{in_range, invalid, text_ok};
 // two must agree or a reload could set a k that the engine refuses.
 const _: () = assert!(MAX_DRAFT_TOKENS == crate::engine::MAX_SPECULATIVE_TOKENS);
 
-/// The longest n-gram the prompt-lookup proposer may try (`ngram_max`).
-/// Each n from `ngram_max` down to `ngram_min` is one more backwards scan of
-/// the whole context per sequence and step on the engine thread when nothing
-/// matches (the common case), and a suffix longer than a handful of tokens
-/// almost always finds the same earlier occurrence a shorter one does; 16
-/// leaves room for tuning while bounding that cost to 16 scans.
-pub const MAX_NGRAM: usize = 16;
+/// The engine's cap on `ngram_max` (its owner is the engine, which builds
+/// the prompt-lookup proposer); the config only checks against it.
+pub use crate::engine::MAX_NGRAM;
 
 /// The largest `model.max_model_len` accepted before the model is known
 /// (2^24 tokens, above any model's context); the model's own context length

@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::request::{as_str, get, type_err};
+use super::json::{as_str, get, type_err};
 
 /// Variables the server itself sets in the template: a client may not
 /// replace them through `chat_template_kwargs`.

@@ -20,6 +20,7 @@
 //! (the `http` module maps between the two).
 
 mod error;
+mod json;
 mod knobs;
 mod messages;
 mod prompt;
