@@ -32,6 +32,10 @@ pub struct ChatKnobs {
     /// `chat_template_kwargs`: extra template variables.
     pub template_vars: Map<String, Value>,
     pub reasoning_effort: Option<String>,
+    /// The wire field `reasoning_effort` came from when another API's
+    /// field stands for it (Responses' `reasoning.effort`, Anthropic's
+    /// `thinking`): errors name it. `None`: chat's own `reasoning_effort`.
+    pub effort_param: Option<&'static str>,
 }
 
 /// `chat_template_kwargs` and `reasoning_effort` of `map`.

@@ -19,6 +19,7 @@
 //! The wire types here are the API's own: no engine type appears in them
 //! (the `http` module maps between the two).
 
+pub mod anthropic;
 mod error;
 mod json;
 mod knobs;
@@ -30,6 +31,7 @@ mod request_tests;
 mod response;
 #[cfg(test)]
 mod response_tests;
+pub mod responses;
 mod sampling;
 mod tokenize;
 pub mod tool_calls;

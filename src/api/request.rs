@@ -28,6 +28,7 @@ pub use super::prompt::Input;
 use super::sampling::{parse_controls, parse_logprobs, parse_sampling, parse_stop_token_ids};
 pub use super::sampling::{DEFAULT_TEMPERATURE, MAX_TEMPERATURE, MAX_TOP_LOGPROBS};
 use super::tools::{parse_response_format, parse_tools, ResponseFormat, ToolSetup};
+use crate::tokenizer::ChatMessage;
 use specgate_verify::Controls;
 
 /// A proposer as the wire names it: `"off"`, `"ngram"` or `"draft"` (the
@@ -274,6 +275,35 @@ fn parse_cache_salt(map: &Map<String, Value>) -> Result<Option<String>, ApiError
 }
 
 impl ValidRequest {
+    /// A chat request over `messages` with every other field at its
+    /// default (OpenAI's): the start the other wire formats (Anthropic
+    /// Messages, OpenAI Responses) fill in from their own fields.
+    pub(crate) fn chat_defaults(model: String, messages: Vec<ChatMessage>) -> Self {
+        Self {
+            model,
+            input: Input::Chat(messages),
+            max_tokens: None,
+            sampling: SamplingParams {
+                temperature: DEFAULT_TEMPERATURE,
+                ..SamplingParams::default()
+            },
+            controls: Controls::default(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            stream: false,
+            include_usage: false,
+            ignore_eos: false,
+            logprobs: None,
+            echo: false,
+            response_format: ResponseFormat::Text,
+            tools: ToolSetup::default(),
+            meta: RequestMeta::default(),
+            speculative: None,
+            cache_salt: None,
+            knobs: super::knobs::ChatKnobs::default(),
+        }
+    }
+
     /// How many tokens to generate when `room` fit after the prompt (in the
     /// context and in the KV pool): the client's limit when it gave one
     /// (which may exceed `room`; the caller refuses that), else all of
@@ -635,7 +665,9 @@ fn parse_stream_options(map: &Map<String, Value>, stream: bool) -> Result<bool, 
     }
 }
 
-fn parse_speculative(map: &Map<String, Value>) -> Result<Option<SpecOverride>, ApiError> {
+pub(super) fn parse_speculative(
+    map: &Map<String, Value>,
+) -> Result<Option<SpecOverride>, ApiError> {
     let Some(v) = get(map, "speculative") else {
         return Ok(None);
     };

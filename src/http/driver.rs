@@ -98,7 +98,7 @@ impl Driver {
                     self.record_tokens(ids.len());
                     self.completion_tokens += ids.len();
                     if self.stop_on_content {
-                        let shaped = self.stage.push(&text, logprobs);
+                        let shaped = self.stage.push(&text, logprobs, ids.len());
                         let (out, stopped) = self.stop_content(shaped);
                         if stopped {
                             // Dropping the receiver cancels the sequence.
@@ -120,13 +120,13 @@ impl Driver {
                         self.rx = None;
                         let lps = self.held.take_until(self.released);
                         self.held = OffsetQueue::default();
-                        let mut shaped = self.stage.push(&m.emit, lps);
+                        let mut shaped = self.stage.push(&m.emit, lps, 0);
                         shaped.extend(self.stage.finish());
                         return Some(self.finish_piece(shaped, FinishReason::Stop));
                     }
                     if !m.emit.is_empty() {
                         let lps = self.held.take_until(self.released);
-                        let shaped = self.stage.push(&m.emit, lps);
+                        let shaped = self.stage.push(&m.emit, lps, 0);
                         if !shaped.is_empty() {
                             return Some(Piece::Shaped(shaped));
                         }
@@ -160,7 +160,7 @@ impl Driver {
                     } else {
                         let rest = self.stop.finish();
                         let lps = self.held.take_all();
-                        let mut out = self.stage.push(&rest, lps);
+                        let mut out = self.stage.push(&rest, lps, 0);
                         out.extend(self.stage.finish());
                         out
                     };
