@@ -170,11 +170,13 @@ fn a_stop_sequence_is_reported_by_name() {
 fn messages_tool_use_round_trips() {
     let s = server();
     let tools = json!([{"name": "add", "description": "adds",
-        "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}]);
+        "input_schema": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}},
+            "required": ["a"], "additionalProperties": false}}]);
     let v = json_of(&post(
         s.addr,
         "/v1/messages",
-        messages(json!({"tools": tools, "tool_choice": {"type": "any"}, "max_tokens": 64})),
+        messages(json!({"tools": tools, "max_tokens": 150,
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true}})),
     ));
     assert_eq!(v["stop_reason"], "tool_use", "{v}");
     let call = v["content"]
@@ -185,7 +187,7 @@ fn messages_tool_use_round_trips() {
         .unwrap()
         .clone();
     assert_eq!(call["name"], "add");
-    assert!(call["input"]["a"].is_i64(), "{call}");
+    assert!(call["input"]["a"].is_string(), "{call}");
     let id = call["id"].as_str().unwrap();
     // Streamed: the call comes as a tool_use block and its input JSON.
     let r = post(
@@ -208,7 +210,7 @@ fn messages_tool_use_round_trips() {
         .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap())
         .collect();
     let input: Value = serde_json::from_str(&json_text).unwrap();
-    assert!(input["a"].is_i64());
+    assert!(input["a"].is_string());
     // The result goes back as a tool_result answering the call.
     let back = messages(json!({"tools": tools, "messages": [
         {"role": "user", "content": "hello world"},
@@ -353,11 +355,15 @@ fn responses_give_the_tokens_chat_gives_whole_and_streamed() {
 fn responses_call_functions_and_take_their_output_back() {
     let s = server();
     let tools = json!([{"type": "function", "name": "add",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}]);
+        "parameters": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}},
+            "required": ["a"], "additionalProperties": false}}]);
     let v = json_of(&post(
         s.addr,
         "/v1/responses",
-        responses(json!({"tools": tools, "tool_choice": "required", "max_output_tokens": 64})),
+        responses(
+            json!({"tools": tools, "tool_choice": "required", "max_output_tokens": 150,
+            "parallel_tool_calls": false}),
+        ),
     ));
     let call = v["output"]
         .as_array()
@@ -368,7 +374,7 @@ fn responses_call_functions_and_take_their_output_back() {
         .clone();
     assert_eq!(call["name"], "add");
     let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
-    assert!(args["a"].is_i64());
+    assert!(args["a"].is_string());
     let call_id = call["call_id"].as_str().unwrap();
     let back = responses(json!({"tools": tools, "input": [
         {"role": "user", "content": "hello world"},
@@ -403,23 +409,23 @@ fn responses_call_functions_and_take_their_output_back() {
         .find(|(n, _)| n == "response.function_call_arguments.done")
         .expect("arguments done");
     let args: Value = serde_json::from_str(done.1["arguments"].as_str().unwrap()).unwrap();
-    assert!(args["a"].is_i64());
+    assert!(args["a"].is_string());
     s.wait_idle();
 }
 
 #[test]
 fn responses_follow_a_json_schema() {
     let s = server();
-    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+    let schema = json!({"type": "object", "properties": {"n": {"type": "string", "maxLength": 8}},
         "required": ["n"], "additionalProperties": false});
     let v = json_of(&post(
         s.addr,
         "/v1/responses",
-        responses(json!({"max_output_tokens": 64,
+        responses(json!({"max_output_tokens": 150,
             "text": {"format": {"type": "json_schema", "name": "num", "schema": schema, "strict": true}}})),
     ));
     let parsed: Value = serde_json::from_str(&output_text(&v)).unwrap();
-    assert!(parsed["n"].is_i64(), "{parsed}");
+    assert!(parsed["n"].is_string(), "{parsed}");
     assert_eq!(v["text"]["format"]["name"], "num");
 }
 
