@@ -193,16 +193,14 @@ fn messages_tool_use_round_trips() {
     let r = post(
         s.addr,
         "/v1/messages",
-        messages(
-            json!({"tools": tools, "tool_choice": {"type": "tool", "name": "add"},
-            "max_tokens": 64, "stream": true}),
-        ),
+        messages(json!({"tools": tools, "max_tokens": 150, "stream": true,
+            "tool_choice": {"type": "tool", "name": "add", "disable_parallel_tool_use": true}})),
     );
     let evs = named_events(&r.body);
     let start = evs
         .iter()
         .find(|(n, d)| n == "content_block_start" && d["content_block"]["type"] == "tool_use")
-        .expect("a tool_use block");
+        .unwrap_or_else(|| panic!("no tool_use block: {}", r.body));
     let idx = &start.1["index"];
     let json_text: String = evs
         .iter()
@@ -400,14 +398,14 @@ fn responses_call_functions_and_take_their_output_back() {
         "/v1/responses",
         responses(
             json!({"tools": tools, "tool_choice": {"type": "function", "name": "add"},
-            "max_output_tokens": 64, "stream": true}),
+            "max_output_tokens": 150, "parallel_tool_calls": false, "stream": true}),
         ),
     );
     let evs = named_events(&r.body);
     let done = evs
         .iter()
         .find(|(n, _)| n == "response.function_call_arguments.done")
-        .expect("arguments done");
+        .unwrap_or_else(|| panic!("no arguments: {}", r.body));
     let args: Value = serde_json::from_str(done.1["arguments"].as_str().unwrap()).unwrap();
     assert!(args["a"].is_string());
     s.wait_idle();

@@ -1,5 +1,7 @@
-//! The OpenAI wire format: request parsing and validation, response bodies
-//! and error bodies. Serde and plain data only; nothing here knows about HTTP
+//! The wire formats: OpenAI's (chat completions, completions, and the
+//! Responses API in [`responses`]) and Anthropic's Messages API
+//! ([`anthropic`]), each parsed and validated into the one
+//! [`ValidRequest`]; response bodies and error bodies (both APIs' shapes). Serde and plain data only; nothing here knows about HTTP
 //! transport (the `http` module routes, reads bodies and writes responses).
 //!
 //! Owns:

@@ -1,4 +1,7 @@
-//! `POST /v1/chat/completions` and `POST /v1/completions`: validate, apply
+//! The generation routes, `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/responses` and `POST /v1/messages` (each body parsed into the
+//! one [`ValidRequest`]; the output shaped per API: `output.rs`,
+//! `responses_out.rs`, `anthropic_out.rs`): validate, apply
 //! the chat template, tokenize, check the context length, take an admission
 //! permit (429 when none is left), submit to the engine, and answer whole or
 //! as Server-Sent Events. Stop strings are applied to the text here; when

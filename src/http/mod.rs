@@ -1,9 +1,12 @@
 //! The HTTP front: a hyper 1 accept loop, routing, authentication, body
-//! limits, admission control, CORS, and the routes of [`ROUTES`]: the two
-//! generation endpoints in both response shapes (whole JSON or Server-Sent
-//! Events), models, tokenize/detokenize, version and the OpenAPI document.
-//! Errors become HTTP responses in exactly one place, [`error_response`],
-//! from `api::ApiError`.
+//! limits, admission control, CORS, and the routes of [`ROUTES`]: the
+//! generation endpoints (chat completions, completions, OpenAI's Responses,
+//! Anthropic's Messages) in both response shapes (whole JSON or Server-Sent
+//! Events), the Responses store's routes ([`STORED_RESPONSE_ROUTES`]),
+//! models, tokenize/detokenize, count_tokens, version and the OpenAPI
+//! document. Errors become HTTP responses in exactly one place,
+//! [`error_response_as`] (OpenAI's body, or Anthropic's on its routes), from
+//! `api::ApiError`.
 
 pub mod admission;
 mod anthropic_out;
