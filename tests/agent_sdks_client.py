@@ -32,6 +32,9 @@ WEATHER_SCHEMA = {
     "additionalProperties": False,
 }
 ASK = "What is the weather like in Paris right now?"
+# The `anthropic` SDK no longer takes sampling arguments; the server still
+# honours Anthropic's `temperature`, sent as a body field.
+GREEDY = {"temperature": 0}
 
 
 def chat_text(max_tokens=24):
@@ -129,7 +132,8 @@ def test_responses_errors():
 def test_agents_sdk_runs_an_agent_with_a_tool():
     if RANDOM:
         return  # an agent loop needs a model that stops calling
-    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import (Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool,
+                        set_tracing_disabled)
     set_tracing_disabled(True)
     seen = []
 
@@ -141,7 +145,10 @@ def test_agents_sdk_runs_an_agent_with_a_tool():
 
     model = OpenAIResponsesModel(model=MODEL, openai_client=openai.AsyncOpenAI(base_url=URL, api_key="unused"))
     agent = Agent(name="weather", instructions="Use the get_weather tool to answer, then answer briefly.",
-                  tools=[get_weather], model=model)
+                  tools=[get_weather], model=model,
+                  # The first turn must call the tool; the SDK then resets
+                  # the choice to auto, so the model answers.
+                  model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=80))
     result = Runner.run_sync(agent, ASK, max_turns=4)
     assert seen, "the tool was never called"
     assert isinstance(result.final_output, str) and result.final_output, result
@@ -151,7 +158,7 @@ def test_agents_sdk_runs_an_agent_with_a_tool():
 
 def test_messages_text_matches_chat():
     reasoning, content, usage = chat_text()
-    m = ant.messages.create(model=MODEL, max_tokens=24, temperature=0, messages=[{"role": "user", "content": ASK}])
+    m = ant.messages.create(model=MODEL, max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": ASK}])
     text = "".join(b.text for b in m.content if b.type == "text")
     thinking = "".join(b.thinking for b in m.content if b.type == "thinking")
     assert text == content and thinking == reasoning, (m.content, content, reasoning)
@@ -160,8 +167,8 @@ def test_messages_text_matches_chat():
 
 
 def test_messages_stream_matches_create():
-    m = ant.messages.create(model=MODEL, max_tokens=24, temperature=0, messages=[{"role": "user", "content": ASK}])
-    with ant.messages.stream(model=MODEL, max_tokens=24, temperature=0,
+    m = ant.messages.create(model=MODEL, max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": ASK}])
+    with ant.messages.stream(model=MODEL, max_tokens=24, extra_body=GREEDY,
                              messages=[{"role": "user", "content": ASK}]) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
@@ -173,12 +180,12 @@ def test_messages_stream_matches_create():
 def test_messages_tool_use_round_trip():
     tools = [{"name": "get_weather", "description": "Get the weather in a city.", "input_schema": WEATHER_SCHEMA}]
     ask = [{"role": "user", "content": ASK}]
-    m = ant.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, temperature=0, tools=tools,
+    m = ant.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, extra_body=GREEDY, tools=tools,
                             tool_choice={"type": "any"}, messages=ask, **NO_THINK_A)
     assert m.stop_reason == "tool_use", m
     use = next(b for b in m.content if b.type == "tool_use")
     assert use.name == "get_weather" and isinstance(use.input["city"], str), use
-    with ant.messages.stream(model=MODEL, max_tokens=TOOL_TOKENS, temperature=0, tools=tools,
+    with ant.messages.stream(model=MODEL, max_tokens=TOOL_TOKENS, extra_body=GREEDY, tools=tools,
                              tool_choice={"type": "tool", "name": "get_weather"}, messages=ask, **NO_THINK_A) as s:
         final = s.get_final_message()
     streamed = next(b for b in final.content if b.type == "tool_use")
@@ -186,7 +193,7 @@ def test_messages_tool_use_round_trip():
     back = ask + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                 "content": '{"temperature": 21}'}]}]
-    r = ant.messages.create(model=MODEL, max_tokens=40, temperature=0, tools=tools, messages=back)
+    r = ant.messages.create(model=MODEL, max_tokens=40, extra_body=GREEDY, tools=tools, messages=back)
     assert r.content is not None and r.stop_reason in ("end_turn", "max_tokens", "tool_use"), r
 
 
@@ -200,10 +207,10 @@ def test_messages_thinking_on_k3():
         else:
             raise AssertionError("a model without thinking took thinking")
         return
-    m = ant.messages.create(model=MODEL, max_tokens=2048, temperature=0, messages=[{"role": "user", "content": ASK}],
+    m = ant.messages.create(model=MODEL, max_tokens=2048, extra_body=GREEDY, messages=[{"role": "user", "content": ASK}],
                             thinking={"type": "enabled", "budget_tokens": 1024})
     assert m.content and m.content[0].type == "thinking", m.content
-    off = ant.messages.create(model=MODEL, max_tokens=24, temperature=0, messages=[{"role": "user", "content": ASK}],
+    off = ant.messages.create(model=MODEL, max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": ASK}],
                               thinking={"type": "disabled"})
     assert all(b.type != "thinking" for b in off.content), off.content
 
