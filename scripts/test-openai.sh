@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Real-client test: installs the official `openai` Python package into a
-# venv under target/, starts `specgate serve` on the real pair (default
-# config, a free port), runs tests/openai_client.py against it, stops it.
+# Real-client test: installs the official `openai`, `anthropic` and
+# `openai-agents` Python packages (pinned) into a venv under target/, starts
+# `specgate serve` on the real pair (default config, a free port), runs
+# tests/openai_client.py (chat and completions) and tests/agent_sdks_client.py
+# (Responses, Anthropic Messages, one Agents SDK run) against it, stops it.
 # Another config: SPECGATE_CONFIG=configs/kimi-k3-tiny.toml
 # SPECGATE_MODEL=kimi-k3-tiny SPECGATE_RANDOM_WEIGHTS=1 scripts/test-openai.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=target/openai-venv
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install --quiet --disable-pip-version-check 'openai>=1.40,<3'
+"$VENV/bin/pip" install --quiet --disable-pip-version-check \
+  'openai==3.63.0' 'anthropic==2.17.0' 'openai-agents==0.24.0'
 # The same selection as `cargo test --release --workspace`, so this reuses
 # that build: building the binary alone unifies the dependencies' features
 # differently and would compile candle a second time.
@@ -32,6 +35,7 @@ done
 [ -n "$ready" ] || { cat "$log"; echo "specgate serve did not become ready" >&2; exit 1; }
 echo "openai client against $url"
 SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/openai_client.py
+SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/agent_sdks_client.py
 # The README's own Python example, as written (only its address changed),
 # on the config the README serves.
 if [ -z "${SPECGATE_CONFIG:-}" ]; then

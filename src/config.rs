@@ -22,13 +22,9 @@ use check::{in_range, invalid, text_ok};
 // two must agree or a reload could set a k that the engine refuses.
 const _: () = assert!(MAX_DRAFT_TOKENS == crate::engine::MAX_SPECULATIVE_TOKENS);
 
-/// The longest n-gram the prompt-lookup proposer may try (`ngram_max`).
-/// Each n from `ngram_max` down to `ngram_min` is one more backwards scan of
-/// the whole context per sequence and step on the engine thread when nothing
-/// matches (the common case), and a suffix longer than a handful of tokens
-/// almost always finds the same earlier occurrence a shorter one does; 16
-/// leaves room for tuning while bounding that cost to 16 scans.
-pub const MAX_NGRAM: usize = 16;
+/// The engine's cap on `ngram_max` (its owner is the engine, which builds
+/// the prompt-lookup proposer); the config only checks against it.
+pub use crate::engine::MAX_NGRAM;
 
 /// The largest `model.max_model_len` accepted before the model is known
 /// (2^24 tokens, above any model's context); the model's own context length
@@ -99,6 +95,12 @@ pub struct ServerConfig {
     /// `"https://app.example.com"`, or `["*"]` for any; empty (the
     /// default) turns CORS off.
     pub cors_allow_origins: Vec<String>,
+    /// Responses kept for the Responses API (`store`, `previous_response_id`,
+    /// `GET /v1/responses/{id}`), per API key (one scope without keys);
+    /// the oldest is evicted first. 0 keeps none.
+    pub stored_responses_per_key: usize,
+    /// Bytes of stored responses per API key, in MiB (oldest evicted first).
+    pub stored_responses_mib_per_key: usize,
 }
 
 impl Default for ServerConfig {
@@ -123,6 +125,8 @@ impl Default for ServerConfig {
             share_prefix_cache: false,
             stream_write_timeout_secs: 30,
             cors_allow_origins: Vec::new(),
+            stored_responses_per_key: 256,
+            stored_responses_mib_per_key: 64,
         }
     }
 }
@@ -844,6 +848,8 @@ impl Config {
     /// | `server.keep_alive_secs` | 1..=600 | proxies drop idle streams after about a minute |
     /// | `server.header_read_timeout_secs` | 1..=300 | slowloris |
     /// | `server.body_read_timeout_secs`, `stream_write_timeout_secs` | 1..=3600 | |
+    /// | `server.stored_responses_per_key` | 0..=65536 | 0 keeps none |
+    /// | `server.stored_responses_mib_per_key` | 1..=65536 | |
     /// | `server.cors_allow_origins` | at most 64; `"*"` alone, or origins `scheme://host[:port]` of at most 256 bytes | a browser's `Origin` is exactly that |
     /// | `model.path`, `draft.path`, `draft.head_tokens` | not empty | |
     /// | `model.tensor_parallel_size` | 1..=64 | |
@@ -924,6 +930,16 @@ impl Config {
             1..=3_600,
         )?;
         check_cors_origins(&s.cors_allow_origins)?;
+        in_range(
+            "server.stored_responses_per_key",
+            s.stored_responses_per_key,
+            0..=65_536,
+        )?;
+        in_range(
+            "server.stored_responses_mib_per_key",
+            s.stored_responses_mib_per_key,
+            1..=65_536,
+        )?;
 
         let path_ok = |key: &str, p: &Path| {
             if p.as_os_str().is_empty() {

@@ -66,6 +66,9 @@ pub const STATE_SLOTS: &str = "specgate_state_slots";
 pub const PROMPT_TOKENS: &str = "specgate_prompt_tokens_total";
 pub const GENERATION_TOKENS: &str = "specgate_generation_tokens_total";
 pub const REQUEST_SUCCESS: &str = "specgate_request_success_total";
+/// Requests per wire API (`api`: `chat_completions`, `completions`,
+/// `responses`, `messages`, `count_tokens`) and HTTP status.
+pub const API_REQUESTS: &str = "specgate_api_requests_total";
 
 // `specgate route` (the router process's own /metrics).
 pub const ROUTER_REQUESTS: &str = "specgate_router_requests_total";
@@ -251,6 +254,10 @@ fn describe() {
     describe_counter!(PROMPT_TOKENS, "Prompt tokens of requests received");
     describe_counter!(GENERATION_TOKENS, "Tokens generated");
     describe_counter!(REQUEST_SUCCESS, "Requests finished, by finish reason");
+    describe_counter!(
+        API_REQUESTS,
+        "Requests answered per wire API (chat_completions, completions, responses, messages, count_tokens) and HTTP status"
+    );
     describe_router();
 }
 

@@ -99,6 +99,8 @@ pub async fn start_with(
             max_per_client: s.max_connections_per_client,
         },
         cors: CorsPolicy::new(&s.cors_allow_origins),
+        stored_responses: s.stored_responses_per_key,
+        stored_response_bytes: s.stored_responses_mib_per_key << 20,
     };
     // SIGHUP's default action ends the process: take it over before the
     // (long) model load, so a reload signal sent early is only deferred.

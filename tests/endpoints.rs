@@ -414,6 +414,16 @@ fn openapi_documents_every_route_the_server_answers() {
         let r = request(s.addr, method.as_str(), path, &[AUTH, JSON], "{}");
         assert_ne!(r.status, 404, "{method} {path}: {}", r.body);
     }
+    // A stored response's routes: a path template, answered (an unknown
+    // id is a 404 with the error body, never a 405 or a missing route).
+    for (path, method) in specgate::http::STORED_RESPONSE_ROUTES {
+        let op = &paths[path][method.as_str().to_lowercase()];
+        assert!(op.is_object(), "{method} {path} is not documented");
+        documented += 1;
+        let r = request(s.addr, method.as_str(), "/v1/responses/resp_x", &[AUTH], "");
+        assert_eq!(r.status, 404, "{method} {path}: {}", r.body);
+        assert!(r.body.contains("resp_x"), "{}", r.body);
+    }
     let ops: usize = paths.values().map(|o| o.as_object().unwrap().len()).sum();
     assert_eq!(
         ops, documented,

@@ -3,7 +3,7 @@
 //! it on every submission. Four generators, each a bounded number of cases
 //! (about a minute in all on two cores; past [`TIME_BUDGET`] the remaining
 //! cases are skipped, never failed):
-//! - request bodies: a valid chat or completion request with fields set to
+//! - request bodies: a valid chat, completion, Messages or Responses request with fields set to
 //!   arbitrary JSON (extreme and subnormal numbers, odd Unicode, nesting),
 //!   removed, or added;
 //! - JSON schemas: random schemas (objects, arrays, enums, patterns,
@@ -150,6 +150,13 @@ fn judge(out: &Outcome, malformed: bool) -> Result<(), TestCaseError> {
                 None => Ok(()),
             }
         }
+        // Anthropic's and the Responses API's streams: named events.
+        Outcome::Answer { status: 200, body } if body.starts_with("event: ") => {
+            match body.split("\n\n").find(|e| e.starts_with("event: error")) {
+                Some(e) => Err(TestCaseError::fail(format!("an error event: {e}"))),
+                None => Ok(()),
+            }
+        }
         Outcome::Answer { .. } => Ok(()),
         Outcome::Closed(_) if malformed => Ok(()),
         Outcome::Closed(partial) => Err(TestCaseError::fail(format!(
@@ -254,6 +261,18 @@ const FIELDS: &[&str] = &[
     "metadata",
     "cache_salt",
     "include_stop_str_in_output",
+    // The Responses and Messages APIs' own fields.
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "text",
+    "reasoning",
+    "store",
+    "previous_response_id",
+    "include",
+    "system",
+    "stop_sequences",
+    "thinking",
 ];
 
 /// One change to a request body.
@@ -427,6 +446,10 @@ fn path() -> impl Strategy<Value = Vec<u8>> {
             "/v1/models",
             "/v1/chat/completions",
             "/v1/completions",
+            "/v1/responses",
+            "/v1/responses/",
+            "/v1/messages",
+            "/v1/messages/count_tokens",
             "/tokenize",
             "/detokenize",
             "/",
@@ -516,15 +539,21 @@ fn fuzzed_requests_get_no_5xx_and_the_server_lives() {
     let short_chat = || chat(json!({"max_tokens": 4}));
     let short_completion = || json!({"model": MODEL, "prompt": "hello world", "max_tokens": 4});
 
+    let short_messages = || {
+        json!({"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hello world"}]})
+    };
+    let short_response = || json!({"model": MODEL, "input": "hello world", "max_output_tokens": 4});
     f.run(
         "request bodies",
-        1500,
-        (any::<bool>(), vec(edit(), 1..4)),
-        |s, (is_chat, edits)| {
-            let (route, base) = if is_chat {
-                ("/v1/chat/completions", short_chat())
-            } else {
-                ("/v1/completions", short_completion())
+        2000,
+        (0..4u8, vec(edit(), 1..4)),
+        |s, (api, edits)| {
+            let (route, base) = match api {
+                0 => ("/v1/chat/completions", short_chat()),
+                1 => ("/v1/completions", short_completion()),
+                2 => ("/v1/messages", short_messages()),
+                _ => ("/v1/responses", short_response()),
             };
             let body = apply(base, &edits).to_string();
             judge(

@@ -224,6 +224,8 @@ enum Expect {
     /// 400 with an OpenAI error body, or a 200 whose generation finished
     /// within the context (a huge limit capped, as vLLM does).
     OkOr400,
+    /// Exactly this status, with Anthropic's error body (the Messages routes).
+    Anthropic(u16),
 }
 
 /// Whether `body` is `{"error":{"message":..,"type":..,"param":..,"code":..}}`.
@@ -236,6 +238,14 @@ fn is_error_body(body: &[u8]) -> bool {
         && e["type"].is_string()
         && e.get("param").is_some()
         && e.get("code").is_some()
+}
+
+/// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
+fn is_anthropic_error(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    v["type"] == "error" && v["error"]["type"].is_string() && v["error"]["message"].is_string()
 }
 
 /// Checks a 200 body (whole JSON or SSE): it finished, with no error, and
@@ -274,7 +284,30 @@ fn finished_within_context(body: &[u8]) -> Result<(), String> {
         }
         return Ok(());
     }
+    // The Messages and Responses APIs' streams: named events, ending in
+    // their own last event.
+    if text.starts_with("event: ") {
+        if text.contains("event: error") {
+            return Err("an error event".into());
+        }
+        let ends = [
+            "event: message_stop",
+            "event: response.completed",
+            "event: response.incomplete",
+        ];
+        return match ends.iter().any(|e| text.contains(e)) {
+            true => Ok(()),
+            false => Err("a stream without its last event".into()),
+        };
+    }
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    // A whole Messages or Responses answer.
+    if v["stop_reason"].is_string() || v["object"] == "response" {
+        return match v["usage"]["output_tokens"].as_u64() {
+            Some(n) if n <= CONTEXT => Ok(()),
+            other => Err(format!("output_tokens {other:?} exceeds the context")),
+        };
+    }
     if !v["choices"][0]["finish_reason"].is_string() {
         return Err("no finish_reason".into());
     }
@@ -294,6 +327,7 @@ fn judge(expect: Expect, out: &Outcome) -> Result<(), String> {
     let ok = match expect {
         Expect::Api(want) => status == want && is_error_body(body),
         Expect::Api4xx => client_error && is_error_body(body),
+        Expect::Anthropic(want) => status == want && is_anthropic_error(body),
         Expect::Http4xx => client_error,
         Expect::Finishes | Expect::OkOr400 if status == 200 => {
             return finished_within_context(body).map_err(|e| format!("200 but {e}"));
@@ -336,7 +370,7 @@ enum Route {
     Chat,
     Comp,
 }
-use Expect::{Api, Api4xx, Finishes, Http4xx, OkOr400};
+use Expect::{Anthropic, Api, Api4xx, Finishes, Http4xx, OkOr400};
 use Route::{Chat, Comp};
 
 /// A short valid request with some fields changed: `(name, route, fields
@@ -591,7 +625,167 @@ fn table() -> Vec<Case> {
         Finishes,
     );
     generated_cases(&mut add);
+    agent_api_cases(&mut add);
     cases
+}
+
+/// The agent APIs' routes (Anthropic Messages, OpenAI Responses): each
+/// refusal in its API's own error body, never a 5xx.
+fn agent_api_cases(add: &mut impl FnMut(&str, Vec<u8>, Expect)) {
+    let msg = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello world"}]})
+    .to_string();
+    let resp = json!({"model": MODEL, "input": "hello world", "max_output_tokens": 4}).to_string();
+    let m = |extra: Value| {
+        let mut b: Value = serde_json::from_str(&msg).unwrap();
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        post_raw("/v1/messages", b.to_string().as_bytes())
+    };
+    let r = |extra: Value| {
+        let mut b: Value = serde_json::from_str(&resp).unwrap();
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        post_raw("/v1/responses", b.to_string().as_bytes())
+    };
+    let key = |h: &str| format!("{JSON}{h}");
+    add(
+        "messages: no key",
+        http("POST", "/v1/messages", JSON, msg.as_bytes()),
+        Anthropic(401),
+    );
+    add(
+        "messages: a wrong x-api-key",
+        http(
+            "POST",
+            "/v1/messages",
+            &key("x-api-key: sk-wrong\r\n"),
+            msg.as_bytes(),
+        ),
+        Anthropic(401),
+    );
+    add(
+        "messages: the right x-api-key",
+        http(
+            "POST",
+            "/v1/messages",
+            &key("x-api-key: sk-hostile\r\n"),
+            msg.as_bytes(),
+        ),
+        Finishes,
+    );
+    add(
+        "messages: not JSON",
+        post_raw("/v1/messages", b"{not json"),
+        Anthropic(400),
+    );
+    add(
+        "messages: max_tokens missing",
+        m(json!({"max_tokens": null})),
+        Anthropic(400),
+    );
+    add(
+        "messages: max_tokens huge",
+        m(json!({"max_tokens": 1u64 << 62})),
+        Anthropic(400),
+    );
+    add(
+        "messages: an image block",
+        m(json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})),
+        Anthropic(400),
+    );
+    add(
+        "messages: a tool_result without its tool_use",
+        m(
+            json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x"}]}]}),
+        ),
+        Anthropic(400),
+    );
+    add(
+        "messages: a role of 7",
+        m(json!({"messages": [{"role": 7, "content": "x"}]})),
+        Anthropic(400),
+    );
+    add(
+        "messages: a streamed answer",
+        m(json!({"stream": true})),
+        Finishes,
+    );
+    add(
+        "messages: GET",
+        http("GET", "/v1/messages", AUTH, b""),
+        Anthropic(405),
+    );
+    add(
+        "count_tokens: no messages",
+        post_raw(
+            "/v1/messages/count_tokens",
+            format!(r#"{{"model":"{MODEL}"}}"#).as_bytes(),
+        ),
+        Anthropic(400),
+    );
+    add(
+        "responses: no key",
+        http("POST", "/v1/responses", JSON, resp.as_bytes()),
+        Api(401),
+    );
+    add(
+        "responses: an unknown item",
+        r(json!({"input": [{"type": "item_reference", "id": "x"}]})),
+        Api(400),
+    );
+    add(
+        "responses: an unknown previous_response_id",
+        r(json!({"previous_response_id": "resp_x"})),
+        Api(404),
+    );
+    add(
+        "responses: an orphan function_call_output",
+        r(json!({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]})),
+        Api(400),
+    );
+    add(
+        "responses: max_output_tokens huge",
+        r(json!({"max_output_tokens": 1u64 << 62})),
+        Api(400),
+    );
+    add(
+        "responses: a streamed answer",
+        r(json!({"stream": true})),
+        Finishes,
+    );
+    add(
+        "responses: GET an unknown id",
+        http("GET", "/v1/responses/resp_x", AUTH, b""),
+        Api(404),
+    );
+    add(
+        "responses: DELETE an unknown id",
+        http("DELETE", "/v1/responses/resp_x", AUTH, b""),
+        Api(404),
+    );
+    add(
+        "responses: GET by id without a key",
+        http("GET", "/v1/responses/resp_x", "", b""),
+        Api(401),
+    );
+    add(
+        "responses: PUT by id",
+        http("PUT", "/v1/responses/resp_x", AUTH, b""),
+        Api(405),
+    );
+    add(
+        "responses: a long id",
+        http(
+            "GET",
+            &format!("/v1/responses/{}", "r".repeat(4000)),
+            AUTH,
+            b"",
+        ),
+        Api4xx,
+    );
 }
 
 /// Cases too big to write out: long, deep, many, oversized.

@@ -182,3 +182,95 @@ fn echoed_prompt_logprobs_keep_no_per_row_state() {
     assert!(st.row_state_rows > 0, "a hybrid target's bound: {st:?}");
     assert_eq!(st.row_state_peak_bytes, 0, "{st:?}");
 }
+
+/// K3's reasoning through the agent APIs: a Responses `reasoning` item
+/// (whole and as `response.reasoning_text.delta` events) and a Messages
+/// `thinking` block hold exactly chat's `reasoning_content`, the Responses
+/// usage counts its tokens, and each API's switch turns thinking off.
+#[test]
+fn k3_reasoning_comes_as_reasoning_items_and_thinking_blocks() {
+    let s = Server::start(tiny_k3_config(), None);
+    let ask = json!([{"role": "user", "content": "write a haiku"}]);
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"model": K3, "messages": ask, "max_tokens": 20, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let chat: Value = serde_json::from_str(&r.body).unwrap();
+    let m = &chat["choices"][0]["message"];
+    let reasoning = m["reasoning_content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let content = m["content"].as_str().unwrap_or_default().to_owned();
+    assert!(!reasoning.is_empty(), "{chat}");
+
+    let body =
+        json!({"model": K3, "input": "write a haiku", "max_output_tokens": 20, "temperature": 0});
+    let r = post(s.addr, "/v1/responses", body.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    let out = v["output"].as_array().unwrap();
+    assert_eq!(out[0]["type"], "reasoning", "{v}");
+    assert_eq!(out[0]["content"][0]["text"], reasoning.as_str());
+    let text: String = out
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .map(|i| i["content"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, content);
+    let rt = v["usage"]["output_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap();
+    let total = v["usage"]["output_tokens"].as_u64().unwrap();
+    assert!(rt > 0 && rt <= total, "{}", v["usage"]);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post(s.addr, "/v1/responses", streamed);
+    let deltas: String = r
+        .body
+        .split("\n\n")
+        .filter_map(|e| e.split_once("\ndata: "))
+        .filter(|(name, _)| *name == "event: response.reasoning_text.delta")
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["delta"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(deltas, reasoning);
+    let mut off = body;
+    off["reasoning"] = json!({"effort": "none"});
+    let r = post(s.addr, "/v1/responses", off);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert!(
+        v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["type"] != "reasoning"),
+        "{v}"
+    );
+
+    let body = json!({"model": K3, "messages": ask, "max_tokens": 20, "temperature": 0});
+    let r = post(s.addr, "/v1/messages", body.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["content"][0]["type"], "thinking", "{v}");
+    assert_eq!(v["content"][0]["thinking"], reasoning.as_str());
+    let mut off = body;
+    off["thinking"] = json!({"type": "disabled"});
+    let r = post(s.addr, "/v1/messages", off);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert!(
+        v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] != "thinking"),
+        "{v}"
+    );
+    s.wait_idle();
+}

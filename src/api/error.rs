@@ -73,6 +73,22 @@ impl ErrorKind {
     }
 }
 
+impl ErrorKind {
+    /// The `error.type` string of Anthropic's error body.
+    pub fn anthropic_type(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::RequestTimeout => "timeout_error",
+            ErrorKind::PayloadTooLarge => "request_too_large",
+            ErrorKind::RateLimited => "rate_limit_error",
+            ErrorKind::Unavailable => "overloaded_error",
+            ErrorKind::BadGateway | ErrorKind::GatewayTimeout | ErrorKind::Internal => "api_error",
+        }
+    }
+}
+
 /// A refused request, ready to be written as an OpenAI error response.
 ///
 /// Invariant: `param`, when set, names the offending request field the way a
@@ -214,6 +230,23 @@ impl ApiError {
     /// The HTTP status code (see [`ErrorKind::status`]).
     pub fn status(&self) -> u16 {
         self.kind.status()
+    }
+
+    /// The response body in Anthropic's shape:
+    /// `{"type":"error","error":{"type":..,"message":..}}`. Anthropic's
+    /// body has no `param`, so the message starts with the field at fault
+    /// (`max_tokens: ...`, as Anthropic's own messages do) unless it
+    /// already names it.
+    pub fn to_anthropic_json(&self) -> String {
+        let message = match &self.param {
+            Some(p) if !self.message.contains(p.as_str()) => format!("{p}: {}", self.message),
+            _ => self.message.clone(),
+        };
+        serde_json::json!({
+            "type": "error",
+            "error": {"type": self.kind.anthropic_type(), "message": message},
+        })
+        .to_string()
     }
 
     /// The response body, exactly OpenAI's shape:

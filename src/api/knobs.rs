@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::request::{as_str, get, type_err};
+use super::json::{as_str, get, type_err};
 
 /// Variables the server itself sets in the template: a client may not
 /// replace them through `chat_template_kwargs`.
@@ -32,6 +32,10 @@ pub struct ChatKnobs {
     /// `chat_template_kwargs`: extra template variables.
     pub template_vars: Map<String, Value>,
     pub reasoning_effort: Option<String>,
+    /// The wire field `reasoning_effort` came from when another API's
+    /// field stands for it (Responses' `reasoning.effort`, Anthropic's
+    /// `thinking`): errors name it. `None`: chat's own `reasoning_effort`.
+    pub effort_param: Option<&'static str>,
 }
 
 /// `chat_template_kwargs` and `reasoning_effort` of `map`.

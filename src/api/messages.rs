@@ -14,7 +14,7 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::request::{as_str, get, kind_of, missing, type_err};
+use super::json::{as_str, get, kind_of, missing, type_err};
 use crate::tokenizer::ChatMessage;
 
 /// Keys a message object may hold (see the module doc).

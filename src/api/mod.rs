@@ -1,5 +1,7 @@
-//! The OpenAI wire format: request parsing and validation, response bodies
-//! and error bodies. Serde and plain data only; nothing here knows about HTTP
+//! The wire formats: OpenAI's (chat completions, completions, and the
+//! Responses API in [`responses`]) and Anthropic's Messages API
+//! ([`anthropic`]), each parsed and validated into the one
+//! [`ValidRequest`]; response bodies and error bodies (both APIs' shapes). Serde and plain data only; nothing here knows about HTTP
 //! transport (the `http` module routes, reads bodies and writes responses).
 //!
 //! Owns:
@@ -19,7 +21,9 @@
 //! The wire types here are the API's own: no engine type appears in them
 //! (the `http` module maps between the two).
 
+pub mod anthropic;
 mod error;
+mod json;
 mod knobs;
 mod messages;
 mod prompt;
@@ -29,6 +33,7 @@ mod request_tests;
 mod response;
 #[cfg(test)]
 mod response_tests;
+pub mod responses;
 mod sampling;
 mod tokenize;
 pub mod tool_calls;

@@ -5,7 +5,24 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::request::{as_int, get, kind_of, missing, type_err, Input};
+use super::json::{as_int, get, kind_of, missing, type_err};
+use crate::tokenizer::ChatMessage;
+
+/// What the model is asked to continue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Chat turns, to be rendered with the model's chat template.
+    /// Invariant: non-empty; roles are `system`, `user`, `assistant` or
+    /// `tool`; only assistant turns carry `tool_calls` (arguments parsed
+    /// JSON), only tool turns carry `tool_call_id`.
+    Chat(Vec<ChatMessage>),
+    /// Raw prompt text (`/v1/completions`), used as is.
+    Prompt(String),
+    /// A prompt given as token ids (`/v1/completions`, `[int]` or
+    /// `[[int]]` of one), used as is: no BOS added. Invariant: non-empty.
+    /// Whether the ids are the model's is the caller's check.
+    Tokens(Vec<u32>),
+}
 
 /// `prompt`: a string, a list of one string, or token ids (`[int]`, or
 /// `[[int]]` of one list), as OpenAI and vLLM take it.

@@ -18,9 +18,15 @@ use serde_json::{Map, Value};
 use specgate_verify::SamplingParams;
 
 use super::error::ApiError;
+use super::json::{
+    as_bool, as_int, as_str, below_min, get, kind_of, missing, parse_object, reject_unknown,
+    type_err,
+};
 use super::messages::parse_messages;
 use super::prompt::parse_prompt;
+pub use super::prompt::Input;
 use super::sampling::{parse_controls, parse_logprobs, parse_sampling, parse_stop_token_ids};
+pub use super::sampling::{DEFAULT_TEMPERATURE, MAX_TEMPERATURE, MAX_TOP_LOGPROBS};
 use super::tools::{parse_response_format, parse_tools, ResponseFormat, ToolSetup};
 use crate::tokenizer::ChatMessage;
 use specgate_verify::Controls;
@@ -68,29 +74,9 @@ pub const MAX_STOP_SEQUENCES: usize = 4;
 /// against every suffix of the held-back text, so the cost per token grows
 /// with the square of this bound.
 pub const MAX_STOP_BYTES: usize = 256;
-/// Largest `temperature` (OpenAI's range is `0..=2`).
-pub const MAX_TEMPERATURE: f32 = 2.0;
-/// `temperature` when the request gives none (OpenAI's default).
-pub const DEFAULT_TEMPERATURE: f32 = 1.0;
 /// `max_tokens` of a `/v1/completions` request that gives none (OpenAI's
 /// and vLLM's default for that endpoint).
 pub const COMPLETION_DEFAULT_MAX_TOKENS: usize = 16;
-
-/// What the model is asked to continue.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Input {
-    /// Chat turns, to be rendered with the model's chat template.
-    /// Invariant: non-empty; roles are `system`, `user`, `assistant` or
-    /// `tool`; only assistant turns carry `tool_calls` (arguments parsed
-    /// JSON), only tool turns carry `tool_call_id`.
-    Chat(Vec<ChatMessage>),
-    /// Raw prompt text (`/v1/completions`), used as is.
-    Prompt(String),
-    /// A prompt given as token ids (`/v1/completions`, `[int]` or
-    /// `[[int]]` of one), used as is: no BOS added. Invariant: non-empty.
-    /// Whether the ids are the model's is the caller's check.
-    Tokens(Vec<u32>),
-}
 
 /// The `speculative` request extension:
 /// `{"method": "draft"|"ngram"|"off", "num_tokens": K}`, both keys optional.
@@ -289,6 +275,35 @@ fn parse_cache_salt(map: &Map<String, Value>) -> Result<Option<String>, ApiError
 }
 
 impl ValidRequest {
+    /// A chat request over `messages` with every other field at its
+    /// default (OpenAI's): the start the other wire formats (Anthropic
+    /// Messages, OpenAI Responses) fill in from their own fields.
+    pub(crate) fn chat_defaults(model: String, messages: Vec<ChatMessage>) -> Self {
+        Self {
+            model,
+            input: Input::Chat(messages),
+            max_tokens: None,
+            sampling: SamplingParams {
+                temperature: DEFAULT_TEMPERATURE,
+                ..SamplingParams::default()
+            },
+            controls: Controls::default(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            stream: false,
+            include_usage: false,
+            ignore_eos: false,
+            logprobs: None,
+            echo: false,
+            response_format: ResponseFormat::Text,
+            tools: ToolSetup::default(),
+            meta: RequestMeta::default(),
+            speculative: None,
+            cache_salt: None,
+            knobs: super::knobs::ChatKnobs::default(),
+        }
+    }
+
     /// How many tokens to generate when `room` fit after the prompt (in the
     /// context and in the KV pool): the client's limit when it gave one
     /// (which may exceed `room`; the caller refuses that), else all of
@@ -302,10 +317,6 @@ impl ValidRequest {
         }
     }
 }
-
-/// Most alternatives per token (`top_logprobs`, completions' `logprobs`):
-/// OpenAI's chat limit, and the engine's.
-pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Parses a `POST /v1/chat/completions` body.
 ///
@@ -434,17 +445,6 @@ fn reject_unsupported_chat_fields(map: &Map<String, Value>) -> Result<(), ApiErr
     Ok(())
 }
 
-/// A 400 naming the first field of `map` not in `known`, as OpenAI words it.
-fn reject_unknown(map: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
-    match map.keys().find(|k| !known.contains(&k.as_str())) {
-        None => Ok(()),
-        Some(k) => Err(ApiError::invalid(
-            k.as_str(),
-            format!("Unrecognized request argument supplied: {k}"),
-        )),
-    }
-}
-
 /// Parses a `POST /v1/completions` body.
 ///
 /// Errors (all 400, `param` naming the field): body not JSON or not an
@@ -486,21 +486,6 @@ pub fn parse_completion(body: &[u8]) -> Result<ValidRequest, ApiError> {
     v.logprobs = logprobs;
     v.echo = echo;
     Ok(v)
-}
-
-pub(super) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "We could not parse the JSON body of your request: {e}."
-        ))
-    })?;
-    match v {
-        Value::Object(m) => Ok(m),
-        other => Err(ApiError::bad_request(format!(
-            "The request body must be a JSON object, but got {} instead.",
-            kind_of(&other)
-        ))),
-    }
 }
 
 /// The fields both endpoints share.
@@ -680,7 +665,9 @@ fn parse_stream_options(map: &Map<String, Value>, stream: bool) -> Result<bool, 
     }
 }
 
-fn parse_speculative(map: &Map<String, Value>) -> Result<Option<SpecOverride>, ApiError> {
+pub(super) fn parse_speculative(
+    map: &Map<String, Value>,
+) -> Result<Option<SpecOverride>, ApiError> {
     let Some(v) = get(map, "speculative") else {
         return Ok(None);
     };
@@ -731,68 +718,6 @@ fn parse_speculative(map: &Map<String, Value>) -> Result<Option<SpecOverride>, A
         })),
         (method, num_tokens) => Ok(Some(SpecOverride { method, num_tokens })),
     }
-}
-
-// ---- field helpers: every error names `param` ----
-
-/// The field's value; `null` counts as absent.
-pub(super) fn get<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    map.get(key).filter(|v| !v.is_null())
-}
-
-pub(super) fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(n) if n.is_f64() => "a decimal number",
-        Value::Number(_) => "an integer",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-pub(super) fn type_err(param: &str, expected: &str, got: &Value) -> ApiError {
-    ApiError::invalid(
-        param,
-        format!(
-            "Invalid type for '{param}': expected {expected}, but got {} instead.",
-            kind_of(got)
-        ),
-    )
-}
-
-pub(super) fn missing(param: &str) -> ApiError {
-    ApiError::invalid(param, format!("Missing required parameter: '{param}'."))
-}
-
-pub(super) fn below_min(param: &str, min: i128, got: i128) -> ApiError {
-    ApiError::invalid(
-        param,
-        format!("Invalid '{param}': integer below minimum value. Expected a value >= {min}, but got {got} instead."),
-    )
-}
-
-pub(super) fn as_bool(v: &Value, param: &str) -> Result<bool, ApiError> {
-    v.as_bool().ok_or_else(|| type_err(param, "a boolean", v))
-}
-
-pub(super) fn as_str<'a>(v: &'a Value, param: &str) -> Result<&'a str, ApiError> {
-    v.as_str().ok_or_else(|| type_err(param, "a string", v))
-}
-
-pub(super) fn as_number(v: &Value, param: &str) -> Result<f64, ApiError> {
-    v.as_f64()
-        .filter(|_| v.is_number())
-        .ok_or_else(|| type_err(param, "a number", v))
-}
-
-/// An integer (a decimal such as `1.5` or `2.0` is refused).
-pub(super) fn as_int(v: &Value, param: &str) -> Result<i128, ApiError> {
-    v.as_i64()
-        .map(i128::from)
-        .or_else(|| v.as_u64().map(i128::from))
-        .ok_or_else(|| type_err(param, "an integer", v))
 }
 
 /// An optional integer >= 1, as a `usize`.

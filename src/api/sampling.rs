@@ -8,10 +8,15 @@ use serde_json::{Map, Value};
 use specgate_verify::{Controls, SamplingParams};
 
 use super::error::ApiError;
-use super::request::{
-    as_int, as_number, get, type_err, DEFAULT_TEMPERATURE, MAX_TEMPERATURE, MAX_TOP_LOGPROBS,
-};
+use super::json::{as_int, as_number, get, type_err};
 
+/// Largest `temperature` (OpenAI's range is `0..=2`).
+pub const MAX_TEMPERATURE: f32 = 2.0;
+/// `temperature` when the request gives none (OpenAI's default).
+pub const DEFAULT_TEMPERATURE: f32 = 1.0;
+/// Most alternatives per token (`top_logprobs`, completions' `logprobs`):
+/// OpenAI's chat limit, and the engine's.
+pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Largest `|presence_penalty|` and `|frequency_penalty|` (OpenAI's).
 pub const MAX_PENALTY: f64 = 2.0;
 /// Largest `|bias|` of a `logit_bias` entry (OpenAI's).

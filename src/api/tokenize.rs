@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::json::{as_bool, as_int, as_str, get, kind_of, missing, parse_object, type_err};
 use super::messages::parse_messages;
-use super::request::{as_bool, as_int, as_str, get, kind_of, missing, parse_object, type_err};
 use crate::tokenizer::ChatMessage;
 
 /// What `/tokenize` is asked to encode.

@@ -8,7 +8,7 @@
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::request::{as_bool, as_str, get, missing, type_err};
+use super::json::{as_bool, as_str, get, missing, type_err};
 
 /// Most tools one request may declare (OpenAI's limit).
 pub const MAX_TOOLS: usize = 128;

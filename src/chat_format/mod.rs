@@ -174,8 +174,9 @@ impl ChatFormat {
     /// plus what its `reasoning_effort` maps to in the family's own knob
     /// (a variable the kwargs set themselves wins).
     ///
-    /// Errors: a 400 naming `reasoning_effort` when the family's template
-    /// has no reasoning knob.
+    /// Errors: a 400 naming `reasoning_effort` (or the field it came from,
+    /// `knobs.effort_param`) when the family's template has no reasoning
+    /// knob; another API's `none` is honoured there (no thinking).
     pub fn template_vars(
         &self,
         knobs: &ChatKnobs,
@@ -184,16 +185,24 @@ impl ChatFormat {
         let Some(effort) = &knobs.reasoning_effort else {
             return Ok(vars);
         };
-        let mapped =
-            match self {
-                Self::Hermes(_) => return Err(ApiError::invalid(
-                    "reasoning_effort",
-                    "'reasoning_effort' is not supported: the served model's chat template has \
-                     no reasoning-effort knob.",
+        let mapped = match self {
+            // Another API's explicit "no thinking" (Anthropic's `thinking:
+            // disabled`, Responses' `reasoning.effort: none`) is what a
+            // family without a reasoning channel does anyway.
+            Self::Hermes(_) if effort == "none" && knobs.effort_param.is_some() => return Ok(vars),
+            Self::Hermes(_) => {
+                let param = knobs.effort_param.unwrap_or("reasoning_effort");
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "'{param}' is not supported: the served model's chat template has no \
+                         reasoning-effort knob."
+                    ),
                 )
-                .with_code("unsupported_parameter")),
-                Self::KimiK3(_) => kimi_k3::effort_vars(effort),
-            };
+                .with_code("unsupported_parameter"));
+            }
+            Self::KimiK3(_) => kimi_k3::effort_vars(effort),
+        };
         for (k, v) in mapped {
             vars.entry(k.to_owned()).or_insert(v);
         }

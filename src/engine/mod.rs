@@ -370,6 +370,14 @@ struct Limits {
 /// [`EngineHandle::with_max_prompt_logprobs`] says otherwise.
 pub const DEFAULT_MAX_PROMPT_LOGPROBS: usize = 2048;
 
+/// The longest n-gram the prompt-lookup proposer may try (`ngram_max`).
+/// Each n from `ngram_max` down to `ngram_min` is one more backwards scan of
+/// the whole context per sequence and step on the engine thread when nothing
+/// matches (the common case), and a suffix longer than a handful of tokens
+/// almost always finds the same earlier occurrence a shorter one does; 16
+/// leaves room for tuning while bounding that cost to 16 scans.
+pub const MAX_NGRAM: usize = 16;
+
 /// Drafts a request may ask for at most.
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 

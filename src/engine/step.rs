@@ -18,11 +18,11 @@
 use super::calibrate::{self, Calibration};
 use super::scheduler::Scheduler;
 use super::sequence::Sequence;
+use super::MAX_NGRAM;
 use super::{
     Command, EngineConfig, EngineError, EngineStats, Event, Fault, FinishReason, KvSize,
     ProposerKind, SpecMethod, Usage, MAX_SPECULATIVE_TOKENS,
 };
-use crate::config::MAX_NGRAM;
 use crate::kv::row_states::{fit_rows, row_budget};
 use crate::kv::{BlockManager, Checkpoints, SeqId, StateSlots};
 use crate::metrics as names;

@@ -102,7 +102,7 @@ impl Driver {
                     self.record_tokens(ids.len());
                     self.completion_tokens += ids.len();
                     if self.stop_on_content {
-                        let shaped = self.stage.push(&text, logprobs, &markers);
+                        let shaped = self.stage.push(&text, logprobs, &markers, ids.len());
                         let (out, stopped) = self.stop_content(shaped);
                         if stopped {
                             // Dropping the receiver cancels the sequence.
@@ -130,14 +130,14 @@ impl Driver {
                         self.held = OffsetQueue::default();
                         let marks = self.released_marks(from);
                         self.marks.clear();
-                        let mut shaped = self.stage.push(&m.emit, lps, &marks);
+                        let mut shaped = self.stage.push(&m.emit, lps, &marks, 0);
                         shaped.extend(self.stage.finish());
                         return Some(self.finish_piece(shaped, FinishReason::Stop));
                     }
                     if !m.emit.is_empty() {
                         let lps = self.held.take_until(self.released);
                         let marks = self.released_marks(from);
-                        let shaped = self.stage.push(&m.emit, lps, &marks);
+                        let shaped = self.stage.push(&m.emit, lps, &marks, 0);
                         if !shaped.is_empty() {
                             return Some(Piece::Shaped(shaped));
                         }
@@ -174,7 +174,7 @@ impl Driver {
                         let from = self.released;
                         self.released += rest.len();
                         let marks = self.released_marks(from);
-                        let mut out = self.stage.push(&rest, lps, &marks);
+                        let mut out = self.stage.push(&rest, lps, &marks, 0);
                         out.extend(self.stage.finish());
                         out
                     };

@@ -99,6 +99,26 @@ pub(super) async fn detokenize(
     Ok(ok_json(&answer))
 }
 
+/// `POST /v1/messages/count_tokens` (Anthropic's): the prompt tokens a
+/// Messages request would cost, `{"input_tokens": n}`, counted on the
+/// prompt generation builds (template, tools, thinking switch).
+///
+/// Runs under `admit`. Errors (Anthropic's body): 400 for the body, 404
+/// for a `model` that is not the served one, 503 while loading.
+pub(super) async fn count_tokens(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    admit: Admit,
+) -> Result<Response<ResBody>, ApiError> {
+    state.backend()?;
+    let body = read_body(&state, req.into_body()).await?;
+    let v = api::anthropic::parse_count_tokens(&body)?;
+    drop(body);
+    check_model(&state, Some(&v.model))?;
+    let n = off_runtime(state, admit, move |b| super::generate::count_prompt(b, &v)).await?;
+    Ok(ok_json(&serde_json::json!({ "input_tokens": n })))
+}
+
 /// A `model` field, when given, must name the served model (404 otherwise,
 /// as on the generation routes).
 fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {

@@ -1,4 +1,7 @@
-//! `POST /v1/chat/completions` and `POST /v1/completions`: validate, apply
+//! The generation routes, `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/responses` and `POST /v1/messages` (each body parsed into the
+//! one [`ValidRequest`]; the output shaped per API: `output.rs`,
+//! `responses_out.rs`, `anthropic_out.rs`): validate, apply
 //! the chat template, tokenize, check the context length, take an admission
 //! permit (429 when none is left), submit to the engine, and answer whole or
 //! as Server-Sent Events. Stop strings are applied to the text here; when
@@ -20,6 +23,7 @@
 //! its own (EOS, stop token or stop string); `length` stays `length`.
 
 use super::admission::Admit;
+use super::anthropic_out::{self, MessagesOut};
 use super::convert::EngineFailure;
 use super::driver::{Driver, Piece};
 use super::output::{
@@ -27,7 +31,9 @@ use super::output::{
     WholeTurn,
 };
 use super::request_log::RequestLog;
+use super::responses_out::ResponsesOut;
 use super::stop::{OffsetQueue, StopMatcher};
+use super::Api;
 use super::{json_response, read_body, AppState, Backend, ResBody, StreamFrame};
 use crate::api::{
     self, ApiError, ChatCompletionChunk, Completion, CompletionLogprobs, Input, ResponseFormat,
@@ -36,6 +42,7 @@ use crate::api::{
 use crate::chat_format::{ChatFormat, TurnSetup};
 use crate::engine::{GenRequest, SpecMethod};
 use crate::grammar::{GrammarError, GrammarSpec};
+use crate::tokenizer::ChatMessage;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
@@ -51,7 +58,7 @@ use tokio::time::Instant;
 pub(super) async fn handle(
     state: Arc<AppState>,
     req: Request<Incoming>,
-    chat: bool,
+    api: Api,
     admit: Admit,
 ) -> Result<Response<ResBody>, ApiError> {
     let arrived = Instant::now();
@@ -59,11 +66,8 @@ pub(super) async fn handle(
     let backend = state.backend()?;
     let tenant = super::tenant(&state, &req);
     let body = read_body(&state, req.into_body()).await?;
-    let v = if chat {
-        api::parse_chat(&body)?
-    } else {
-        api::parse_completion(&body)?
-    };
+    let (v, wire) = parse_wire(&state, api, &body, tenant)?;
+    let chat = api != Api::Completions;
     drop(body);
     log.set_model(&v.model);
     // Who sent it (`user`, `safety_identifier`, `metadata`): for the log
@@ -140,7 +144,7 @@ pub(super) async fn handle(
     };
     let labels = Labels {
         // The request id, so a client's response id names its log line.
-        id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, log.id()),
+        id: format!("{}{}", api.id_prefix(), log.id()),
         created: api::unix_now(),
         model: state.settings.model_name.clone(),
         turn: labels_turn,
@@ -159,10 +163,85 @@ pub(super) async fn handle(
         },
     };
     if v.stream {
-        Ok(stream(state, driver, labels, v.include_usage, permit))
+        Ok(stream(state, driver, labels, v.include_usage, permit, wire))
     } else {
-        whole(driver, labels, permit).await
+        whole(state, driver, labels, permit, wire).await
     }
+}
+
+/// How one API's output is shaped, and what it needs besides [`Labels`].
+pub(super) enum Wire {
+    /// Chat completions and completions (`output.rs`).
+    OpenAi,
+    /// Anthropic Messages (`anthropic_out.rs`).
+    Messages(MessagesOut),
+    /// OpenAI Responses (`responses_out.rs`), and what the store keeps.
+    Responses(Box<ResponsesWire>),
+}
+
+/// A Responses request's output side.
+pub(super) struct ResponsesWire {
+    out: ResponsesOut,
+    /// Keep the finished response (`store`).
+    store: bool,
+    /// The store scope (the sender's key).
+    scope: u64,
+    /// The conversation before this turn (no `instructions`).
+    conversation: Vec<crate::tokenizer::ChatMessage>,
+}
+
+/// Parses `body` as `api`'s request into the one request type, and the
+/// output side it needs. A Responses request's `previous_response_id` is
+/// resolved here, in the sender's scope of the store.
+///
+/// Errors: the API's 400s; a 404 naming `previous_response_id` for an id
+/// the sender's scope does not hold (never stored, deleted or evicted).
+fn parse_wire(
+    state: &AppState,
+    api: Api,
+    body: &[u8],
+    tenant: u64,
+) -> Result<(ValidRequest, Wire), ApiError> {
+    Ok(match api {
+        Api::Chat => (api::parse_chat(body)?, Wire::OpenAi),
+        Api::Completions => (api::parse_completion(body)?, Wire::OpenAi),
+        Api::Messages => (
+            api::anthropic::parse_messages_request(body)?.valid,
+            Wire::Messages(MessagesOut::default()),
+        ),
+        Api::Responses => {
+            let r = api::responses::parse_responses_request(body)?;
+            let prior = match &r.previous_response_id {
+                None => None,
+                Some(id) => Some(state.responses.get(tenant, id).ok_or_else(|| {
+                    ApiError::not_found(format!(
+                        "Previous response with id '{id}' not found: it was never stored, \
+                         was deleted, or was evicted from this server's bounded store."
+                    ))
+                    .with_param("previous_response_id")
+                    .with_code("previous_response_not_found")
+                })?),
+            };
+            let echo = api::responses::echoed_fields(&r);
+            let mut v = r.valid;
+            let Input::Chat(new) = std::mem::replace(&mut v.input, Input::Chat(Vec::new())) else {
+                unreachable!("a Responses request is chat turns")
+            };
+            let prior_turns = prior.as_ref().map_or(&[][..], |p| &p.conversation[..]);
+            let conversation = api::responses::assemble(None, prior_turns, new)?;
+            let all =
+                api::responses::assemble(r.instructions.as_deref(), &conversation, Vec::new())?;
+            v.input = Input::Chat(all);
+            let wire = ResponsesWire {
+                out: ResponsesOut::new(echo),
+                store: r.store,
+                scope: tenant,
+                conversation,
+            };
+            (v, Wire::Responses(Box::new(wire)))
+        }
+        Api::CountTokens => return Err(ApiError::internal("count_tokens does not generate")),
+    })
 }
 
 /// The model family a chat turn is written in, and whether its prompt
@@ -200,18 +279,7 @@ fn build_request(
     // injection). A chat template writes its own BOS where the model wants
     // one; a raw prompt gets the model's BOS.
     let (prompt, param) = match &v.input {
-        Input::Chat(msgs) => {
-            // `tool_choice: "none"`: the model is not shown the tools.
-            let tools: Option<Vec<serde_json::Value>> = v
-                .tools
-                .active()
-                .then(|| v.tools.tools.iter().map(|t| t.template_value()).collect());
-            (
-                tok.encode_chat_with_vars(msgs, tools.as_deref(), &vars, true)
-                    .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
-                "messages",
-            )
-        }
+        Input::Chat(msgs) => (encode_chat(tok, v, msgs, &vars)?, "messages"),
         Input::Prompt(p) => (
             tok.encode(p, true)
                 .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
@@ -337,6 +405,36 @@ fn build_request(
     ))
 }
 
+/// The prompt of chat turns `msgs`: the template rendered with the
+/// request's active tools (`tool_choice: "none"` shows none) and template
+/// variables `vars`, then encoded.
+fn encode_chat(
+    tok: &crate::tokenizer::TextTokenizer,
+    v: &ValidRequest,
+    msgs: &[ChatMessage],
+    vars: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<u32>, ApiError> {
+    let tools: Option<Vec<serde_json::Value>> = v
+        .tools
+        .active()
+        .then(|| v.tools.tools.iter().map(|t| t.template_value()).collect());
+    tok.encode_chat_with_vars(msgs, tools.as_deref(), vars, true)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// How many tokens the chat request `v` would send the model: exactly the
+/// prompt generation would build (Anthropic's `count_tokens`).
+///
+/// Errors: a 400 for a template knob the model lacks or a conversation
+/// the template refuses.
+pub(super) fn count_prompt(backend: &Backend, v: &ValidRequest) -> Result<usize, ApiError> {
+    let Input::Chat(msgs) = &v.input else {
+        return Err(ApiError::internal("only chat turns are counted"));
+    };
+    let vars = ChatFormat::detect(&backend.tokenizer).template_vars(&v.knobs)?;
+    Ok(encode_chat(&backend.tokenizer, v, msgs, &vars)?.len())
+}
+
 /// The grammar the output must follow, compiled: from `response_format`,
 /// or from a `tool_choice` that forces calls; `None` for free text.
 ///
@@ -397,57 +495,90 @@ fn grammar(
     }
 }
 
+impl ResponsesWire {
+    /// Keeps the finished response when the request asked (`store`).
+    fn keep(&self, state: &AppState, id: &str, body: &serde_json::Value, turn: ChatMessage) {
+        if !self.store {
+            return;
+        }
+        let mut conversation = self.conversation.clone();
+        conversation.push(turn);
+        state.responses.put(
+            self.scope,
+            id.to_owned(),
+            super::response_store::Stored::new(body.clone(), conversation),
+        );
+    }
+}
+
 /// Collects the whole answer into one JSON response.
 async fn whole(
+    state: Arc<AppState>,
     mut driver: Driver,
     l: Labels,
     _permit: Admit,
+    mut wire: Wire,
 ) -> Result<Response<ResBody>, ApiError> {
     let mut turn = WholeTurn::default();
     let mut lps: Vec<TokenLogprob> = Vec::new();
     let mut prompt_lps: Vec<TokenLogprob> = Vec::new();
     while let Some(piece) = driver.next().await {
         match piece {
-            Piece::Shaped(shaped) => {
-                for s in shaped {
-                    match s {
-                        Shaped::Content(t, lp) => {
-                            turn.content.push_str(&t);
-                            lps.extend(lp);
-                        }
-                        Shaped::Reasoning(t, lp) => {
-                            turn.reasoning.push_str(&t);
-                            lps.extend(lp);
-                        }
-                        Shaped::Call(c, lp) => {
-                            turn.calls.push(c);
-                            lps.extend(lp);
+            Piece::Shaped(shaped) => match &mut wire {
+                Wire::Messages(m) => drop(m.pieces(&l, shaped)),
+                Wire::Responses(r) => drop(r.out.pieces(&l, shaped)),
+                Wire::OpenAi => {
+                    for s in shaped {
+                        match s {
+                            Shaped::Content(t, lp) => {
+                                turn.content.push_str(&t);
+                                lps.extend(lp);
+                            }
+                            Shaped::Reasoning(t, lp) => {
+                                turn.reasoning.push_str(&t);
+                                lps.extend(lp);
+                            }
+                            Shaped::Call(c, lp) => {
+                                turn.calls.push(c);
+                                lps.extend(lp);
+                            }
                         }
                     }
                 }
-            }
+            },
             Piece::Prompt(lp) => prompt_lps = lp,
             Piece::Done(reason, usage) => {
-                let body = if l.turn.is_some() {
-                    serde_json::to_string(&chat_body(&l, turn, &lps, reason, usage))
-                } else {
-                    let mut text = turn.content;
-                    let mut offset = 0;
-                    let mut logprobs = l
-                        .echo
-                        .as_ref()
-                        .and_then(|(_, first)| echo_logprobs(&l, *first, &prompt_lps, &mut offset));
-                    if let Some(w) = &l.logprobs {
-                        let out = logprobs.get_or_insert_with(CompletionLogprobs::default);
-                        w.completion(&lps, &mut offset, out);
+                let body = match wire {
+                    Wire::Messages(m) => {
+                        Ok(m.body(&l, reason, usage, driver.stop.matched()).to_string())
                     }
-                    if let Some((prompt, _)) = &l.echo {
-                        text.insert_str(0, prompt);
+                    Wire::Responses(mut r) => {
+                        let reasoning = driver.stage.reasoning_tokens();
+                        let (_, body, turn) = r.out.done(&l, reason, usage, reasoning);
+                        r.keep(&state, &l.id, &body, turn);
+                        Ok(body.to_string())
                     }
-                    serde_json::to_string(
-                        &Completion::new(&l.id, l.created, &l.model, text, reason, usage)
-                            .with_logprobs(logprobs),
-                    )
+                    Wire::OpenAi if l.turn.is_some() => {
+                        serde_json::to_string(&chat_body(&l, turn, &lps, reason, usage))
+                    }
+                    Wire::OpenAi => {
+                        let mut text = turn.content;
+                        let mut offset = 0;
+                        let mut logprobs = l.echo.as_ref().and_then(|(_, first)| {
+                            echo_logprobs(&l, *first, &prompt_lps, &mut offset)
+                        });
+                        if let Some(w) = &l.logprobs {
+                            let out = logprobs.get_or_insert_with(CompletionLogprobs::default);
+                            w.completion(&lps, &mut offset, out);
+                        }
+                        if let Some((prompt, _)) = &l.echo {
+                            text.insert_str(0, prompt);
+                        }
+                        serde_json::to_string(
+                            &Completion::new(&l.id, l.created, &l.model, text, reason, usage)
+                                .with_logprobs(logprobs),
+                        )
+                    }
                 }
                 .map_err(|e| ApiError::internal(e.to_string()))?;
                 return Ok(json_response(StatusCode::OK, body));
@@ -469,6 +600,7 @@ fn stream(
     l: Labels,
     include_usage: bool,
     permit: impl Send + 'static,
+    mut wire: Wire,
 ) -> Response<ResBody> {
     let (tx, rx) = mpsc::channel::<StreamFrame>(32);
     let keep_alive = state.settings.keep_alive;
@@ -481,10 +613,18 @@ fn stream(
             async move { matches!(tokio::time::timeout(limit, tx.send(f)).await, Ok(Ok(()))) }
         };
         let send = |b: Bytes| deliver(StreamFrame::Data(b));
-        if l.turn.is_some()
-            && !send(sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))).await
-        {
-            return;
+        let opening: Vec<Bytes> = match &mut wire {
+            Wire::Messages(m) => vec![m.start(&l, driver.prompt_tokens)],
+            Wire::Responses(r) => r.out.start(&l),
+            Wire::OpenAi if l.turn.is_some() => {
+                vec![sse(&ChatCompletionChunk::role(&l.id, l.created, &l.model))]
+            }
+            Wire::OpenAi => Vec::new(),
+        };
+        for b in opening {
+            if !send(b).await {
+                return;
+            }
         }
         let mut shape = StreamShape::new(&l);
         // Without log-probabilities the echoed prompt goes first; with them
@@ -501,18 +641,41 @@ fn stream(
             let piece = tokio::select! {
                 p = driver.next() => p,
                 _ = tick.tick() => {
-                    if !send(Bytes::from_static(b": keep-alive\n\n")).await {
+                    let ping = match wire {
+                        Wire::Messages(_) => anthropic_out::ping(),
+                        _ => Bytes::from_static(b": keep-alive\n\n"),
+                    };
+                    if !send(ping).await {
                         return;
                     }
                     continue;
                 }
             };
-            let out = match piece {
-                None => break,
-                Some(Piece::Shaped(shaped)) => shape.pieces(&l, shaped),
-                Some(Piece::Prompt(lps)) => shape.echo(&l, &lps).into_iter().collect(),
-                Some(Piece::Done(reason, usage)) => shape.done(&l, reason, usage, include_usage),
-                Some(Piece::Error(e)) => vec![
+            let out = match (piece, &mut wire) {
+                (None, _) => break,
+                (Some(Piece::Shaped(shaped)), Wire::Messages(m)) => m.pieces(&l, shaped),
+                (Some(Piece::Shaped(shaped)), Wire::Responses(r)) => r.out.pieces(&l, shaped),
+                (Some(Piece::Shaped(shaped)), Wire::OpenAi) => shape.pieces(&l, shaped),
+                (Some(Piece::Prompt(lps)), _) => shape.echo(&l, &lps).into_iter().collect(),
+                (Some(Piece::Done(reason, usage)), Wire::Messages(m)) => {
+                    m.done(reason, usage, driver.stop.matched())
+                }
+                (Some(Piece::Done(reason, usage)), Wire::Responses(r)) => {
+                    let reasoning = driver.stage.reasoning_tokens();
+                    let (events, body, turn) = r.out.done(&l, reason, usage, reasoning);
+                    r.keep(&state, &l.id, &body, turn);
+                    events
+                }
+                (Some(Piece::Done(reason, usage)), Wire::OpenAi) => {
+                    shape.done(&l, reason, usage, include_usage)
+                }
+                (Some(Piece::Error(e)), Wire::Messages(_)) => {
+                    vec![anthropic_out::error_event(&ApiError::unavailable(e))]
+                }
+                (Some(Piece::Error(e)), Wire::Responses(r)) => {
+                    vec![r.out.error(&ApiError::unavailable(e))]
+                }
+                (Some(Piece::Error(e)), Wire::OpenAi) => vec![
                     Bytes::from(format!("data: {}\n\n", ApiError::unavailable(e).to_json())),
                     Bytes::from_static(b"data: [DONE]\n\n"),
                 ],
@@ -559,6 +722,8 @@ mod tests {
                 ..ConnLimits::default()
             },
             cors: Default::default(),
+            stored_responses: 4,
+            stored_response_bytes: 1 << 20,
         };
         AppState::new(settings, crate::metrics::install())
     }
@@ -605,7 +770,7 @@ mod tests {
             echo: None,
         };
         // The body is never polled, as when the client stops reading.
-        let _body = stream(state, driver, labels, false, permit);
+        let _body = stream(state, driver, labels, false, permit, Wire::OpenAi);
         for i in 0..200 {
             let ev = Event::Tokens {
                 ids: vec![i],

@@ -1,11 +1,15 @@
 //! The HTTP front: a hyper 1 accept loop, routing, authentication, body
-//! limits, admission control, CORS, and the routes of [`ROUTES`]: the two
-//! generation endpoints in both response shapes (whole JSON or Server-Sent
-//! Events), models, tokenize/detokenize, version and the OpenAPI document.
-//! Errors become HTTP responses in exactly one place, [`error_response`],
-//! from `api::ApiError`.
+//! limits, admission control, CORS, and the routes of [`ROUTES`]: the
+//! generation endpoints (chat completions, completions, OpenAI's Responses,
+//! Anthropic's Messages) in both response shapes (whole JSON or Server-Sent
+//! Events), the Responses store's routes ([`STORED_RESPONSE_ROUTES`]),
+//! models, tokenize/detokenize, count_tokens, version and the OpenAPI
+//! document. Errors become HTTP responses in exactly one place,
+//! [`error_response_as`] (OpenAI's body, or Anthropic's on its routes), from
+//! `api::ApiError`.
 
 pub mod admission;
+mod anthropic_out;
 mod convert;
 pub mod cors;
 mod driver;
@@ -15,6 +19,8 @@ pub mod openapi;
 mod output;
 pub(crate) mod request_id;
 pub(crate) mod request_log;
+pub mod response_store;
+mod responses_out;
 pub mod stop;
 mod timed_io;
 
@@ -63,6 +69,9 @@ pub struct HttpSettings {
     /// Which browser origins may call the API (`[server]
     /// cors_allow_origins`); off by default.
     pub cors: cors::CorsPolicy,
+    /// The Responses store's bounds per API key: responses, bytes.
+    pub stored_responses: usize,
+    pub stored_response_bytes: usize,
 }
 
 /// Bounds on one connection's life, so no client holds a socket, a task or
@@ -116,6 +125,8 @@ pub struct AppState {
     /// Turns true when the drain timeout has passed: open responses end
     /// with an error event instead of being cut mid-stream.
     cut: tokio::sync::watch::Sender<bool>,
+    /// Responses kept for the Responses API (bounded per key).
+    responses: response_store::ResponseStore,
 }
 
 impl AppState {
@@ -129,6 +140,10 @@ impl AppState {
                 settings.max_blocking_jobs,
             ),
             backend: OnceLock::new(),
+            responses: response_store::ResponseStore::new(
+                settings.stored_responses,
+                settings.stored_response_bytes,
+            ),
             settings,
             metrics,
             created: crate::api::unix_now(),
@@ -202,11 +217,75 @@ fn json_response(status: StatusCode, body: String) -> Response<ResBody> {
     r
 }
 
-/// The one place an error becomes an HTTP response.
+/// The one place an error becomes an HTTP response (OpenAI's body).
 pub fn error_response(e: &ApiError) -> Response<ResBody> {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(status, e.to_json())
+    error_response_as(Api::Chat, e)
 }
+
+/// The one place an error becomes an HTTP response in `api`'s own body:
+/// Anthropic's for the Messages routes, OpenAI's for every other.
+pub(crate) fn error_response_as(api: Api, e: &ApiError) -> Response<ResBody> {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = match api {
+        Api::Messages | Api::CountTokens => e.to_anthropic_json(),
+        _ => e.to_json(),
+    };
+    json_response(status, body)
+}
+
+/// The wire API a route speaks: decides the error body's shape, and
+/// labels the request in `/metrics` and the request log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// `/v1/chat/completions`, and every route that is not generation.
+    Chat,
+    Completions,
+    /// `/v1/messages` (Anthropic).
+    Messages,
+    /// `/v1/messages/count_tokens` (Anthropic).
+    CountTokens,
+    /// `/v1/responses` and `/v1/responses/{id}` (OpenAI).
+    Responses,
+}
+
+impl Api {
+    /// The API of a route path, `None` for routes of no wire API.
+    pub fn of_path(path: &str) -> Option<Api> {
+        match path {
+            "/v1/chat/completions" => Some(Api::Chat),
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/messages" => Some(Api::Messages),
+            "/v1/messages/count_tokens" => Some(Api::CountTokens),
+            p if p == "/v1/responses" || p.starts_with(RESPONSE_PREFIX) => Some(Api::Responses),
+            _ => None,
+        }
+    }
+
+    /// The label of `/metrics` and the request log (`api=`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Chat => "chat_completions",
+            Api::Completions => "completions",
+            Api::Messages => "messages",
+            Api::CountTokens => "count_tokens",
+            Api::Responses => "responses",
+        }
+    }
+
+    /// The prefix of a generation's response id (then the request id).
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Api::Chat => "chatcmpl-",
+            Api::Completions => "cmpl-",
+            Api::Messages | Api::CountTokens => "msg_",
+            Api::Responses => "resp_",
+        }
+    }
+}
+
+/// Paths under this prefix name one stored response
+/// (`GET` / `DELETE /v1/responses/{id}`).
+pub const RESPONSE_PREFIX: &str = "/v1/responses/";
 
 /// Serves connections from `listener` until `shutdown` resolves, then
 /// stops accepting, marks the server draining (health 503, new generation
@@ -328,7 +407,7 @@ fn authorized(state: &AppState, req: &Request<Incoming>) -> bool {
     if state.settings.api_keys.is_empty() {
         return true;
     }
-    let Some(given) = bearer(req) else {
+    let Some(given) = api_key(req) else {
         return false;
     };
     // Every key is compared in full, so timing says nothing about which
@@ -349,7 +428,7 @@ fn tenant(state: &AppState, req: &Request<Incoming>) -> u64 {
     if state.settings.api_keys.is_empty() {
         return 0;
     }
-    let given = bearer(req).unwrap_or_default();
+    let given = api_key(req).unwrap_or_default();
     KEY.get_or_init(Default::default).hash_one(given).max(1)
 }
 
@@ -373,6 +452,20 @@ fn cache_scope(state: &AppState, tenant: u64, salt: Option<&str>) -> u64 {
             .hash_one((tenant, salt))
             .max(1),
     }
+}
+
+/// The API key a request sends: its `Authorization: Bearer <key>`, else
+/// its `x-api-key` header (Anthropic's), the same keys either way.
+fn api_key(req: &Request<Incoming>) -> Option<&str> {
+    bearer(req).or_else(|| {
+        let k = req
+            .headers()
+            .get("x-api-key")?
+            .to_str()
+            .ok()?
+            .trim_matches(' ');
+        (!k.is_empty()).then_some(k)
+    })
 }
 
 /// The key of an `Authorization: Bearer <key>` header, if there is one.
@@ -414,7 +507,7 @@ async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> 
 /// Every route the server answers: its path and method. `/openapi.json`
 /// documents exactly these; with CORS on, each also answers an `OPTIONS`
 /// preflight.
-pub const ROUTES: [(&str, Method); 9] = [
+pub const ROUTES: [(&str, Method); 12] = [
     ("/health", Method::GET),
     ("/metrics", Method::GET),
     ("/version", Method::GET),
@@ -422,8 +515,19 @@ pub const ROUTES: [(&str, Method); 9] = [
     ("/v1/models", Method::GET),
     ("/v1/chat/completions", Method::POST),
     ("/v1/completions", Method::POST),
+    ("/v1/responses", Method::POST),
+    ("/v1/messages", Method::POST),
+    ("/v1/messages/count_tokens", Method::POST),
     ("/tokenize", Method::POST),
     ("/detokenize", Method::POST),
+];
+
+/// The routes of one stored response (the Responses API's): a path under
+/// [`RESPONSE_PREFIX`] names it. Documented in `/openapi.json` beside
+/// [`ROUTES`].
+pub const STORED_RESPONSE_ROUTES: [(&str, Method); 2] = [
+    ("/v1/responses/{response_id}", Method::GET),
+    ("/v1/responses/{response_id}", Method::DELETE),
 ];
 
 /// Routes `req` and adds the CORS headers (when on) to whatever answers it.
@@ -437,14 +541,25 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResBody
 async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResBody> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    let wire_api = Api::of_path(&path);
+    if let Some(a) = wire_api {
+        // Labels the request's log line and `specgate_api_requests_total`,
+        // refusals included.
+        request_log::RequestLog::of(&req).set_api(a.as_str());
+    }
+    let api = wire_api.unwrap_or(Api::Chat);
+    let fail = |e: &ApiError| error_response_as(api, e);
+    if let Some(id) = path.strip_prefix(RESPONSE_PREFIX) {
+        return stored_response(&state, &req, id).unwrap_or_else(|e| fail(&e));
+    }
     let Some((_, want)) = ROUTES.iter().find(|(p, _)| *p == path) else {
-        return error_response(&ApiError::not_found(format!("No route for {path}.")));
+        return fail(&ApiError::not_found(format!("No route for {path}.")));
     };
     if method == Method::OPTIONS && state.settings.cors.is_enabled() {
         return cors::preflight(want, req.headers());
     }
     if method != *want {
-        let mut r = error_response(&ApiError::method_not_allowed(method.as_str(), &path));
+        let mut r = fail(&ApiError::method_not_allowed(method.as_str(), &path));
         // A 405 names what the route does serve (RFC 9110).
         let allow = if state.settings.cors.is_enabled() {
             format!("{want}, OPTIONS")
@@ -462,9 +577,7 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResB
         "/metrics" if metrics_open => Ok(metrics(&state)),
         "/version" => Ok(endpoints::version()),
         "/openapi.json" => Ok(openapi::response(&state)),
-        _ if !authorized(&state, &req) => Err(ApiError::authentication(
-            "Missing or invalid API key (send 'Authorization: Bearer <key>').",
-        )),
+        _ if !authorized(&state, &req) => Err(unauthorized()),
         "/metrics" => Ok(metrics(&state)),
         "/v1/models" => Ok(endpoints::models(&state)),
         _ => {
@@ -472,17 +585,71 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResB
             // refusal here comes before the replica did anything for it.
             let admit = match admit(&state, &req, path.starts_with("/v1/")) {
                 Ok(a) => a,
-                Err(e) => return not_admitted(&e),
+                Err(e) => return not_admitted(api, &e),
             };
             match path.as_str() {
                 "/tokenize" => endpoints::tokenize(state.clone(), req, admit).await,
                 "/detokenize" => endpoints::detokenize(state.clone(), req, admit).await,
-                "/v1/chat/completions" => generate::handle(state.clone(), req, true, admit).await,
-                _ => generate::handle(state.clone(), req, false, admit).await,
+                "/v1/messages/count_tokens" => {
+                    endpoints::count_tokens(state.clone(), req, admit).await
+                }
+                _ => generate::handle(state.clone(), req, api, admit).await,
             }
         }
     };
-    result.unwrap_or_else(|e| error_response(&e))
+    result.unwrap_or_else(|e| fail(&e))
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::authentication(
+        "Missing or invalid API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>').",
+    )
+}
+
+/// `GET` / `DELETE /v1/responses/{id}` (with CORS preflight): a stored
+/// response of the sender's scope.
+///
+/// Errors: 401 without a valid key; 405 for another method; 404 for an
+/// id the sender's scope does not hold.
+fn stored_response(
+    state: &AppState,
+    req: &Request<Incoming>,
+    id: &str,
+) -> Result<Response<ResBody>, ApiError> {
+    let method = req.method();
+    let allowed = "GET, DELETE";
+    if method == Method::OPTIONS && state.settings.cors.is_enabled() {
+        return Ok(cors::preflight(&Method::GET, req.headers()));
+    }
+    if method != Method::GET && method != Method::DELETE {
+        let mut r = error_response(&ApiError::method_not_allowed(
+            method.as_str(),
+            req.uri().path(),
+        ));
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(allowed));
+        return Ok(r);
+    }
+    if !authorized(state, req) {
+        return Err(unauthorized());
+    }
+    let scope = tenant(state, req);
+    let missing = || {
+        ApiError::not_found(format!(
+            "No response with id '{id}' is stored: it was never stored, was deleted, or was \
+             evicted from this server's bounded store."
+        ))
+        .with_code("response_not_found")
+    };
+    if method == Method::DELETE {
+        if !state.responses.delete(scope, id) {
+            return Err(missing());
+        }
+        let body = serde_json::json!({"id": id, "object": "response", "deleted": true});
+        return Ok(json_response(StatusCode::OK, body.to_string()));
+    }
+    let stored = state.responses.get(scope, id).ok_or_else(missing)?;
+    Ok(json_response(StatusCode::OK, stored.body.to_string()))
 }
 
 /// Marks a response as sent before the request was admitted (refused while
@@ -492,8 +659,8 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResB
 pub const NOT_ADMITTED_HEADER: &str = "x-specgate-not-admitted";
 
 /// `e` as a response carrying [`NOT_ADMITTED_HEADER`].
-fn not_admitted(e: &ApiError) -> Response<ResBody> {
-    let mut r = error_response(e);
+fn not_admitted(api: Api, e: &ApiError) -> Response<ResBody> {
+    let mut r = error_response_as(api, e);
     r.headers_mut()
         .insert(NOT_ADMITTED_HEADER, HeaderValue::from_static("1"));
     r

@@ -16,6 +16,7 @@ use hyper::{Response, StatusCode};
 use serde_json::{json, Map, Value};
 
 mod agent;
+mod wire_apis;
 
 /// What the loaded model bounds, written into the schemas so that a
 /// request the document calls valid is not refused for them.
@@ -67,6 +68,9 @@ pub fn document(model: &str, limits: Option<ServedLimits>) -> Value {
         "TokenizeCompletionRequest",
         "TokenizeChatRequest",
         "DetokenizeRequest",
+        "ResponsesRequest",
+        "MessagesRequest",
+        "CountTokensRequest",
     ] {
         let field = &mut schemas[request]["properties"]["model"];
         // Optional fields are wrapped in `anyOf: [schema, null]`.
@@ -207,6 +211,10 @@ fn paths() -> Value {
             ),
         }),
     );
+    for (path, method, op) in wire_apis::paths(responses) {
+        let ops = p.entry(path).or_insert_with(|| json!({}));
+        ops[method] = op;
+    }
     Value::Object(p)
 }
 
@@ -286,6 +294,7 @@ fn schemas() -> Value {
     s.extend(response_schemas());
     s.extend(tokenize_schemas());
     s.extend(agent::schemas());
+    s.extend(wire_apis::schemas());
     Value::Object(s)
 }
 
@@ -772,6 +781,7 @@ mod tests {
             .collect();
         let mut routes: Vec<(String, String)> = ROUTES
             .iter()
+            .chain(crate::http::STORED_RESPONSE_ROUTES.iter())
             .map(|(p, m)| (p.to_string(), m.to_string()))
             .collect();
         documented.sort();

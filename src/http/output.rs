@@ -156,7 +156,12 @@ pub(super) enum Shaped {
 pub(super) struct TurnStage {
     parser: Option<Box<dyn TurnStream>>,
     queue: OffsetQueue<TokenLogprob>,
+    /// One unit per generated token, keyed like `queue`: which piece each
+    /// token's text ended in (to count reasoning tokens).
+    tokens: OffsetQueue<()>,
     fed: usize,
+    /// Tokens whose text ended in reasoning.
+    reasoning_tokens: usize,
 }
 
 impl TurnStage {
@@ -165,8 +170,17 @@ impl TurnStage {
         Self {
             parser,
             queue: OffsetQueue::default(),
+            tokens: OffsetQueue::default(),
             fed: 0,
+            reasoning_tokens: 0,
         }
+    }
+
+    /// Tokens whose text ended in reasoning (the Responses API's
+    /// `output_tokens_details.reasoning_tokens`); counted for text fed
+    /// with its token count.
+    pub(super) fn reasoning_tokens(&self) -> usize {
+        self.reasoning_tokens
     }
 
     /// Calls made so far.
@@ -174,14 +188,17 @@ impl TurnStage {
         self.parser.as_ref().map_or(0, |p| p.calls())
     }
 
-    /// Feeds released text, its tokens' log-probabilities and where the
+    /// Feeds released text, its tokens' log-probabilities, where the
     /// chat format's marker tokens start in it (`(offset, id)`, see
-    /// [`TurnStream::push`]).
+    /// [`TurnStream::push`]), and `tokens`, how many tokens the text ends
+    /// (0 when the stop stage released it, which loses the count: only a
+    /// family without reasoning does that).
     pub(super) fn push(
         &mut self,
         text: &str,
         lps: Vec<TokenLogprob>,
         markers: &[(usize, u32)],
+        tokens: usize,
     ) -> Vec<Shaped> {
         let Some(p) = &mut self.parser else {
             return if text.is_empty() && lps.is_empty() {
@@ -192,6 +209,7 @@ impl TurnStage {
         };
         self.fed += text.len();
         self.queue.push(self.fed, lps);
+        self.tokens.push(self.fed, std::iter::repeat_n((), tokens));
         let outs = p.push(text, markers);
         self.shape(outs, false)
     }
@@ -212,11 +230,17 @@ impl TurnStage {
             .into_iter()
             .enumerate()
             .map(|(i, (o, end))| {
-                let lps = if last && i + 1 == n {
-                    self.queue.take_all()
+                let (lps, tokens) = if last && i + 1 == n {
+                    (self.queue.take_all(), self.tokens.take_all().len())
                 } else {
-                    self.queue.take_until(end)
+                    (
+                        self.queue.take_until(end),
+                        self.tokens.take_until(end).len(),
+                    )
                 };
+                if matches!(o, TurnPiece::Reasoning(_)) {
+                    self.reasoning_tokens += tokens;
+                }
                 match o {
                     TurnPiece::Content(c) => Shaped::Content(c, lps),
                     TurnPiece::Reasoning(r) => Shaped::Reasoning(r, lps),
@@ -225,6 +249,7 @@ impl TurnStage {
             })
             .collect();
         if last {
+            self.tokens.take_all();
             let rest = self.queue.take_all();
             if !rest.is_empty() {
                 shaped.push(Shaped::Content(String::new(), rest));
@@ -263,7 +288,7 @@ impl Labels {
     }
 
     /// The id of the turn's call number `index` (from 0) named `name`.
-    fn call_id(&self, name: &str, index: usize) -> String {
+    pub(super) fn call_id(&self, name: &str, index: usize) -> String {
         match &self.turn {
             Some(t) => t.format.call_id(name, t.prior_calls + index, call_id),
             None => call_id(),
@@ -502,14 +527,15 @@ mod tests {
         // Token 1: content; 2-3: a partial tag, then the call; 4: after
         // it. An entry goes with the piece that releases the end of its
         // token's text (the held space of token 2 goes with the call).
-        out.extend(t.push("Hi", vec![lp(1)], &[]));
-        out.extend(t.push(" <tool_", vec![lp(2)], &[]));
+        out.extend(t.push("Hi", vec![lp(1)], &[], 1));
+        out.extend(t.push(" <tool_", vec![lp(2)], &[], 1));
         out.extend(t.push(
             "call>{\"name\": \"add\", \"arguments\": {}}</tool_call>",
             vec![lp(3)],
             &[],
+            1,
         ));
-        out.extend(t.push("\n", vec![lp(4)], &[]));
+        out.extend(t.push("\n", vec![lp(4)], &[], 1));
         out.extend(t.finish());
         assert_eq!(t.calls(), 1);
         let got: Vec<(String, Vec<u32>)> = out
@@ -589,7 +615,7 @@ mod tests {
                 _ => None,
             };
             let markers: Vec<(usize, u32)> = id.map(|id| (0, id)).into_iter().collect();
-            out.extend(t.push(tok, vec![lp(i as u32)], &markers));
+            out.extend(t.push(tok, vec![lp(i as u32)], &markers, 1));
         }
         out.extend(t.finish());
         let got: Vec<(String, Vec<u32>)> = out
@@ -610,5 +636,7 @@ mod tests {
             ]
         );
         assert_eq!(t.calls(), 1);
+        // One token of reasoning ("Hmm"; its closing marker ends in content).
+        assert_eq!(t.reasoning_tokens(), 1);
     }
 }

@@ -6,7 +6,10 @@
 //! The record is shared (`Arc`) between the request wrapper
 //! ([`super::request_id::handle`]), the generation handler and its stream
 //! task; each fills in what it knows. Fields: `request_id`, `http_method`,
-//! `route`, `status`, then for generations `model`, `prompt_tokens`,
+//! `route`, `status`, `api` (the wire API of a route that has one:
+//! `chat_completions`, `completions`, `responses`, `messages`,
+//! `count_tokens`; also counted in `specgate_api_requests_total`), then
+//! for generations `model`, `prompt_tokens`,
 //! `completion_tokens`, `spec_method`, `drafted_tokens`, `accepted_tokens`,
 //! `queue_ms`, `ttft_ms`, `finish` (`stop`, `length`, `error`, or
 //! `cancelled` when the client left first) and `error`; always `total_ms`.
@@ -139,6 +142,8 @@ pub struct RequestLog(SharedLine<Fields>);
 #[derive(Default)]
 struct Fields {
     status: Option<u16>,
+    /// The wire API of the route (`chat_completions`, `responses`, ...).
+    api: Option<&'static str>,
     model: Option<String>,
     prompt_tokens: Option<usize>,
     completion_tokens: Option<usize>,
@@ -186,6 +191,11 @@ impl RequestLog {
     /// The HTTP status sent (for a stream: the one in its head).
     pub fn set_status(&self, status: u16) {
         self.fields().status = Some(status);
+    }
+
+    /// The wire API the request speaks (see `http::Api::as_str`).
+    pub fn set_api(&self, api: &'static str) {
+        self.fields().api = Some(api);
     }
 
     /// The model the request named.
@@ -265,6 +275,7 @@ macro_rules! request_line {
             http_method = %$h.http_method,
             route = %$h.route,
             status = $f.status,
+            api = $f.api,
             model = $f.model.as_deref(),
             prompt_tokens = $f.prompt_tokens,
             completion_tokens = $f.completion_tokens,
@@ -290,6 +301,13 @@ impl LineFields for Fields {
         // Taken by the engine but never finished: the client went away (or
         // the stream was abandoned) first.
         let finish = self.finish.or(self.submitted.then_some("cancelled"));
+        if let Some(api) = self.api {
+            let status = self
+                .status
+                .map_or_else(|| "none".to_owned(), |s| s.to_string());
+            metrics::counter!(crate::metrics::API_REQUESTS, "api" => api, "status" => status)
+                .increment(1);
+        }
         if quiet {
             request_line!(debug, head, self, finish, total_ms);
         } else {

@@ -52,6 +52,8 @@ impl<T> OffsetQueue<T> {
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// The stop string that ended the output, once one did.
+    matched: Option<usize>,
 }
 
 /// What a piece of text produced.
@@ -69,6 +71,7 @@ impl StopMatcher {
         Self {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
+            matched: None,
         }
     }
 
@@ -81,12 +84,14 @@ impl StopMatcher {
                 stopped: false,
             };
         }
-        if let Some(pos) = self
+        if let Some((pos, which)) = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|p| (p, i)))
             .min()
         {
+            self.matched = Some(which);
             let emit = self.held[..pos].to_string();
             self.held.clear();
             return Matched {
@@ -111,6 +116,12 @@ impl StopMatcher {
             emit,
             stopped: false,
         }
+    }
+
+    /// The stop string that ended the output (the earliest in the text;
+    /// of two starting at one place, the first given), once one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// The generation ended without a stop string: release what was held.
@@ -178,6 +189,11 @@ mod tests {
     #[test]
     fn earliest_of_several_stops_wins_and_multibyte_is_safe() {
         assert_eq!(run(&["zz", "é!"], &["caf", "é!zz"]), ("caf".into(), true));
+        let stops: Vec<String> = vec!["zz".into(), "é!".into()];
+        let mut m = StopMatcher::new(&stops);
+        assert_eq!(m.matched(), None);
+        assert!(m.push("café!zz").stopped);
+        assert_eq!(m.matched(), Some("é!"));
         assert_eq!(run(&["日本"], &["こん日", "x"]), ("こん日x".into(), false));
         assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
     }

@@ -192,7 +192,7 @@ pub enum Handling {
 /// methods are exactly those of [`crate::http::ROUTES`] (a test holds
 /// them equal), so whatever a replica serves is reachable through the
 /// router; `/health` and `/metrics` are the router's own.
-pub const ROUTES: [(&str, Method, Handling); 9] = [
+pub const ROUTES: [(&str, Method, Handling); 12] = [
     ("/health", Method::GET, Handling::Health),
     ("/metrics", Method::GET, Handling::Metrics),
     ("/version", Method::GET, Handling::AnyReplica),
@@ -200,6 +200,13 @@ pub const ROUTES: [(&str, Method, Handling); 9] = [
     ("/v1/models", Method::GET, Handling::AnyReplica),
     ("/v1/chat/completions", Method::POST, Handling::Generation),
     ("/v1/completions", Method::POST, Handling::Generation),
+    ("/v1/responses", Method::POST, Handling::Generation),
+    ("/v1/messages", Method::POST, Handling::Generation),
+    (
+        "/v1/messages/count_tokens",
+        Method::POST,
+        Handling::AnyReplica,
+    ),
     ("/tokenize", Method::POST, Handling::AnyReplica),
     ("/detokenize", Method::POST, Handling::AnyReplica),
 ];

@@ -153,7 +153,8 @@ pub fn inspect(body: &[u8]) -> Inspected {
         }
         out
     } else {
-        match v.get("prompt") {
+        // Completions' `prompt`, or the Responses API's `input`.
+        match v.get("prompt").or_else(|| v.get("input")) {
             Some(serde_json::Value::String(s)) => s.clone().into_bytes(),
             Some(p) => p.to_string().into_bytes(),
             None => Vec::new(),
@@ -378,6 +379,8 @@ mod tests {
         assert_eq!(prompt_text(chat2), prompt_text(chat));
         assert_eq!(prompt_text(br#"{"prompt":"abc"}"#), b"abc");
         assert_eq!(prompt_text(br#"{"prompt":["abc"]}"#), br#"["abc"]"#);
+        // The Responses API's `input`.
+        assert_eq!(prompt_text(br#"{"input":"abc"}"#), b"abc");
         assert!(prompt_text(b"not json").is_empty());
     }
 

@@ -1,0 +1,951 @@
+//! OpenAI's Responses API on the wire: a `POST /v1/responses` body parsed
+//! into the one [`ValidRequest`] (chat turns, sampling, tools, the output
+//! format, the reasoning switch), so it runs on exactly the pipeline chat
+//! completions run on, plus what only this API has: `instructions`,
+//! `store` and `previous_response_id` (resolved by the http layer's
+//! response store), and the request fields a response echoes back.
+//!
+//! Input items become chat turns: `message` items (roles `user`,
+//! `system`, `developer`, `assistant`; `input_text` / `output_text`
+//! parts) one turn each; `function_call` items join the assistant turn
+//! before them (or start one); `function_call_output` items become `tool`
+//! turns and must answer a call earlier in the conversation; a `reasoning`
+//! item becomes the `reasoning_content` of the assistant turn after it.
+//! Every other item, part or field is refused with a 400 naming it.
+
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+use super::json::{
+    as_bool, as_int, as_str, get, kind_of, missing, parse_object, reject_unknown, type_err,
+};
+use super::request::{parse_speculative, RequestMeta, ValidRequest};
+use super::sampling::parse_sampling;
+use super::tools::{valid_name, ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
+use super::REASONING_EFFORTS;
+use crate::tokenizer::ChatMessage;
+
+/// Top-level fields of `POST /v1/responses` this server reads: each is
+/// honoured or refused with a reason.
+pub const KNOWN_RESPONSES_FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "reasoning",
+    "metadata",
+    "user",
+    "safety_identifier",
+    "stream",
+    "stream_options",
+    "store",
+    "previous_response_id",
+    "truncation",
+    "include",
+    "background",
+    "max_tool_calls",
+    "prompt",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "service_tier",
+    "top_logprobs",
+    "conversation",
+    // specgate's extension.
+    "speculative",
+];
+
+/// A parsed Responses request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponsesRequest {
+    /// The chat request it runs as; its turns are the new `input` only
+    /// ([`assemble`] adds `instructions` and the stored conversation).
+    pub valid: ValidRequest,
+    pub instructions: Option<String>,
+    /// `store` (default true, as OpenAI's).
+    pub store: bool,
+    pub previous_response_id: Option<String>,
+    /// The request fields a response object repeats (`tools`,
+    /// `tool_choice`, `text`, `reasoning`, `metadata`, `temperature`, ...),
+    /// as the response shows them.
+    pub echo: Map<String, Value>,
+}
+
+/// Parses a `POST /v1/responses` body.
+///
+/// Errors (400, `param` naming the field, `input[2].content[0].type`):
+/// body not a JSON object; a field not in [`KNOWN_RESPONSES_FIELDS`];
+/// `model` or `input` missing; an unknown item or part type (images,
+/// files, hosted tools' items, `item_reference`); a bad tool,
+/// `tool_choice`, `text.format` or `reasoning`; fields this server cannot
+/// honour (`background`, `prompt`, `conversation`, `max_tool_calls`,
+/// `truncation: auto`, `include` values, `top_logprobs` > 0).
+pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
+    let map = parse_object(body)?;
+    reject_unknown(&map, KNOWN_RESPONSES_FIELDS)?;
+    let model = as_str(get(&map, "model").ok_or_else(|| missing("model"))?, "model")?.to_owned();
+    refuse_unsupported(&map)?;
+    let input = get(&map, "input").ok_or_else(|| missing("input"))?;
+    let messages = parse_input(input)?;
+    let mut v = ValidRequest::chat_defaults(model, messages);
+    if let Some(m) = get(&map, "max_output_tokens") {
+        let n = as_int(m, "max_output_tokens")?;
+        if n < 1 {
+            return Err(ApiError::invalid(
+                "max_output_tokens",
+                format!("Invalid 'max_output_tokens': expected a value >= 1, but got {n}."),
+            ));
+        }
+        v.max_tokens = Some(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    v.sampling = parse_sampling(&map)?;
+    v.stream = match get(&map, "stream") {
+        Some(s) => as_bool(s, "stream")?,
+        None => false,
+    };
+    if let Some(o) = get(&map, "stream_options") {
+        let obj = o
+            .as_object()
+            .ok_or_else(|| type_err("stream_options", "an object", o))?;
+        if !v.stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            ));
+        }
+        if let Some(k) = obj.keys().find(|k| *k != "include_obfuscation") {
+            let p = format!("stream_options.{k}");
+            return Err(ApiError::invalid(
+                &p,
+                format!("Unrecognized argument supplied: '{p}'."),
+            ));
+        }
+        if let Some(b) = get(obj, "include_obfuscation") {
+            if as_bool(b, "stream_options.include_obfuscation")? {
+                return Err(ApiError::unsupported(
+                    "stream_options.include_obfuscation",
+                    "Stream obfuscation is not available on this server; set it to false.",
+                ));
+            }
+        }
+    }
+    v.tools = parse_tools(&map)?;
+    v.response_format = parse_text(&map)?;
+    if let Some(effort) = parse_reasoning(&map)? {
+        v.knobs.reasoning_effort = Some(effort);
+        v.knobs.effort_param = Some("reasoning.effort");
+    }
+    v.meta = parse_meta(&map)?;
+    v.speculative = parse_speculative(&map)?;
+    let instructions = get(&map, "instructions")
+        .map(|i| as_str(i, "instructions").map(str::to_owned))
+        .transpose()?;
+    let store = match get(&map, "store") {
+        Some(s) => as_bool(s, "store")?,
+        None => true,
+    };
+    let previous_response_id = get(&map, "previous_response_id")
+        .map(|p| as_str(p, "previous_response_id").map(str::to_owned))
+        .transpose()?;
+    let mut echo = Map::new();
+    for k in [
+        "instructions",
+        "max_output_tokens",
+        "metadata",
+        "parallel_tool_calls",
+        "previous_response_id",
+        "reasoning",
+        "temperature",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_p",
+        "user",
+    ] {
+        if let Some(val) = get(&map, k) {
+            echo.insert(k.to_owned(), val.clone());
+        }
+    }
+    Ok(ResponsesRequest {
+        valid: v,
+        instructions,
+        store,
+        previous_response_id,
+        echo,
+    })
+}
+
+/// The turns a response runs on: `instructions` as the system turn (they
+/// never carry over from a previous response, as in OpenAI's API), the
+/// stored conversation of the previous response, then the new turns.
+///
+/// Errors: a 400 naming `input` when a `function_call_output` answers no
+/// call of the conversation.
+pub fn assemble(
+    instructions: Option<&str>,
+    prior: &[ChatMessage],
+    new: Vec<ChatMessage>,
+) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = Vec::with_capacity(prior.len() + new.len() + 1);
+    if let Some(i) = instructions {
+        out.push(ChatMessage::new("system", i));
+    }
+    out.extend(prior.iter().cloned());
+    let mut calls: Vec<String> = prior
+        .iter()
+        .flat_map(|m| m.tool_calls.iter().map(|c| c.id.clone()))
+        .collect();
+    for m in new {
+        calls.extend(m.tool_calls.iter().map(|c| c.id.clone()));
+        if let Some(id) = m.tool_call_id.as_deref() {
+            if !calls.iter().any(|c| c == id) {
+                return Err(ApiError::invalid(
+                    "input",
+                    format!(
+                        "No tool output found for function call {id}: a 'function_call_output' \
+                         must answer a 'function_call' earlier in the conversation."
+                    ),
+                ));
+            }
+        }
+        out.push(m);
+    }
+    Ok(out)
+}
+
+fn refuse_unsupported(map: &Map<String, Value>) -> Result<(), ApiError> {
+    let refuse = |p: &str, why: &str| {
+        Err(ApiError::unsupported(
+            p,
+            format!("'{p}' is not supported: {why}"),
+        ))
+    };
+    if let Some(b) = get(map, "background") {
+        if as_bool(b, "background")? {
+            return refuse(
+                "background",
+                "responses run in the foreground on this server.",
+            );
+        }
+    }
+    for (k, why) in [
+        ("prompt", "this server stores no prompt templates."),
+        (
+            "conversation",
+            "this server keeps no conversation objects; use 'previous_response_id'.",
+        ),
+        (
+            "max_tool_calls",
+            "the model's calls are not capped by count on this server.",
+        ),
+    ] {
+        if get(map, k).is_some() {
+            return refuse(k, why);
+        }
+    }
+    if let Some(t) = get(map, "truncation") {
+        match as_str(t, "truncation")? {
+            "disabled" => {}
+            "auto" => {
+                return refuse(
+                    "truncation",
+                    "this server never drops input to fit; a prompt over the context is a 400.",
+                )
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "truncation",
+                    format!(
+                        "Invalid value '{other}' for 'truncation': expected 'auto' or 'disabled'."
+                    ),
+                ))
+            }
+        }
+    }
+    if let Some(inc) = get(map, "include") {
+        let items = inc
+            .as_array()
+            .ok_or_else(|| type_err("include", "an array", inc))?;
+        if let Some(first) = items.first() {
+            let name = as_str(first, "include[0]")?;
+            return Err(ApiError::unsupported(
+                "include",
+                format!("'include' value '{name}' is not supported: responses carry no extra data here."),
+            ));
+        }
+    }
+    if let Some(n) = get(map, "top_logprobs") {
+        if as_int(n, "top_logprobs")? != 0 {
+            return refuse(
+                "top_logprobs",
+                "log-probabilities are served by /v1/chat/completions.",
+            );
+        }
+    }
+    if let Some(t) = get(map, "service_tier") {
+        match as_str(t, "service_tier")? {
+            "auto" | "default" => {}
+            other => {
+                return refuse(
+                    "service_tier",
+                    &format!("this server has one tier ('auto' or 'default'), but got '{other}'."),
+                )
+            }
+        }
+    }
+    for k in ["prompt_cache_key", "prompt_cache_retention"] {
+        // Prefix caching is automatic: a key is accepted and not needed.
+        if let Some(v) = get(map, k) {
+            as_str(v, k)?;
+        }
+    }
+    Ok(())
+}
+
+/// `input`: a string (one user turn) or a list of items.
+fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match v {
+        Value::String(s) => return Ok(vec![ChatMessage::new("user", s.clone())]),
+        Value::Array(items) => items,
+        other => return Err(type_err("input", "a string or an array of items", other)),
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid("input", "Invalid 'input': empty array."));
+    }
+    let mut out: Vec<ChatMessage> = Vec::new();
+    // A reasoning item waits for the assistant turn it belongs to.
+    let mut reasoning: Option<String> = None;
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        let obj = item
+            .as_object()
+            .ok_or_else(|| type_err(&at, "an object", item))?;
+        let t = match get(obj, "type") {
+            Some(t) => as_str(t, &format!("{at}.type"))?,
+            None if obj.contains_key("role") => "message",
+            None => return Err(missing(&format!("{at}.type"))),
+        };
+        let allow = |keys: &[&str]| -> Result<(), ApiError> {
+            match obj.keys().find(|k| !keys.contains(&k.as_str())) {
+                None => Ok(()),
+                Some(k) => {
+                    let p = format!("{at}.{k}");
+                    Err(ApiError::invalid(
+                        &p,
+                        format!("Unrecognized argument supplied: '{p}'."),
+                    ))
+                }
+            }
+        };
+        let text = |k: &str| -> Result<&str, ApiError> {
+            let p = format!("{at}.{k}");
+            as_str(get(obj, k).ok_or_else(|| missing(&p))?, &p)
+        };
+        match t {
+            "message" => {
+                allow(&["type", "role", "content", "id", "status"])?;
+                let role_p = format!("{at}.role");
+                let role = match text("role")? {
+                    r @ ("user" | "system" | "assistant") => r,
+                    "developer" => "system",
+                    other => {
+                        return Err(ApiError::invalid(
+                            &role_p,
+                            format!("Invalid value '{other}' for '{role_p}': expected 'user', 'assistant', 'system' or 'developer'."),
+                        ))
+                    }
+                };
+                let content_p = format!("{at}.content");
+                let content = match get(obj, "content").ok_or_else(|| missing(&content_p))? {
+                    Value::String(s) => s.clone(),
+                    Value::Array(parts) => content_parts(&content_p, parts)?,
+                    other => {
+                        return Err(type_err(&content_p, "a string or an array of parts", other))
+                    }
+                };
+                let mut m = ChatMessage::new(role, content);
+                if role == "assistant" {
+                    m.reasoning_content = reasoning.take();
+                }
+                out.push(m);
+            }
+            "function_call" => {
+                allow(&["type", "call_id", "name", "arguments", "id", "status"])?;
+                let call_id = text("call_id")?;
+                let name = text("name")?;
+                let args_p = format!("{at}.arguments");
+                let args: Value = serde_json::from_str(text("arguments")?).map_err(|e| {
+                    ApiError::invalid(
+                        &args_p,
+                        format!(
+                            "Invalid '{args_p}': expected a JSON text, but it does not parse: {e}."
+                        ),
+                    )
+                })?;
+                // Calls join the assistant turn right before them (a turn
+                // that wrote text, then called); else they start one.
+                let joins =
+                    out.last().is_some_and(|m| m.role == "assistant") && reasoning.is_none();
+                if !joins {
+                    let mut m = ChatMessage::new("assistant", "");
+                    m.reasoning_content = reasoning.take();
+                    out.push(m);
+                }
+                out.last_mut()
+                    .expect("pushed")
+                    .push_tool_call(call_id, name, args);
+            }
+            "function_call_output" => {
+                allow(&["type", "call_id", "output", "id", "status"])?;
+                let call_id = text("call_id")?;
+                let out_p = format!("{at}.output");
+                let output = match get(obj, "output").ok_or_else(|| missing(&out_p))? {
+                    Value::String(s) => s.clone(),
+                    Value::Array(parts) => content_parts(&out_p, parts)?,
+                    other => return Err(type_err(&out_p, "a string or an array of parts", other)),
+                };
+                let mut m = ChatMessage::new("tool", output);
+                m.tool_call_id = Some(call_id.to_owned());
+                out.push(m);
+            }
+            "reasoning" => {
+                allow(&[
+                    "type",
+                    "id",
+                    "summary",
+                    "content",
+                    "encrypted_content",
+                    "status",
+                ])?;
+                if get(obj, "encrypted_content").is_some() {
+                    let p = format!("{at}.encrypted_content");
+                    return Err(ApiError::unsupported(
+                        &p,
+                        format!("'{p}' cannot be read: this server never encrypts reasoning."),
+                    ));
+                }
+                let mut texts: Vec<String> = Vec::new();
+                for key in ["content", "summary"] {
+                    let Some(parts) = get(obj, key) else { continue };
+                    let p = format!("{at}.{key}");
+                    let parts = parts
+                        .as_array()
+                        .ok_or_else(|| type_err(&p, "an array", parts))?;
+                    for (j, part) in parts.iter().enumerate() {
+                        let pp = format!("{p}[{j}]");
+                        let po = part
+                            .as_object()
+                            .ok_or_else(|| type_err(&pp, "an object", part))?;
+                        let want = if key == "content" {
+                            "reasoning_text"
+                        } else {
+                            "summary_text"
+                        };
+                        match get(po, "type").and_then(Value::as_str) {
+                            Some(t) if t == want => {}
+                            _ => {
+                                return Err(ApiError::invalid(
+                                    format!("{pp}.type"),
+                                    format!("Invalid '{pp}.type': expected '{want}'."),
+                                ))
+                            }
+                        }
+                        let tp = format!("{pp}.text");
+                        texts.push(
+                            as_str(get(po, "text").ok_or_else(|| missing(&tp))?, &tp)?.to_owned(),
+                        );
+                    }
+                    // The full reasoning text when given; the summary only
+                    // stands in for it when there is none.
+                    if key == "content" && !texts.is_empty() {
+                        break;
+                    }
+                }
+                let joined = texts.join("\n");
+                reasoning = Some(match reasoning.take() {
+                    Some(r) => format!("{r}\n{joined}"),
+                    None => joined,
+                });
+            }
+            other => {
+                let p = format!("{at}.type");
+                return Err(ApiError::invalid(
+                    &p,
+                    format!("Invalid value '{other}' for '{p}': supported input items are 'message', 'function_call', 'function_call_output' and 'reasoning'."),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A message's content parts (`input_text`, `output_text`, `refusal`),
+/// joined with `\n`.
+fn content_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let pp = format!("{at}[{j}]");
+        let obj = part
+            .as_object()
+            .ok_or_else(|| type_err(&pp, "an object", part))?;
+        let tp = format!("{pp}.type");
+        let t = as_str(get(obj, "type").ok_or_else(|| missing(&tp))?, &tp)?;
+        let (key, keys): (&str, &[&str]) = match t {
+            "input_text" => ("text", &["type", "text"]),
+            "output_text" => ("text", &["type", "text", "annotations", "logprobs"]),
+            "refusal" => ("refusal", &["type", "refusal"]),
+            other => {
+                return Err(ApiError::invalid(
+                    &tp,
+                    format!("Invalid value '{other}' for '{tp}': this server reads text parts only ('input_text', 'output_text', 'refusal')."),
+                ))
+            }
+        };
+        if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
+            let p = format!("{pp}.{k}");
+            return Err(ApiError::invalid(
+                &p,
+                format!("Unrecognized argument supplied: '{p}'."),
+            ));
+        }
+        let kp = format!("{pp}.{key}");
+        texts.push(as_str(get(obj, key).ok_or_else(|| missing(&kp))?, &kp)?);
+    }
+    Ok(texts.join("\n"))
+}
+
+/// `tools` (function tools: `name`, `description`, `parameters`,
+/// `strict`), `tool_choice` and `parallel_tool_calls`.
+fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
+    let mut setup = ToolSetup {
+        parallel: true,
+        ..ToolSetup::default()
+    };
+    if let Some(v) = get(map, "tools") {
+        let items = v
+            .as_array()
+            .ok_or_else(|| type_err("tools", "an array", v))?;
+        if items.len() > MAX_TOOLS {
+            return Err(ApiError::invalid(
+                "tools",
+                format!(
+                    "Invalid 'tools': at most {MAX_TOOLS} tools, but got {}.",
+                    items.len()
+                ),
+            ));
+        }
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("tools[{i}]");
+            let obj = item
+                .as_object()
+                .ok_or_else(|| type_err(&at, "an object", item))?;
+            let tp = format!("{at}.type");
+            let t = as_str(get(obj, "type").ok_or_else(|| missing(&tp))?, &tp)?;
+            if t != "function" {
+                return Err(ApiError::unsupported(
+                    &tp,
+                    format!("Invalid value '{t}' for '{tp}': only 'function' tools are supported on this server."),
+                ));
+            }
+            if let Some(k) = obj.keys().find(|k| {
+                !["type", "name", "description", "parameters", "strict"].contains(&k.as_str())
+            }) {
+                let p = format!("{at}.{k}");
+                return Err(ApiError::invalid(
+                    &p,
+                    format!("Unrecognized argument supplied: '{p}'."),
+                ));
+            }
+            let np = format!("{at}.name");
+            let name = as_str(get(obj, "name").ok_or_else(|| missing(&np))?, &np)?;
+            if !valid_name(name) {
+                return Err(ApiError::invalid(
+                    &np,
+                    format!("Invalid '{np}': '{name}' does not match '^[a-zA-Z0-9_-]{{1,64}}$'."),
+                ));
+            }
+            if setup.tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(
+                    &np,
+                    format!("Invalid '{np}': the tool name '{name}' is declared twice."),
+                ));
+            }
+            let description = get(obj, "description")
+                .map(|d| as_str(d, &format!("{at}.description")).map(str::to_owned))
+                .transpose()?;
+            let parameters = match get(obj, "parameters") {
+                None => None,
+                Some(p) if p.is_object() => Some(p.clone()),
+                Some(p) => return Err(type_err(&format!("{at}.parameters"), "an object", p)),
+            };
+            let strict = match get(obj, "strict") {
+                Some(s) => as_bool(s, &format!("{at}.strict"))?,
+                None => false,
+            };
+            setup.tools.push(Tool {
+                name: name.to_owned(),
+                description,
+                parameters,
+                strict,
+            });
+        }
+    }
+    if let Some(p) = get(map, "parallel_tool_calls") {
+        setup.parallel = as_bool(p, "parallel_tool_calls")?;
+    }
+    const P: &str = "tool_choice";
+    let needs_tools = |what: &str| {
+        ApiError::invalid(
+            P,
+            format!("Invalid '{P}': {what} requires 'tools' to declare at least one tool."),
+        )
+    };
+    setup.choice = match get(map, P) {
+        None | Some(Value::String(_)) if setup.tools.is_empty() => match get(map, P) {
+            Some(Value::String(s)) if s == "required" => return Err(needs_tools("'required'")),
+            Some(Value::String(s)) if s != "none" && s != "auto" => {
+                return Err(ApiError::invalid(P, format!("Invalid value '{s}' for '{P}': expected 'none', 'auto', 'required' or a function object.")))
+            }
+            _ => ToolChoice::None,
+        },
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(P, format!("Invalid value '{other}' for '{P}': expected 'none', 'auto', 'required' or a function object.")))
+            }
+        },
+        Some(Value::Object(obj)) => {
+            match get(obj, "type").and_then(Value::as_str) {
+                Some("function") => {}
+                Some(other) => {
+                    return Err(ApiError::unsupported(
+                        "tool_choice.type",
+                        format!("Invalid value '{other}' for 'tool_choice.type': only 'function' is supported on this server."),
+                    ))
+                }
+                None => return Err(missing("tool_choice.type")),
+            }
+            if let Some(k) = obj.keys().find(|k| *k != "type" && *k != "name") {
+                let p = format!("{P}.{k}");
+                return Err(ApiError::invalid(&p, format!("Unrecognized argument supplied: '{p}'.")));
+            }
+            let name = as_str(get(obj, "name").ok_or_else(|| missing("tool_choice.name"))?, "tool_choice.name")?;
+            if setup.tools.is_empty() {
+                return Err(needs_tools("a function choice"));
+            }
+            if !setup.tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice.name",
+                    format!("Invalid 'tool_choice.name': no tool named '{name}' is declared in 'tools'."),
+                ));
+            }
+            ToolChoice::Function(name.to_owned())
+        }
+        Some(other) => return Err(type_err(P, "a string or an object", other)),
+    };
+    Ok(setup)
+}
+
+/// `text`: `{"format": {"type": "text" | "json_object" | "json_schema",
+/// "name", "schema", "strict", "description"}, "verbosity"}`.
+fn parse_text(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
+    let Some(v) = get(map, "text") else {
+        return Ok(ResponseFormat::Text);
+    };
+    let obj = v
+        .as_object()
+        .ok_or_else(|| type_err("text", "an object", v))?;
+    if let Some(k) = obj.keys().find(|k| *k != "format" && *k != "verbosity") {
+        let p = format!("text.{k}");
+        return Err(ApiError::invalid(
+            &p,
+            format!("Unrecognized argument supplied: '{p}'."),
+        ));
+    }
+    if let Some(verb) = get(obj, "verbosity") {
+        if as_str(verb, "text.verbosity")? != "medium" {
+            return Err(ApiError::unsupported(
+                "text.verbosity",
+                "'text.verbosity' is not supported: the served model has no verbosity control.",
+            ));
+        }
+    }
+    let Some(f) = get(obj, "format") else {
+        return Ok(ResponseFormat::Text);
+    };
+    const F: &str = "text.format";
+    let f = f.as_object().ok_or_else(|| type_err(F, "an object", f))?;
+    let t = as_str(
+        get(f, "type").ok_or_else(|| missing("text.format.type"))?,
+        "text.format.type",
+    )?;
+    let keys: &[&str] = match t {
+        "json_schema" => &["type", "name", "schema", "strict", "description"],
+        "text" | "json_object" => &["type"],
+        other => {
+            return Err(ApiError::invalid(
+                "text.format.type",
+                format!("Invalid value '{other}' for 'text.format.type': expected 'text', 'json_object' or 'json_schema'."),
+            ))
+        }
+    };
+    if let Some(k) = f.keys().find(|k| !keys.contains(&k.as_str())) {
+        let p = format!("{F}.{k}");
+        return Err(ApiError::invalid(
+            &p,
+            format!("Unrecognized argument supplied: '{p}'."),
+        ));
+    }
+    match t {
+        "text" => Ok(ResponseFormat::Text),
+        "json_object" => Ok(ResponseFormat::JsonObject),
+        _ => {
+            let np = "text.format.name";
+            let name = as_str(get(f, "name").ok_or_else(|| missing(np))?, np)?;
+            if !valid_name(name) {
+                return Err(ApiError::invalid(
+                    np,
+                    format!("Invalid '{np}': '{name}' does not match '^[a-zA-Z0-9_-]{{1,64}}$'."),
+                ));
+            }
+            let schema = match get(f, "schema") {
+                Some(s) if s.is_object() => s.clone(),
+                Some(s) => return Err(type_err("text.format.schema", "an object", s)),
+                None => return Err(missing("text.format.schema")),
+            };
+            let strict = match get(f, "strict") {
+                Some(s) => as_bool(s, "text.format.strict")?,
+                None => false,
+            };
+            if let Some(d) = get(f, "description") {
+                as_str(d, "text.format.description")?;
+            }
+            Ok(ResponseFormat::JsonSchema {
+                name: name.to_owned(),
+                schema,
+                strict,
+            })
+        }
+    }
+}
+
+/// `reasoning`: `{"effort", "summary"}`; the effort (one of
+/// [`REASONING_EFFORTS`]) when given. `summary` may be `auto` (this
+/// server writes no summaries: the reasoning comes whole, as
+/// `reasoning_text`); `concise` and `detailed` are refused.
+fn parse_reasoning(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(v) = get(map, "reasoning") else {
+        return Ok(None);
+    };
+    let obj = v
+        .as_object()
+        .ok_or_else(|| type_err("reasoning", "an object", v))?;
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["effort", "summary", "generate_summary"].contains(&k.as_str()))
+    {
+        let p = format!("reasoning.{k}");
+        return Err(ApiError::invalid(
+            &p,
+            format!("Unrecognized argument supplied: '{p}'."),
+        ));
+    }
+    for k in ["summary", "generate_summary"] {
+        if let Some(s) = get(obj, k) {
+            let p = format!("reasoning.{k}");
+            if as_str(s, &p)? != "auto" {
+                return Err(ApiError::unsupported(
+                    &p,
+                    format!("'{p}' may only be 'auto': this server returns the reasoning text itself, not a summary."),
+                ));
+            }
+        }
+    }
+    let Some(e) = get(obj, "effort") else {
+        return Ok(None);
+    };
+    let e = as_str(e, "reasoning.effort")?;
+    if !REASONING_EFFORTS.contains(&e) {
+        return Err(ApiError::invalid(
+            "reasoning.effort",
+            format!(
+                "Invalid value '{e}' for 'reasoning.effort': expected one of {}.",
+                REASONING_EFFORTS.join(", ")
+            ),
+        ));
+    }
+    Ok(Some(e.to_owned()))
+}
+
+/// `user`, `safety_identifier`, `metadata` (at most 16 string pairs).
+fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
+    let text = |name: &str| -> Result<Option<String>, ApiError> {
+        get(map, name)
+            .map(|v| as_str(v, name).map(str::to_owned))
+            .transpose()
+    };
+    let mut meta = RequestMeta {
+        user: text("user")?,
+        safety_identifier: text("safety_identifier")?,
+        metadata: Vec::new(),
+    };
+    if let Some(v) = get(map, "metadata") {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| type_err("metadata", "an object of strings", v))?;
+        if obj.len() > 16 {
+            return Err(ApiError::invalid(
+                "metadata",
+                "Invalid 'metadata': at most 16 pairs are allowed.",
+            ));
+        }
+        for (k, val) in obj {
+            let val = val.as_str().ok_or_else(|| {
+                ApiError::invalid(
+                    "metadata",
+                    format!(
+                        "Invalid 'metadata.{k}': expected a string, but got {}.",
+                        kind_of(val)
+                    ),
+                )
+            })?;
+            if k.chars().count() > 64 || val.chars().count() > 512 {
+                return Err(ApiError::invalid(
+                    "metadata",
+                    "Invalid 'metadata': keys may be at most 64 characters and values at most 512.",
+                ));
+            }
+            meta.metadata.push((k.clone(), val.to_owned()));
+        }
+    }
+    Ok(meta)
+}
+
+/// The request fields a response object repeats, with OpenAI's defaults
+/// for the ones the request left out.
+pub fn echoed_fields(r: &ResponsesRequest) -> Map<String, Value> {
+    let mut m = Map::new();
+    let e = &r.echo;
+    let or = |k: &str, d: Value| e.get(k).cloned().unwrap_or(d);
+    m.insert("instructions".into(), or("instructions", Value::Null));
+    m.insert(
+        "max_output_tokens".into(),
+        or("max_output_tokens", Value::Null),
+    );
+    m.insert("metadata".into(), or("metadata", json!({})));
+    m.insert(
+        "parallel_tool_calls".into(),
+        or("parallel_tool_calls", json!(true)),
+    );
+    m.insert(
+        "previous_response_id".into(),
+        or("previous_response_id", Value::Null),
+    );
+    m.insert(
+        "reasoning".into(),
+        or("reasoning", json!({"effort": null, "summary": null})),
+    );
+    m.insert("store".into(), json!(r.store));
+    m.insert("temperature".into(), or("temperature", json!(1.0)));
+    m.insert(
+        "text".into(),
+        or("text", json!({"format": {"type": "text"}})),
+    );
+    m.insert("tool_choice".into(), or("tool_choice", json!("auto")));
+    m.insert("tools".into(), or("tools", json!([])));
+    m.insert("top_p".into(), or("top_p", json!(1.0)));
+    m.insert("truncation".into(), json!("disabled"));
+    m.insert("user".into(), or("user", Value::Null));
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Input;
+
+    fn parse(v: Value) -> Result<ResponsesRequest, ApiError> {
+        parse_responses_request(v.to_string().as_bytes())
+    }
+
+    fn param(v: Value) -> String {
+        parse(v).unwrap_err().param.unwrap_or_default()
+    }
+
+    #[test]
+    fn items_become_chat_turns() {
+        let r = parse(json!({"model": "m", "instructions": "be brief", "input": [
+            {"role": "user", "content": "add 1 and 2"},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "use add"}]},
+            {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{\"a\":1}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "3"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ok?"}]},
+        ], "tools": [{"type": "function", "name": "add", "parameters": {"type": "object"}}],
+           "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+           "reasoning": {"effort": "low", "summary": "auto"}, "max_output_tokens": 20}))
+        .unwrap();
+        let Input::Chat(new) = r.valid.input.clone() else {
+            panic!()
+        };
+        let m = assemble(r.instructions.as_deref(), &[], new).unwrap();
+        let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+        assert_eq!(m[2].reasoning_content.as_deref(), Some("use add"));
+        assert_eq!(m[2].tool_calls[0].id, "c1");
+        assert_eq!(r.valid.tools.choice, ToolChoice::Auto);
+        assert_eq!(r.valid.max_tokens, Some(20));
+        assert!(matches!(
+            r.valid.response_format,
+            ResponseFormat::JsonSchema { .. }
+        ));
+        assert_eq!(r.valid.knobs.reasoning_effort.as_deref(), Some("low"));
+        assert!(r.store);
+    }
+
+    #[test]
+    fn bad_input_is_refused_naming_the_field() {
+        assert_eq!(param(json!({"model": "m"})), "input");
+        assert_eq!(
+            param(json!({"model": "m", "input": [{"type": "item_reference", "id": "x"}]})),
+            "input[0].type"
+        );
+        assert_eq!(
+            param(
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})
+            ),
+            "input[0].content[0].type"
+        );
+        assert_eq!(
+            param(json!({"model": "m", "input": "x", "background": true})),
+            "background"
+        );
+        assert_eq!(
+            param(json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})),
+            "tools[0].type"
+        );
+        assert_eq!(
+            param(json!({"model": "m", "input": "x", "seed": 1})),
+            "seed"
+        );
+        // An output without its call.
+        let r = parse(json!({"model": "m", "input": [
+            {"type": "function_call_output", "call_id": "zz", "output": "3"}]}))
+        .unwrap();
+        let Input::Chat(new) = r.valid.input else {
+            panic!()
+        };
+        assert_eq!(
+            assemble(None, &[], new).unwrap_err().param.as_deref(),
+            Some("input")
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! The Responses API's store: responses kept (`store`, on by default) so
+//! a client can read one back (`GET /v1/responses/{id}`), delete it, or
+//! continue its conversation (`previous_response_id`).
+//!
+//! Bounded: each scope (one per API key, or one when the server has no
+//! keys) holds at most `max_entries` responses and `max_bytes` bytes of
+//! them, oldest evicted first; scopes are as many as the configured keys
+//! plus one, so the whole store is bounded. A response is found only in
+//! the scope that stored it: one key never reads, continues or deletes
+//! another's.
+
+use crate::tokenizer::ChatMessage;
+use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// One stored response.
+#[derive(Debug)]
+pub struct Stored {
+    /// The response object as `GET` returns it.
+    pub body: Value,
+    /// The conversation it ended (its input turns without `instructions`,
+    /// then its own assistant turn), which a continuation starts from.
+    pub conversation: Vec<ChatMessage>,
+    /// What it counts against the scope's byte bound.
+    bytes: usize,
+}
+
+impl Stored {
+    /// A response to store; its size is its serialized size.
+    pub fn new(body: Value, conversation: Vec<ChatMessage>) -> Self {
+        let bytes =
+            body.to_string().len() + serde_json::to_string(&conversation).map_or(0, |s| s.len());
+        Self {
+            body,
+            conversation,
+            bytes,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Scope {
+    /// Ids oldest first.
+    order: VecDeque<String>,
+    by_id: HashMap<String, Arc<Stored>>,
+    bytes: usize,
+}
+
+/// The store (see the module doc).
+pub struct ResponseStore {
+    scopes: Mutex<HashMap<u64, Scope>>,
+    max_entries: usize,
+    max_bytes: usize,
+}
+
+impl ResponseStore {
+    /// A store keeping at most `max_entries` responses and `max_bytes`
+    /// bytes per scope (0 entries: nothing is ever kept).
+    pub fn new(max_entries: usize, max_bytes: usize) -> Self {
+        Self {
+            scopes: Mutex::new(HashMap::new()),
+            max_entries,
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Scope>> {
+        self.scopes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `r` as `id` in `scope`, evicting the scope's oldest responses
+    /// until both bounds hold. A response larger than the byte bound on
+    /// its own is not kept.
+    pub fn put(&self, scope: u64, id: String, r: Stored) {
+        if self.max_entries == 0 || r.bytes > self.max_bytes {
+            return;
+        }
+        let mut scopes = self.lock();
+        let s = scopes.entry(scope).or_default();
+        if let Some(old) = s.by_id.remove(&id) {
+            s.bytes -= old.bytes;
+            s.order.retain(|x| *x != id);
+        }
+        while !s.order.is_empty()
+            && (s.order.len() >= self.max_entries || s.bytes + r.bytes > self.max_bytes)
+        {
+            if let Some(old) = s.order.pop_front().and_then(|o| s.by_id.remove(&o)) {
+                s.bytes -= old.bytes;
+            }
+        }
+        s.bytes += r.bytes;
+        s.order.push_back(id.clone());
+        s.by_id.insert(id, Arc::new(r));
+    }
+
+    /// The response `id` of `scope`, if it is kept.
+    pub fn get(&self, scope: u64, id: &str) -> Option<Arc<Stored>> {
+        self.lock().get(&scope)?.by_id.get(id).cloned()
+    }
+
+    /// Deletes `id` from `scope`; whether it was there.
+    pub fn delete(&self, scope: u64, id: &str) -> bool {
+        let mut scopes = self.lock();
+        let Some(s) = scopes.get_mut(&scope) else {
+            return false;
+        };
+        match s.by_id.remove(id) {
+            Some(old) => {
+                s.bytes -= old.bytes;
+                s.order.retain(|x| x != id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Responses kept in `scope`.
+    pub fn len(&self, scope: u64) -> usize {
+        self.lock().get(&scope).map_or(0, |s| s.order.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn resp(n: usize) -> Stored {
+        Stored::new(json!({"id": n, "pad": "x".repeat(n)}), Vec::new())
+    }
+
+    #[test]
+    fn entries_are_bounded_oldest_first_and_scopes_never_cross() {
+        let s = ResponseStore::new(3, 1 << 20);
+        for i in 0..5 {
+            s.put(1, format!("r{i}"), resp(1));
+        }
+        assert_eq!(s.len(1), 3);
+        assert!(s.get(1, "r0").is_none() && s.get(1, "r1").is_none());
+        assert!(s.get(1, "r4").is_some());
+        // Another scope sees none of them, and cannot delete them.
+        assert!(s.get(2, "r4").is_none());
+        assert!(!s.delete(2, "r4"));
+        assert!(s.delete(1, "r4"));
+        assert!(s.get(1, "r4").is_none());
+    }
+
+    #[test]
+    fn bytes_are_bounded() {
+        let one = resp(100).bytes;
+        let s = ResponseStore::new(100, one * 2 + 1);
+        for i in 0..4 {
+            s.put(0, format!("r{i}"), resp(100));
+        }
+        assert_eq!(s.len(0), 2);
+        assert!(s.get(0, "r3").is_some() && s.get(0, "r2").is_some());
+        // Larger than the bound on its own: not kept, nothing evicted.
+        s.put(0, "big".into(), resp(10_000));
+        assert!(s.get(0, "big").is_none());
+        assert_eq!(s.len(0), 2);
+    }
+}
