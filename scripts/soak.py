@@ -7,11 +7,13 @@ requests at concurrency C with random parameters -- mostly streamed, a third
 of the clients dropping the connection after a random number of SSE events, a
 few non-streamed, a few slow readers and every hostile case at least once
 (bad bodies, 560 KB schemas that once took the process down, schemas just
-past each grammar bound, a UTF-8 path across the log's route cut, subnormal
+past each grammar bound, n x n tables merged through $ref, more messages than
+server.max_messages, a UTF-8 path across the log's route cut, subnormal
 sampling numbers, a duplicated logit_bias id, prompt logprobs past the cap) -- then checks:
 every request not dropped by its client completed (streams with [DONE]),
 hostile bodies got a 4xx with an OpenAI error body (a valid but extreme one
-may finish with a 200 instead), nothing got a 5xx;
+may finish with a 200 instead, or a schema at the bounds a 503 with
+Retry-After when the grammar compiler's queue is full), nothing else got a 5xx;
 running = waiting = 0 and kv_cache_usage_ratio = 0 on /metrics after a short
 settle; /health is 200; a fresh request completes; the log has no panic; the
 server exits 0 on SIGTERM. Prints the counts, then `N passed, M failed`, and
@@ -128,14 +130,29 @@ def huge_schema_bodies():
         ("schema nested past the bound by response_format", chat(fmt(deep))),
         ("enum past the bound by forced tools", chat(tools(enum))),
         ("pattern past the bound by response_format", chat(fmt(pattern))),
+        # 64 places that each add minProperties to one 128-property
+        # definition through $ref: 64 tables, refused like 64 in place.
+        ("n x n tables through $ref past the cells bound by response_format", chat(fmt(ref_tables(64)))),
         # The largest n x n the bounds admit: compiles (a 200) or a 400.
         (SQUARE_AT_BOUND, chat(fmt(huge_schema(128, True)))),
+        (SQUARE_AT_BOUND_TOOLS, chat(tools(huge_schema(128, True)))),
     ]
 
 
-# Valid, and as large as the bounds admit: a 200 or a 4xx.
+def ref_tables(places):
+    """`places` objects each adding minProperties through a $ref to one
+    128-property definition."""
+    place = {"$ref": "#/$defs/t", "minProperties": 1}
+    return {"$defs": {"t": huge_schema(128, False) | {"additionalProperties": False}},
+            "type": "object", "properties": {f"a{i}": place for i in range(places)}}
+
+
+# Valid, and as large as the bounds admit: a 200 or a 4xx, or a 503 with
+# Retry-After when the grammar compiler's queue is full.
 SQUARE_AT_BOUND = "n x n schema at the bound by response_format"
-ACCEPTABLE_200.add(SQUARE_AT_BOUND)
+SQUARE_AT_BOUND_TOOLS = "n x n schema at the bound by forced tools"
+ACCEPTABLE_200.update([SQUARE_AT_BOUND, SQUARE_AT_BOUND_TOOLS])
+ACCEPTABLE_BUSY = {SQUARE_AT_BOUND, SQUARE_AT_BOUND_TOOLS}
 HOSTILE += huge_schema_bodies()
 HOSTILE += [
     # Two spellings of one token id.
@@ -144,6 +161,11 @@ HOSTILE += [
     # Prompt logprobs past scheduler.max_echo_prompt_tokens (2,048 by default).
     ("echo logprobs past the cap", json.dumps({"model": "M", "prompt": "one two three " * 1_000, "echo": True, "logprobs": 1, "max_tokens": 1})),
     ("token-id prompt past the vocabulary", '{"model":"M","prompt":[1,2,4000000000],"max_tokens":4}'),
+    # One more message than server.max_messages (2,048 by default): a 400
+    # before any template runs (the K3 template is quadratic in tool runs).
+    ("more messages than the bound", json.dumps({"model": "M", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"} if i % 2 == 0 else {"role": "assistant", "content": "ok"}
+        for i in range(2_049)]})),
 ]
 HOSTILE.append((UTF8_PATH, ""))
 
@@ -432,6 +454,9 @@ def run_one(port, key, spec, timeout, deadline):
                     return spec, "rejected", status
                 return spec, "fail", f"hostile {spec['name']!r}: {status} {conn.headers} {body[:200]!r}"
             if 400 <= status < 500 and is_error_body(body):
+                return spec, "rejected", status
+            if spec["name"] in ACCEPTABLE_BUSY and status == 503 and is_error_body(body) \
+                    and conn.headers.get("retry-after"):
                 return spec, "rejected", status
             if spec["name"] in ACCEPTABLE_200 and status == 200:
                 v = json.loads(body)

@@ -79,9 +79,14 @@ pub struct ServerConfig {
     /// Requests admitted at once from one client address, and at once with
     /// one API key (429 beyond); capped by `max_concurrent_requests`.
     pub max_requests_per_client: usize,
-    /// Blocking jobs (templating, tokenizing, grammar compilation) running
-    /// at once; the rest wait their turn, holding their admission.
+    /// Blocking jobs (templating, tokenizing) running at once; the rest
+    /// wait their turn, holding their admission. Grammars compile apart,
+    /// in a queue of their own (`grammar::worker`).
     pub max_blocking_jobs: usize,
+    /// Messages one chat request (or `/tokenize` of messages) may hold
+    /// (400 beyond): a template's time grows with them, for some
+    /// templates (Kimi K3's tool runs) quadratically.
+    pub max_messages: usize,
     /// Require an API key on `/metrics` too (when `api_keys` are set).
     pub metrics_auth: bool,
     /// With `api_keys` set, one prefix cache for every key; by default
@@ -121,6 +126,7 @@ impl Default for ServerConfig {
             max_connections_per_client: 256,
             max_requests_per_client: 128,
             max_blocking_jobs: 16,
+            max_messages: 2048,
             metrics_auth: false,
             share_prefix_cache: false,
             stream_write_timeout_secs: 30,
@@ -843,6 +849,7 @@ impl Config {
     /// | `server.max_connections_per_client` | 1..=262144 | |
     /// | `server.max_requests_per_client` | 1..=65536 (above `max_concurrent_requests` acts as it) | |
     /// | `server.max_blocking_jobs` | 1..=1024 | threads of CPU work at once |
+    /// | `server.max_messages` | 1..=65536 | a template's time grows with the messages, for some quadratically |
     /// | `server.request_timeout_secs` | 1..=86400 | |
     /// | `server.drain_timeout_secs` | 0..=3600 | 0 = cut at once |
     /// | `server.keep_alive_secs` | 1..=600 | proxies drop idle streams after about a minute |
@@ -907,6 +914,7 @@ impl Config {
             1..=65_536,
         )?;
         in_range("server.max_blocking_jobs", s.max_blocking_jobs, 1..=1024)?;
+        in_range("server.max_messages", s.max_messages, 1..=65_536)?;
         in_range(
             "server.request_timeout_secs",
             s.request_timeout_secs,

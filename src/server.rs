@@ -86,6 +86,7 @@ pub async fn start_with(
         max_concurrent_requests: s.max_concurrent_requests,
         max_requests_per_client: s.max_requests_per_client,
         max_blocking_jobs: s.max_blocking_jobs,
+        max_messages: s.max_messages,
         metrics_auth: s.metrics_auth,
         share_prefix_cache: s.share_prefix_cache,
         request_timeout: Duration::from_secs(s.request_timeout_secs),

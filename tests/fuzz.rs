@@ -7,7 +7,8 @@
 //!   arbitrary JSON (extreme and subnormal numbers, odd Unicode, nesting),
 //!   removed, or added;
 //! - JSON schemas: random schemas (objects, arrays, enums, patterns,
-//!   formats, bounds, `anyOf`/`allOf`, `$ref`s) through `response_format`
+//!   formats, bounds, `anyOf`/`allOf`, `$ref`s, definitions merged in
+//!   place beside `minProperties`) through `response_format`
 //!   and through forced tools;
 //! - headers: arbitrary names and values (`Authorization`, `X-Request-Id`,
 //!   `Content-Type`, `Origin`, preflight headers, bytes past ASCII);
@@ -390,6 +391,20 @@ fn schema() -> impl Strategy<Value = Value> {
             inner
                 .clone()
                 .prop_map(|d| json!({"$defs": {"d": d}, "$ref": "#/$defs/d"})),
+            // A definition merged in place: a `$ref` beside `minProperties`
+            // (llguidance builds a new object at each such place), and an
+            // `allOf` of the `$ref` and `maxProperties`.
+            (inner.clone(), 0u64..3, any::<bool>()).prop_map(|(d, n, by_allof)| {
+                if by_allof {
+                    json!({"$defs": {"d": d}, "properties": {
+                        "a": {"allOf": [{"$ref": "#/$defs/d"}, {"maxProperties": n}]},
+                        "b": {"allOf": [{"$ref": "#/$defs/d"}, {"maxProperties": n}]}}})
+                } else {
+                    json!({"$defs": {"d": d}, "properties": {
+                        "a": {"$ref": "#/$defs/d", "minProperties": n},
+                        "b": {"$ref": "#/$defs/d", "minProperties": n}}})
+                }
+            }),
             inner.prop_map(|p| json!({"$defs": {"n": {"type": "object",
                 "properties": {"v": p, "next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})),
         ]

@@ -105,6 +105,9 @@ pub struct ApiError {
     /// A machine-readable code such as `model_not_found`; becomes
     /// `error.code` (null when `None`).
     pub code: Option<String>,
+    /// Seconds the client should wait before it retries; becomes the
+    /// `Retry-After` header (none when `None`).
+    pub retry_after: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -129,6 +132,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -203,6 +207,14 @@ impl ApiError {
     /// 503.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unavailable, message)
+    }
+
+    /// 503 for a server that is overloaded for now (a full queue); code
+    /// `server_busy`, and `Retry-After: retry_after_secs`.
+    pub fn busy(message: impl Into<String>, retry_after_secs: u64) -> Self {
+        let mut e = Self::new(ErrorKind::Unavailable, message).with_code("server_busy");
+        e.retry_after = Some(retry_after_secs);
+        e
     }
 
     /// 502; code `upstream_failed`.

@@ -135,6 +135,11 @@ fn every_number_is_bounded_and_errors_name_key_and_range() {
         ),
         ("[kv]\nblock_size = 100000", "kv.block_size", "1..=256"),
         (
+            "[server]\nmax_messages = 0",
+            "server.max_messages",
+            "1..=65536",
+        ),
+        (
             "[kv]\nnum_blocks = 5000000000",
             "kv.num_blocks",
             "0..=4194304",

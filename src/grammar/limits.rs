@@ -9,7 +9,12 @@
 //!
 //! The walk is blind to JSON Schema's meaning (a property *named*
 //! `properties` counts as a `properties` keyword), so it may overcount,
-//! never undercount. What passes is then compiled by `compile` on its own
+//! never undercount. Where llguidance merges schemas in place (a `$ref`
+//! beside other keywords, an `allOf`, alternatives beside other keywords)
+//! it builds a new object of its own for each such place, so the bounds on
+//! objects are counted there on the object as merged: its properties and
+//! `minProperties` gathered through every `$ref`, `allOf`, `anyOf` and
+//! `oneOf` in place, once per place and per alternative. What passes is then compiled by `compile` on its own
 //! thread under a time budget, with llguidance's own limits set
 //! ([`parser_limits`]).
 
@@ -39,7 +44,10 @@ pub const MAX_COUNTED_PROPERTIES: usize = 128;
 /// The n x n tables of all such objects together (the sum of their n²):
 /// two objects of 90 cost as much as one of 128, fifteen of 128 (~245,000
 /// cells) more than 150 MB, and past ~65,000 grammar symbols llguidance
-/// fails an assertion.
+/// fails an assertion. An object merged in place (through `$ref` or
+/// `allOf`) counts at each place, times its alternatives there: 64
+/// places that each add `minProperties` to one 128-property definition
+/// are 64 tables.
 pub const MAX_COUNTED_CELLS: usize = MAX_COUNTED_PROPERTIES * MAX_COUNTED_PROPERTIES;
 /// The alternatives one `allOf` can multiply into: llguidance intersects
 /// an `allOf`'s branches, distributing the intersection over each branch's
@@ -51,10 +59,38 @@ pub const MAX_COUNTED_CELLS: usize = MAX_COUNTED_PROPERTIES * MAX_COUNTED_PROPER
 /// properties that two branches share are intersected pairwise too; those
 /// stay under llguidance's own cap of 50,000 schema nodes.
 pub const MAX_ALLOF_PRODUCT: usize = 256;
+/// The alternatives of every `allOf` in a spec together (those of more
+/// than one): each is intersected on its own, so two `allOf`s of 256 cost
+/// what one of 512 would.
+pub const MAX_ALLOF_TOTAL: usize = MAX_ALLOF_PRODUCT;
 /// Schemas visited while counting [`MAX_ALLOF_PRODUCT`] for one spec; a
 /// `$ref` cycle through an `allOf` or an `anyOf` spends them and is
 /// refused.
 const MAX_ALLOF_STEPS: usize = 200_000;
+/// Schemas and property names visited while merging objects in place
+/// (see the module doc) for one spec; past it the spec is refused.
+const MAX_MERGE_STEPS: usize = 400_000;
+/// The keywords llguidance merges in place (intersects with the rest of
+/// their object).
+const IN_PLACE: [&str; 6] = ["allOf", "anyOf", "oneOf", "$ref", "const", "enum"];
+/// Keywords that constrain nothing (llguidance's annotations): an object
+/// of a `$ref` and these only is a plain reference, compiled once.
+const ANNOTATIONS: [&str; 14] = [
+    "$anchor",
+    "$comment",
+    "$defs",
+    "$id",
+    "$schema",
+    "definitions",
+    "default",
+    "deprecated",
+    "description",
+    "examples",
+    "readOnly",
+    "title",
+    "writeOnly",
+    "x-guidance",
+];
 /// Alternatives (`anyOf`, `oneOf`, `allOf` elements) in a spec together.
 pub const MAX_ALTERNATIVES: usize = 1_000;
 /// Tools in one forced tool-call grammar.
@@ -134,6 +170,8 @@ struct Tally {
     properties: usize,
     counted_cells: usize,
     allof_steps: usize,
+    allof_total: usize,
+    merge_steps: usize,
     enum_values: usize,
     alternatives: usize,
     broken: Option<String>,
@@ -176,18 +214,12 @@ impl Tally {
     fn keywords(&mut self, root: &Value, map: &serde_json::Map<String, Value>) {
         if let Some(Value::Object(props)) = map.get("properties") {
             self.properties += props.len();
-            let counted = map.contains_key("minProperties") || map.contains_key("maxProperties");
-            if counted {
-                self.counted_cells = self
-                    .counted_cells
-                    .saturating_add(props.len().saturating_mul(props.len()));
-            }
-            if counted && props.len() > MAX_COUNTED_PROPERTIES {
-                self.fail(format!(
-                    "an object with minProperties or maxProperties lists {} properties; \
-                     at most {MAX_COUNTED_PROPERTIES} are allowed there",
-                    props.len()
-                ));
+        }
+        if merges_in_place(map) {
+            self.merged_object(root, map);
+        } else if let Some(Value::Object(props)) = map.get("properties") {
+            if map.contains_key("minProperties") || map.contains_key("maxProperties") {
+                self.counted(props.len(), 1, "");
             }
         }
         if let Some(Value::Array(values)) = map.get("enum") {
@@ -206,6 +238,10 @@ impl Tally {
                      than {MAX_ALLOF_PRODUCT} (or refers to itself)"
                 ));
             }
+            // One past the bound is reported as such, not in the total.
+            if (2..=MAX_ALLOF_PRODUCT).contains(&product) {
+                self.allof_total = self.allof_total.saturating_add(product);
+            }
         }
         for key in ["pattern", "whitespace_pattern"] {
             if let Some(Value::String(p)) = map.get(key) {
@@ -214,6 +250,72 @@ impl Tally {
         }
         if let Some(Value::Object(pp)) = map.get("patternProperties") {
             pp.keys().for_each(|p| self.pattern(p));
+        }
+    }
+
+    /// One n x n table of `n` properties per alternative (`alternatives`
+    /// of them); `how` tells where the properties came from.
+    fn counted(&mut self, n: usize, alternatives: usize, how: &str) {
+        let cells = n.saturating_mul(n).saturating_mul(alternatives);
+        self.counted_cells = self.counted_cells.saturating_add(cells);
+        if n > MAX_COUNTED_PROPERTIES {
+            self.fail(format!(
+                "an object with minProperties or maxProperties lists {n} properties{how}; \
+                 at most {MAX_COUNTED_PROPERTIES} are allowed there"
+            ));
+        }
+    }
+
+    /// The object `map` becomes once llguidance has merged its in-place
+    /// keywords: when `minProperties` or `maxProperties` is anywhere in
+    /// what it merges, one table of all the properties merged (their
+    /// union: an overcount where alternatives differ) per alternative.
+    fn merged_object(&mut self, root: &Value, map: &serde_json::Map<String, Value>) {
+        let mut seen: std::collections::HashSet<*const serde_json::Map<String, Value>> =
+            Default::default();
+        let mut merged = Vec::new();
+        let mut stack = vec![map];
+        while let Some(m) = stack.pop() {
+            if !seen.insert(m as *const _) {
+                continue;
+            }
+            merged.push(m);
+            self.merge_steps += 1;
+            if self.merge_steps > MAX_MERGE_STEPS {
+                self.fail(format!(
+                    "$ref/allOf/anyOf/oneOf merge more than {MAX_MERGE_STEPS} schemas \
+                     in place"
+                ));
+                return;
+            }
+            if let Some(Value::String(r)) = m.get("$ref") {
+                if let Some(Value::Object(target)) =
+                    r.strip_prefix('#').and_then(|p| root.pointer(p))
+                {
+                    stack.push(target);
+                }
+            }
+            for key in ["allOf", "anyOf", "oneOf"] {
+                if let Some(Value::Array(parts)) = m.get(key) {
+                    stack.extend(parts.iter().filter_map(Value::as_object));
+                }
+            }
+        }
+        let counted = merged
+            .iter()
+            .any(|m| m.contains_key("minProperties") || m.contains_key("maxProperties"));
+        if counted {
+            let names: std::collections::HashSet<&str> = merged
+                .iter()
+                .filter_map(|m| m.get("properties").and_then(Value::as_object))
+                .flat_map(|props| props.keys().map(String::as_str))
+                .collect();
+            let alternatives = self.alternatives_of(root, map, 0);
+            self.counted(
+                names.len(),
+                alternatives,
+                " once its $ref/allOf/anyOf/oneOf are merged",
+            );
         }
     }
 
@@ -277,9 +379,18 @@ impl Tally {
             .or_else(|| over("properties", self.properties, MAX_PROPERTIES))
             .or_else(|| {
                 over(
-                    "cells of minProperties/maxProperties tables (n x n per object)",
+                    "cells of minProperties/maxProperties tables (n x n per object, and per \
+                     place a $ref or allOf merges one)",
                     self.counted_cells,
                     MAX_COUNTED_CELLS,
+                )
+            })
+            .or_else(|| {
+                over(
+                    "allOf alternatives in all (each allOf's anyOf/oneOf alternatives \
+                     multiplied, summed over the allOfs)",
+                    self.allof_total,
+                    MAX_ALLOF_TOTAL,
                 )
             })
             .or_else(|| over("enum values", self.enum_values, MAX_ENUM_VALUES))
@@ -298,6 +409,26 @@ impl Tally {
             ))),
         }
     }
+}
+
+/// Whether llguidance merges `map` in place into an object of its own:
+/// two or more parts among its in-place keywords (each `allOf` branch
+/// one) and the rest of its constraining keywords (one part together).
+/// A `$ref` with annotations only is a plain reference, and a lone
+/// `anyOf` or `oneOf` keeps its options apart (each is walked on its own).
+fn merges_in_place(map: &serde_json::Map<String, Value>) -> bool {
+    let mut parts = 0usize;
+    let mut rest = false;
+    for (k, v) in map {
+        match (k.as_str(), v) {
+            ("allOf", Value::Array(branches)) => parts += branches.len(),
+            (k, _) if IN_PLACE.contains(&k) => parts += 1,
+            (k, _) if ANNOTATIONS.contains(&k) => {}
+            _ => rest = true,
+        }
+    }
+    let touched = map.keys().any(|k| IN_PLACE.contains(&k.as_str()));
+    touched && parts + usize::from(rest) >= 2
 }
 
 #[cfg(test)]
@@ -480,5 +611,97 @@ mod tests {
             parallel: true,
         };
         assert!(refused(&split).contains("properties"));
+    }
+
+    /// `places` objects that each merge `minProperties` with one
+    /// definition of `n` properties (no property besides them allowed),
+    /// in the way `how` names: `ref` (a `$ref` beside `minProperties`),
+    /// `allof` (an `allOf` of the `$ref` and `minProperties`), `anyof`
+    /// (alternatives beside `minProperties`, two each).
+    fn merged_tables(places: usize, n: usize, how: &str) -> Value {
+        let r = json!({"$ref": "#/$defs/t"});
+        let place = match how {
+            "ref" => json!({"$ref": "#/$defs/t", "minProperties": 1}),
+            "allof" => json!({"allOf": [r, {"minProperties": 1}]}),
+            "anyof" => json!({"anyOf": [r, r], "minProperties": 1}),
+            _ => unreachable!(),
+        };
+        let places: Map<String, Value> = (0..places)
+            .map(|i| (format!("a{i}"), place.clone()))
+            .collect();
+        json!({"$defs": {"t": {"type": "object", "properties": props(n),
+            "additionalProperties": false}},
+            "type": "object", "properties": places})
+    }
+
+    /// The issue's schema: 64 places that each add `minProperties` to one
+    /// 128-property definition through `$ref` are 64 tables, refused by
+    /// the cells bound before any compile; so through `allOf` and beside
+    /// alternatives. One such place is one table, as written in place.
+    #[test]
+    fn tables_merged_through_ref_and_allof_are_counted_at_each_place() {
+        for how in ["ref", "allof", "anyof"] {
+            let m = refused(&GrammarSpec::JsonSchema(merged_tables(
+                64,
+                MAX_COUNTED_PROPERTIES,
+                how,
+            )));
+            assert!(
+                m.contains("minProperties/maxProperties tables"),
+                "{how}: {m}"
+            );
+            let tools = GrammarSpec::ToolCalls {
+                tools: vec![("f".into(), merged_tables(64, MAX_COUNTED_PROPERTIES, how))],
+                parallel: false,
+            };
+            assert!(refused(&tools).starts_with("tools: too large"), "{how}");
+            // Two places of 90 fit, as two objects of 90 written in place.
+            let alternatives = if how == "anyof" { 2 } else { 1 };
+            let fits = (MAX_COUNTED_CELLS / 2 / alternatives).isqrt();
+            check(&GrammarSpec::JsonSchema(merged_tables(2, fits, how))).unwrap();
+            let m = refused(&GrammarSpec::JsonSchema(merged_tables(2, fits + 1, how)));
+            assert!(m.contains("n x n"), "{how}: {m}");
+            // One place past the per-object bound.
+            let m = refused(&GrammarSpec::JsonSchema(merged_tables(
+                1,
+                MAX_COUNTED_PROPERTIES + 1,
+                how,
+            )));
+            assert!(m.contains("minProperties"), "{how}: {m}");
+        }
+        // A plain reference (annotations beside it) is compiled once: the
+        // definition's own table counts, not each reference to it.
+        let defined = json!({"$defs": {"t": {"properties": props(MAX_COUNTED_PROPERTIES),
+            "minProperties": 1, "additionalProperties": false}},
+            "properties": (0..64).map(|i| (format!("a{i}"),
+                json!({"$ref": "#/$defs/t", "description": "d"}))).collect::<Map<_, _>>()});
+        check(&GrammarSpec::JsonSchema(defined)).unwrap();
+    }
+
+    /// What the merged bound admits compiles: one 128-property table
+    /// through `$ref`.
+    #[test]
+    fn a_table_merged_through_ref_at_the_bound_compiles() {
+        use crate::grammar::Grammars;
+        use crate::tokenizer::testing::tiny_metadata;
+        use crate::tokenizer::TextTokenizer;
+        let tok = TextTokenizer::from_gguf_metadata(&tiny_metadata()).unwrap();
+        let grammars = Grammars::new(&tok, tok.vocab_size()).unwrap();
+        let spec = GrammarSpec::JsonSchema(merged_tables(1, MAX_COUNTED_PROPERTIES, "ref"));
+        assert!(grammars.compile(&spec).is_ok());
+    }
+
+    /// The alternatives of `allOf`s are summed over the spec: each at the
+    /// bound passes alone, two together do not.
+    #[test]
+    fn allof_alternatives_are_summed_over_the_spec() {
+        let fits = MAX_ALLOF_PRODUCT.ilog2() as usize;
+        let two = json!({"properties": {"x": allof_of_anyofs(fits, false),
+            "y": allof_of_anyofs(fits, false)}});
+        let m = refused(&GrammarSpec::JsonSchema(two));
+        assert!(m.contains("allOf alternatives in all"), "{m}");
+        let halves = json!({"properties": {"x": allof_of_anyofs(fits - 1, false),
+            "y": allof_of_anyofs(fits - 1, false)}});
+        check(&GrammarSpec::JsonSchema(halves)).unwrap();
     }
 }

@@ -11,9 +11,10 @@
 //! own matcher from the returned source (`constraint`).
 //!
 //! Every spec is measured against [`limits`] before llguidance sees it and
-//! compiled on a thread of its own under a time budget ([`worker`]), so no
-//! request's schema can overflow a stack, exhaust memory or hold the
-//! caller without a bound.
+//! compiled on a thread of its own under a time budget, behind a bounded
+//! queue of its own ([`worker`]), so no request's schema can overflow a
+//! stack, exhaust memory, hold the caller without a bound, or keep other
+//! requests from templating and tokenizing.
 //!
 //! Output layout is deterministic so that jump-forward has something to
 //! force: JSON is written with `", "` between items, `": "` between keys and
@@ -31,6 +32,7 @@ pub mod worker;
 mod tests;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::ParserFactory;
@@ -128,8 +130,9 @@ pub enum GrammarError {
     /// than [`worker::BUDGET`] or failed inside the compiler.
     #[error("{0}")]
     Invalid(String),
-    /// Every compile slot stayed taken for the whole budget (the API
-    /// answers 429: retry later).
+    /// The compile queue (or the tenant's share of it) was full, or every
+    /// compile slot stayed taken for the whole budget (the API answers 503
+    /// with `Retry-After`: [`worker::RETRY_AFTER_SECS`]).
     #[error("{0}")]
     Busy(String),
     /// Building for the tokenizer failed (at startup): a vocabulary wider
@@ -162,7 +165,7 @@ struct Inner {
     tags: Option<(u32, u32)>,
     vocab_size: usize,
     eos: Arc<[u32]>,
-    slots: Arc<worker::Slots>,
+    queue: worker::Queue,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -223,7 +226,7 @@ impl Grammars {
                 tags,
                 vocab_size,
                 eos,
-                slots: Default::default(),
+                queue: Default::default(),
             }),
             jump_forward: true,
         })
@@ -249,31 +252,73 @@ impl Grammars {
     /// ~15 µs). Compiling checks that the grammar builds and that its first
     /// token can be chosen.
     ///
-    /// The spec is checked against [`limits`] first, then compiled on a
-    /// compile thread ([`worker`]); this call blocks for at most
-    /// [`worker::BUDGET`].
+    /// The spec is checked against [`limits`] first, then waits for a
+    /// compile slot in the bounded queue (at most [`worker::MAX_WAIT`])
+    /// and is compiled on a compile thread (at most [`worker::BUDGET`]);
+    /// the future holds no thread while it waits. `tenant` is whose request it is
+    /// (0: no API key); one tenant may hold only
+    /// [`worker::MAX_QUEUED_PER_TENANT`] of the queue.
     ///
     /// Errors: [`GrammarError::Invalid`] with llguidance's reason for a
     /// schema or tool list it rejects (see [`GrammarSpec`]), or the bound
     /// the spec breaks, or a compile over the budget;
-    /// [`GrammarError::Busy`] when no compile slot frees up in time.
-    pub fn compile(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
+    /// [`GrammarError::Busy`] when the queue is full or no compile slot
+    /// frees up in time.
+    pub async fn compile_async(
+        &self,
+        spec: &GrammarSpec,
+        tenant: u64,
+    ) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
         limits::check(spec)?;
         let (this, owned) = (self.clone(), spec.clone());
         worker::run(
-            &self.inner.slots,
+            &self.inner.queue,
             build::label(spec),
-            worker::BUDGET,
-            move || this.compile_here(&owned),
+            (worker::MAX_WAIT, worker::BUDGET),
+            tenant,
+            move |deadline| this.compile_here(&owned, deadline),
+        )
+        .await
+    }
+
+    /// [`compile_async`](Self::compile_async) for a caller outside any
+    /// async runtime (tools, tests, benches): blocks its thread for at
+    /// most [`worker::MAX_WAIT`] and [`worker::BUDGET`], counted as a
+    /// request without a key.
+    ///
+    /// Panics when called from inside an async runtime's task. Errors: as
+    /// [`compile_async`](Self::compile_async).
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
+        limits::check(spec)?;
+        let (this, owned) = (self.clone(), spec.clone());
+        worker::run_blocking(
+            &self.inner.queue,
+            build::label(spec),
+            (worker::MAX_WAIT, worker::BUDGET),
+            move |deadline| this.compile_here(&owned, deadline),
         )
     }
 
-    /// [`compile`](Self::compile)'s work, on the calling thread.
-    fn compile_here(&self, spec: &GrammarSpec) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
+    /// Checks `spec` against [`limits`] only (cheap, no compile): what a
+    /// caller runs before it spends work on a request whose grammar will
+    /// be refused.
+    ///
+    /// Errors: [`GrammarError::Invalid`] naming the bound `spec` breaks.
+    pub fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
+        limits::check(spec)
+    }
+
+    /// [`compile`](Self::compile)'s work, on the calling thread; no new
+    /// compile starts past `deadline`.
+    fn compile_here(
+        &self,
+        spec: &GrammarSpec,
+        deadline: Instant,
+    ) -> Result<Arc<dyn ConstraintSource>, GrammarError> {
         let (grammar, label) = build::top_level(spec, self.inner.tags)?;
         match self.source(grammar, label) {
             Ok(source) => Ok(Arc::new(source)),
-            Err(e) => Err(self.blame_tool(spec).unwrap_or(e)),
+            Err(e) => Err(self.blame_tool(spec, deadline).unwrap_or(e)),
         }
     }
 
@@ -294,12 +339,17 @@ impl Grammars {
 
     /// For a tool-call grammar that failed: the error of the first tool
     /// whose argument schema fails on its own (so the message names it).
-    fn blame_tool(&self, spec: &GrammarSpec) -> Option<GrammarError> {
+    /// Each tool is one more compile: none starts past `deadline` (then
+    /// the whole grammar's error stands), so the slot is back in time.
+    fn blame_tool(&self, spec: &GrammarSpec, deadline: Instant) -> Option<GrammarError> {
         let GrammarSpec::ToolCalls { tools, .. } = spec else {
             return None;
         };
-        tools.iter().find_map(
-            |(name, schema)| match build::arguments_schema(name, schema) {
+        for (name, schema) in tools {
+            if Instant::now() >= deadline {
+                return None;
+            }
+            let failed = match build::arguments_schema(name, schema) {
                 Err(e) => Some(e),
                 Ok(schema) => self
                     .source(
@@ -307,7 +357,11 @@ impl Grammars {
                         build::tool_label(name),
                     )
                     .err(),
-            },
-        )
+            };
+            if failed.is_some() {
+                return failed;
+            }
+        }
+        None
     }
 }

@@ -908,3 +908,25 @@ fn unused_padding_ids_are_never_allowed() {
         );
     }
 }
+
+/// A failed tool-call grammar is blamed on one tool by compiling each
+/// again; none of those compiles starts past the deadline (the slot is
+/// back when the budget ends, and the whole grammar's error stands).
+#[test]
+fn blaming_a_tool_stops_at_the_deadline() {
+    let m = tiny();
+    let spec = GrammarSpec::ToolCalls {
+        tools: vec![
+            ("a".into(), json!({"type": "object"})),
+            ("b".into(), json!({"type": "nope"})),
+        ],
+        parallel: false,
+    };
+    let named = |r: Result<Arc<dyn ConstraintSource>, GrammarError>| match r {
+        Err(GrammarError::Invalid(msg)) => msg.contains("tool \"b\""),
+        other => panic!("not Invalid: {other:?}"),
+    };
+    let later = Instant::now() + std::time::Duration::from_secs(60);
+    assert!(named(m.grammars.compile_here(&spec, later)));
+    assert!(!named(m.grammars.compile_here(&spec, Instant::now())));
+}

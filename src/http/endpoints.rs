@@ -53,6 +53,9 @@ pub(super) async fn tokenize(
     let t = api::parse_tokenize(&body)?;
     drop(body);
     check_model(&state, t.model.as_deref())?;
+    if let TokenizeInput::Chat { messages, .. } = &t.input {
+        super::check_message_count(&state, messages.len())?;
+    }
     let answer = off_runtime(state, admit, move |b| encode(b, &t)).await?;
     Ok(ok_json(&answer))
 }

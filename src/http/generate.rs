@@ -9,12 +9,14 @@
 //!
 //! Structured output: `response_format` (JSON object / schema) and a
 //! `tool_choice` that forces calls (`required`, a named function) become a
-//! grammar the engine decodes under, compiled here off the runtime; forced
-//! calls are written in the model family's own markup
-//! ([`crate::chat_format`]). A chat turn is parsed by its family: for
-//! calls when tools are active (a choice other than `none`), and always
-//! for a family with a reasoning channel (Kimi K3), whose markers the
-//! engine then decodes as text for the parser only. Order of the stages:
+//! grammar the engine decodes under, compiled in the grammar compiler's
+//! own bounded queue (never on the blocking pool that templates and
+//! tokenizes; a full queue is a 503 with `Retry-After`); forced calls are
+//! written in the model family's own markup ([`crate::chat_format`]). A
+//! chat turn is parsed by its family: for calls when tools are active (a
+//! choice other than `none`), and always for a family with a reasoning
+//! channel (Kimi K3), whose markers the engine then decodes as text for
+//! the parser only. Order of the stages:
 //! for Hermes, stop strings first, on the raw text (a stop string inside a
 //! call block cuts it, and the unterminated block is then content), then
 //! call parsing; for a family with reasoning, parsing first, then stop
@@ -41,7 +43,7 @@ use crate::api::{
 };
 use crate::chat_format::{ChatFormat, TurnSetup};
 use crate::engine::{GenRequest, SpecMethod};
-use crate::grammar::{GrammarError, GrammarSpec};
+use crate::grammar::{worker, GrammarError, GrammarSpec, Grammars};
 use crate::tokenizer::ChatMessage;
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -84,10 +86,12 @@ pub(super) async fn handle(
     if v.model != state.settings.model_name {
         return Err(ApiError::model_not_found(&v.model));
     }
-    // Templating, tokenizing and compiling a grammar take CPU: off the
-    // runtime's few threads, so other connections keep moving. The job
-    // holds the admission: a client hanging up meanwhile frees nothing
-    // while the job still runs.
+    if let Input::Chat(msgs) = &v.input {
+        super::check_message_count(&state, msgs.len())?;
+    }
+    // Templating and tokenizing take CPU: off the runtime's few threads,
+    // so other connections keep moving. The job holds the admission: a
+    // client hanging up meanwhile frees nothing while the job still runs.
     let st = state.clone();
     let ((v, built), permit) = state
         .admission
@@ -96,7 +100,12 @@ pub(super) async fn handle(
             (v, built)
         })
         .await?;
-    let (mut gen, param, turn) = built?;
+    let (mut gen, param, turn, spec) = built?;
+    // The grammar waits in the compiler's own queue, holding no blocking
+    // place: grammars never keep other requests from templating.
+    if let Some((spec, grammar_param)) = spec {
+        gen.grammar = Some(compile_grammar(backend, &spec, grammar_param, tenant).await?);
+    }
     gen.tenant = tenant;
     gen.cache_scope = super::cache_scope(&state, tenant, v.cache_salt.as_deref());
     let prompt_tokens = gen.prompt.len();
@@ -252,13 +261,17 @@ struct TurnPlan {
     thinking: bool,
 }
 
-/// Template, tokenize, and check the context length. Returns the engine
-/// request, the name of the field that holds the prompt, and the turn's
-/// family.
+/// A grammar still to compile, and the request field it comes from.
+type PendingGrammar = Option<(GrammarSpec, &'static str)>;
+
+/// Template, tokenize, and check the context length and the grammar's
+/// bounds. Returns the engine request (without its grammar), the name of
+/// the field that holds the prompt, the turn's family, and the grammar to
+/// compile ([`compile_grammar`]).
 fn build_request(
     backend: &Backend,
     v: &ValidRequest,
-) -> Result<(GenRequest, &'static str, TurnPlan), ApiError> {
+) -> Result<(GenRequest, &'static str, TurnPlan, PendingGrammar), ApiError> {
     let tok = &backend.tokenizer;
     let chat = matches!(v.input, Input::Chat(_));
     let format = ChatFormat::detect(tok);
@@ -273,7 +286,7 @@ fn build_request(
     };
     // First: a spec over the grammar bounds is refused before its tools
     // are rendered into a prompt (which a huge schema would also make huge).
-    let grammar = grammar(backend, v, plan)?;
+    let grammar = grammar_spec(backend, v, plan)?;
     // Chat: only the template's own markup becomes control tokens; special
     // token text inside a message is encoded as plain text (no role
     // injection). A chat template writes its own BOS where the model wants
@@ -389,7 +402,8 @@ fn build_request(
             logprobs: v.logprobs,
             // Only `echo` shows the prompt's log-probabilities.
             prompt_logprobs: v.logprobs.filter(|_| v.echo),
-            grammar,
+            // Compiled by the caller, off the blocking pool.
+            grammar: None,
             // Set by the caller, which has the request's headers.
             tenant: 0,
             cache_scope: 0,
@@ -402,6 +416,7 @@ fn build_request(
         },
         param,
         plan,
+        grammar,
     ))
 }
 
@@ -435,17 +450,18 @@ pub(super) fn count_prompt(backend: &Backend, v: &ValidRequest) -> Result<usize,
     Ok(encode_chat(&backend.tokenizer, v, msgs, &vars)?.len())
 }
 
-/// The grammar the output must follow, compiled: from `response_format`,
-/// or from a `tool_choice` that forces calls; `None` for free text.
+/// The grammar the output must follow: from `response_format`, or from a
+/// `tool_choice` that forces calls; `None` for free text. Checked against
+/// the grammar bounds here (cheap); compiled by [`compile_grammar`].
 ///
-/// Errors: 400 naming `response_format` or `tools` when the schema or the
-/// tools cannot be compiled, or when this server has no grammar engine
-/// (no tokenizer it could be built for).
-fn grammar(
+/// Errors: 400 naming `response_format` or `tools` when the spec breaks a
+/// bound, or when this server has no grammar engine (no tokenizer it could
+/// be built for).
+fn grammar_spec(
     backend: &Backend,
     v: &ValidRequest,
     plan: TurnPlan,
-) -> Result<Option<std::sync::Arc<dyn specgate_verify::ConstraintSource>>, ApiError> {
+) -> Result<PendingGrammar, ApiError> {
     let (spec, param) = match &v.response_format {
         // A chat answer in a family that wraps its answers (K3's response
         // channel) is JSON inside that markup; completions are bare JSON.
@@ -474,24 +490,47 @@ fn grammar(
         ),
         ResponseFormat::Text => return Ok(None),
     };
-    let grammars = backend.grammars.as_ref().ok_or_else(|| {
-        ApiError::invalid(
+    if backend.grammars.is_none() {
+        return Err(ApiError::invalid(
             param,
             format!(
                 "'{param}' needs constrained decoding, which this server cannot do for its model."
             ),
         )
-        .with_code("unsupported_value")
-    })?;
-    match grammars.compile(&spec) {
-        Ok(g) => Ok(Some(g)),
-        Err(GrammarError::Invalid(e)) => {
-            Err(ApiError::invalid(param, format!("Invalid '{param}': {e}.")))
-        }
-        Err(GrammarError::Busy(e)) => Err(ApiError::rate_limited(format!("{e}."))),
-        Err(GrammarError::Setup(e)) => Err(ApiError::internal(format!(
-            "Building the grammar failed: {e}."
-        ))),
+        .with_code("unsupported_value"));
+    }
+    Grammars::check(&spec).map_err(|e| grammar_error(e, param))?;
+    Ok(Some((spec, param)))
+}
+
+/// Compiles `spec` (from the request field `param`) for `tenant`'s
+/// request, waiting in the grammar compiler's own bounded queue.
+///
+/// Errors: 400 naming `param` when the spec cannot be compiled; 503 with
+/// `Retry-After` when the compiler is busy (its queue full, or no slot
+/// free within its budget).
+async fn compile_grammar(
+    backend: &Backend,
+    spec: &GrammarSpec,
+    param: &'static str,
+    tenant: u64,
+) -> Result<Arc<dyn specgate_verify::ConstraintSource>, ApiError> {
+    let grammars = backend
+        .grammars
+        .as_ref()
+        .ok_or_else(|| ApiError::internal("The grammar engine went away."))?;
+    grammars
+        .compile_async(spec, tenant)
+        .await
+        .map_err(|e| grammar_error(e, param))
+}
+
+/// A grammar error as the API answers it.
+fn grammar_error(e: GrammarError, param: &str) -> ApiError {
+    match e {
+        GrammarError::Invalid(e) => ApiError::invalid(param, format!("Invalid '{param}': {e}.")),
+        GrammarError::Busy(e) => ApiError::busy(format!("{e}."), worker::RETRY_AFTER_SECS),
+        GrammarError::Setup(e) => ApiError::internal(format!("Building the grammar failed: {e}.")),
     }
 }
 
@@ -711,6 +750,7 @@ mod tests {
             max_concurrent_requests: 1,
             max_requests_per_client: 1,
             max_blocking_jobs: 1,
+            max_messages: 8,
             metrics_auth: false,
             share_prefix_cache: false,
             request_timeout: Duration::from_secs(600),

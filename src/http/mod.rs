@@ -30,7 +30,7 @@ use crate::tokenizer::TextTokenizer;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::convert::Infallible;
@@ -52,8 +52,10 @@ pub struct HttpSettings {
     pub max_concurrent_requests: usize,
     /// Requests admitted at once per client address and per API key.
     pub max_requests_per_client: usize,
-    /// Blocking jobs (templating, tokenizing, grammars) at once.
+    /// Blocking jobs (templating, tokenizing) at once.
     pub max_blocking_jobs: usize,
+    /// Messages in one chat request (400 beyond).
+    pub max_messages: usize,
     /// Require an API key on `/metrics` (when there are keys).
     pub metrics_auth: bool,
     /// With keys, one prefix cache for all of them (else one per key).
@@ -230,7 +232,11 @@ pub(crate) fn error_response_as(api: Api, e: &ApiError) -> Response<ResBody> {
         Api::Messages | Api::CountTokens => e.to_anthropic_json(),
         _ => e.to_json(),
     };
-    json_response(status, body)
+    let mut r = json_response(status, body);
+    if let Some(secs) = e.retry_after {
+        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    r
 }
 
 /// The wire API a route speaks: decides the error body's shape, and
@@ -430,6 +436,24 @@ fn tenant(state: &AppState, req: &Request<Incoming>) -> u64 {
     }
     let given = api_key(req).unwrap_or_default();
     KEY.get_or_init(Default::default).hash_one(given).max(1)
+}
+
+/// Errors: 400 naming `messages` when a chat request holds more than
+/// `server.max_messages` of them (a template's time grows with them,
+/// quadratically for some: refused before any rendering).
+fn check_message_count(state: &AppState, n: usize) -> Result<(), ApiError> {
+    let max = state.settings.max_messages;
+    if n > max {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "'messages' holds {n} messages; this server takes at most {max} in one request \
+                 (server.max_messages)."
+            ),
+        )
+        .with_code("too_many_messages"));
+    }
+    Ok(())
 }
 
 /// The prefix-cache scope of a request (see `kv::BlockManager::allocate_scoped`):

@@ -276,7 +276,10 @@ fn responses(ok: Value, errors: &[u16]) -> Value {
             408 => "The request body did not arrive in time.",
             413 => "The request body is over the size limit.",
             429 => "Too many requests in flight.",
-            503 => "The model is loading, or the server is shutting down.",
+            503 => {
+                "The model is loading, the server is shutting down, or the grammar \
+                 compiler is busy (then with Retry-After)."
+            }
             _ => "A failure on the server side.",
         };
         r.insert(

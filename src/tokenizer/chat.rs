@@ -4,6 +4,12 @@
 //! with Python `json.dumps` formatting (`", "`/`": "` separators, `indent`, `sort_keys`,
 //! `ensure_ascii`, `separators`), and Python string/dict methods (`.strip()`,
 //! `.startswith()`, `.items()`, ...) from `minijinja-contrib`'s pycompat layer.
+//!
+//! Every render runs under a fuel limit ([`TEMPLATE_FUEL`] instructions):
+//! a template's loops over the request's messages and tools (nested ones
+//! included, as Kimi K3's matching of tool results to calls) cannot take
+//! unbounded time, whatever a client sends. The message count itself is
+//! bounded by the server (`server.max_messages`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -91,6 +97,14 @@ pub struct ChatFunctionCall {
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Template instructions one render may execute. Kimi K3's template over
+/// 2,048 messages (the default `server.max_messages`) of tool runs takes
+/// 0.5 million (75 ms), and 6 million (1.7 s) when each tool result is
+/// matched against a turn of 64 calls, its heaviest plausible shape. Simple
+/// instructions run at ~18 million a second, K3's at ~4 million: a render
+/// stops within about 0.7 s to 3 s whatever the template loops over.
+pub const TEMPLATE_FUEL: u64 = 12_000_000;
+
 /// A compiled chat template with the HF-compatible environment around it.
 pub(crate) struct ChatTemplate {
     env: Environment<'static>,
@@ -102,6 +116,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -148,6 +163,9 @@ impl ChatTemplate {
     /// request's `chat_template_kwargs`) defined as template variables
     /// too; the server's own variables (`messages`, `tools`, ...) win over
     /// a var of the same name.
+    ///
+    /// Errors: [`TokenizerError::ChatTemplate`] for a template error, and
+    /// for a render that spends [`TEMPLATE_FUEL`] (saying so).
     pub(crate) fn render_with_vars(
         &self,
         messages: &[ChatMessage],
@@ -169,7 +187,16 @@ impl ChatTemplate {
         ctx.extend(bos_token.map(|t| ("bos_token", Value::from(t))));
         ctx.extend(eos_token.map(|t| ("eos_token", Value::from(t))));
         let ctx: Value = ctx.into_iter().collect();
-        let err = |e: Error| TokenizerError::ChatTemplate(e.to_string());
+        let err = |e: Error| {
+            TokenizerError::ChatTemplate(if e.kind() == ErrorKind::OutOfFuel {
+                format!(
+                    "rendering the chat template took more than {TEMPLATE_FUEL} template \
+                     instructions; send fewer messages or tools"
+                )
+            } else {
+                e.to_string()
+            })
+        };
         self.env
             .get_template(TEMPLATE_NAME)
             .map_err(err)?
@@ -455,6 +482,94 @@ mod tests {
         ));
         let year = render("{{ strftime_now('%Y') }}", &msgs).unwrap();
         assert!(year.len() == 4 && year.as_str() >= "2024", "{year}");
+    }
+
+    /// Kimi K3's template (the tiny fixture's, the real one's copy).
+    fn k3_template() -> String {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/kimi_k3/tiny-hf/tokenizer_config.json"
+        );
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        config["chat_template"].as_str().unwrap().to_owned()
+    }
+
+    /// `n` messages: an assistant turn calling `calls` tools, then tool
+    /// results and user turns alternating (each tool message a run of its
+    /// own, as the issue's 10,000-message body).
+    fn tool_runs(n: usize, calls: usize) -> Vec<ChatMessage> {
+        let mut call = ChatMessage::new("assistant", "");
+        for i in 0..calls {
+            call.push_tool_call(format!("c{i}"), "f", serde_json::json!({"x": i}));
+        }
+        let mut msgs = vec![ChatMessage::new("user", "go"), call];
+        for i in 0..n.saturating_sub(2) {
+            msgs.push(if i % 2 == 0 {
+                let mut m = ChatMessage::new("tool", format!("result {i}"));
+                m.tool_call_id = Some(format!("c{}", i % calls.max(1)));
+                m
+            } else {
+                ChatMessage::new("user", "more")
+            });
+        }
+        msgs
+    }
+
+    /// A template whose loops run past the fuel is stopped with an error
+    /// that says so, instead of running on (here: 4 million turns of a
+    /// loop nested over the messages).
+    #[test]
+    fn a_render_past_its_fuel_is_refused() {
+        let msgs = vec![ChatMessage::new("user", "x"); 2048];
+        let src = "{% for a in messages %}{% for b in messages %}{{ b.role[:0] }}{% endfor %}{% endfor %}";
+        let started = std::time::Instant::now();
+        let err = render(src, &msgs).unwrap_err().to_string();
+        eprintln!("the fuel ran out after {:?}", started.elapsed());
+        assert!(err.contains("template instructions"), "{err}");
+    }
+
+    /// The K3 template over as many messages as the default
+    /// `server.max_messages` admits, in the issue's worst shape (every
+    /// tool result a run of its own, every one matched against all of the
+    /// turn's calls, 48 of them), takes under half of the fuel.
+    #[test]
+    fn k3_tool_runs_at_the_message_bound_take_a_fraction_of_the_fuel() {
+        let max = crate::config::ServerConfig::default().max_messages;
+        let mut t = ChatTemplate::compile(k3_template() + "|{{ fuel_used() }}").unwrap();
+        t.env.add_function("fuel_used", |state: &minijinja::State| {
+            state.fuel_levels().map_or(0, |(used, _)| used)
+        });
+        for calls in [1, 48] {
+            let started = std::time::Instant::now();
+            let out = t.render(&tool_runs(max, calls), true, None, None).unwrap();
+            let took = started.elapsed();
+            assert!(out.contains("result 0"), "{}", &out[..out.len().min(400)]);
+            let used: u64 = out.rsplit('|').next().unwrap().parse().unwrap();
+            eprintln!("{max} messages, {calls} calls: {used} instructions in {took:?}");
+            assert!(used < TEMPLATE_FUEL / 2, "{used} instructions");
+        }
+    }
+
+    /// The K3 template's own quadratic within the message bound: one turn
+    /// of 2,046 calls answered by one run of 2,046 tool results matches
+    /// each result against every call (8 million loop turns); the fuel
+    /// stops it.
+    #[test]
+    fn k3_calls_times_results_are_stopped_by_the_fuel() {
+        let mut call = ChatMessage::new("assistant", "");
+        for i in 0..2046 {
+            call.push_tool_call(format!("c{i}"), "f", serde_json::json!({}));
+        }
+        let mut msgs = vec![ChatMessage::new("user", "go"), call];
+        for i in 0..2046 {
+            let mut m = ChatMessage::new("tool", "r");
+            m.tool_call_id = Some(format!("c{i}"));
+            msgs.push(m);
+        }
+        let t = ChatTemplate::compile(k3_template()).unwrap();
+        let err = t.render(&msgs, true, None, None).unwrap_err().to_string();
+        assert!(err.contains("template instructions"), "{err}");
     }
 
     #[test]
