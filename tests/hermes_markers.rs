@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 
 #[test]
+#[ignore = "Hermes tags are text for now (ChatFormat::detect): as tokens, forced calls loop on the 1.5B"]
 fn a_forced_call_spelling_its_closing_tag_is_one_call_with_its_argument() {
     let Some(path) = real_model(QWEN) else {
         return;
