@@ -12,9 +12,9 @@ use common::*;
 use serde_json::{json, Value};
 
 const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+const QWEN_TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 
 #[test]
-#[ignore = "Hermes tags are text for now (ChatFormat::detect): as tokens, forced calls loop on the 1.5B"]
 fn a_forced_call_spelling_its_closing_tag_is_one_call_with_its_argument() {
     let Some(path) = real_model(QWEN) else {
         return;
@@ -67,5 +67,69 @@ fn a_forced_call_spelling_its_closing_tag_is_one_call_with_its_argument() {
             serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({ "a": spelled }), "{}", r.body);
     }
+    s.wait_idle();
+}
+
+#[test]
+fn forced_calls_on_the_real_target_end_after_the_call_the_model_makes() {
+    let Some(path) = real_model(QWEN_TARGET) else {
+        return;
+    };
+    let s = Server::start(
+        config(|c| {
+            c.model.path = path;
+            c.draft.path = None;
+            c.speculative.method = specgate::config::SpeculativeMethod::Ngram;
+        }),
+        None,
+    );
+    let params = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 32},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"], "additionalProperties": false});
+    let ask = "What is the weather like in Paris right now?";
+    // Chat with `tool_choice: required` (parallel calls allowed).
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": ask}],
+               "tools": [{"type": "function", "function": {"name": "get_weather",
+                   "description": "Get the current weather in a city.", "parameters": params}}],
+               "tool_choice": "required", "max_tokens": 300, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .map(Vec::len),
+        Some(1),
+        "{v}"
+    );
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() < 40,
+        "{v}"
+    );
+    // Anthropic Messages with `tool_choice: any`.
+    let r = post(
+        s.addr,
+        "/v1/messages",
+        json!({"model": MODEL, "max_tokens": 300, "temperature": 0,
+               "messages": [{"role": "user", "content": ask}],
+               "tools": [{"name": "get_weather", "description": "Get the current weather in a city.",
+                          "input_schema": params}],
+               "tool_choice": {"type": "any"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["stop_reason"], "tool_use", "{v}");
+    let uses = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .count();
+    assert_eq!(uses, 1, "{v}");
     s.wait_idle();
 }

@@ -34,6 +34,7 @@ mod response;
 #[cfg(test)]
 mod response_tests;
 pub mod responses;
+mod responses_input;
 mod sampling;
 mod tokenize;
 pub mod tool_calls;

@@ -8,6 +8,11 @@
 use super::{TurnPiece, TurnStream};
 use crate::api::tool_calls::{ToolCallStream, ToolOutput};
 
+/// The tag opening a call.
+pub const OPEN: &str = "<tool_call>";
+/// The tag closing a call.
+pub const CLOSE: &str = "</tool_call>";
+
 /// Hermes call parsing as a [`TurnStream`].
 pub struct HermesStream(pub ToolCallStream);
 

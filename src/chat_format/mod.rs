@@ -80,14 +80,9 @@ impl ChatFormat {
         let id = |t: &str| tok.token_to_id(t);
         match (id(kimi_k3::OPEN), id(kimi_k3::CLOSE), id(kimi_k3::SEP)) {
             (Some(open), Some(close), Some(sep)) => Self::KimiK3(K3Markers { open, close, sep }),
-            // Hermes tags stay text for now: offered to a forced-call
-            // grammar as their special tokens, the greedy Qwen 1.5B repeats
-            // its calls until max_tokens (its top token after a call is
-            // another <tool_call>, which the spelled-tag grammar masked),
-            // and a Responses continuation rendered differently from the
-            // resent conversation. `HermesMarkers` with the tags' ids is
-            // ready for when that is settled.
-            _ => Self::Hermes(HermesMarkers { call: None }),
+            _ => Self::Hermes(HermesMarkers {
+                call: id(hermes::OPEN).zip(id(hermes::CLOSE)),
+            }),
         }
     }
 

@@ -91,10 +91,14 @@ pub(super) fn tool_calls_lark(
         )));
     }
     let mut rules = Vec::with_capacity(2 * tools.len() + 2);
+    // A trailing newline may end the calls: Qwen2.5 writes
+    // `</tool_call>\n<|im_end|>`, and a grammar that read that newline as
+    // the start of another call made the model repeat its calls.
+    let nl = lark_literal("\n");
     rules.push(if parallel {
-        format!("start: call ({} call)*", lark_literal("\n"))
+        format!("start: call ({nl} call)* {nl}?")
     } else {
-        "start: call".to_owned()
+        format!("start: call {nl}?")
     });
     let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("tool_{i}")).collect();
     let (open, close) = match tags {
