@@ -24,7 +24,7 @@ mod template_override;
 pub mod testing;
 pub mod tiktoken;
 
-pub use chat::{ChatFunctionCall, ChatMessage, ChatToolCall};
+pub use chat::{name_tool_results, ChatFunctionCall, ChatMessage, ChatToolCall};
 pub use incremental::IncrementalDecoder;
 
 use std::collections::HashMap;

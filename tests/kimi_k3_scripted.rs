@@ -386,3 +386,74 @@ fn tool_choice_none_parses_no_calls() {
     assert_eq!(parsed.finish, "tool_calls");
     assert_eq!(parsed.calls.len(), 1);
 }
+
+/// Text after the calls: a second response channel.
+const CALL_THEN_TEXT: &str = "Look it up.<|close|>think<|sep|><|open|>response<|sep|>Checking.\
+     <|close|>response<|sep|><|open|>tools<|sep|>\
+     <|open|>call tool=\"get_weather\" index=\"0\"<|sep|>\
+     <|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>\
+     <|close|>call<|sep|><|close|>tools<|sep|>\
+     <|open|>response<|sep|>Done.<|close|>response<|sep|><|close|>message<|sep|>";
+
+/// A Responses continuation by `previous_response_id` runs on the same
+/// conversation as the output items resent whole, however the output is
+/// split into items (here text, a call, then text again: the store once
+/// kept that as one assistant turn, the items read back as two).
+#[test]
+fn a_continuation_by_id_equals_the_output_resent_whole() {
+    for markup in [CALL_THEN_TEXT, TWO_CALLS] {
+        let s = server(markup, false);
+        let tools: Vec<Value> = tools()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                json!({"type": "function", "name": f["name"], "parameters": f["parameters"]})
+            })
+            .collect();
+        let ask = "weather in Paris?";
+        let r = post(
+            s.addr,
+            "/v1/responses",
+            json!({"model": NAME, "input": ask, "tools": tools, "max_output_tokens": 400,
+                   "temperature": 0}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let first: Value = serde_json::from_str(&r.body).unwrap();
+        let output = first["output"].as_array().unwrap().clone();
+        let call = output
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .unwrap_or_else(|| panic!("{first}"));
+        let answer = json!({"type": "function_call_output", "call_id": call["call_id"],
+                            "output": "sunny"});
+        let mut resent = vec![json!({"role": "user", "content": ask})];
+        resent.extend(output.iter().cloned());
+        resent.push(answer.clone());
+        let whole = post(
+            s.addr,
+            "/v1/responses",
+            json!({"model": NAME, "input": resent, "tools": tools, "max_output_tokens": 4,
+                   "temperature": 0, "store": false}),
+        );
+        let by_id = post(
+            s.addr,
+            "/v1/responses",
+            json!({"model": NAME, "previous_response_id": first["id"], "input": [answer],
+                   "tools": tools, "max_output_tokens": 4, "temperature": 0}),
+        );
+        assert_eq!(whole.status, 200, "{}", whole.body);
+        assert_eq!(by_id.status, 200, "{}", by_id.body);
+        let tokens = |b: &str| {
+            let v: Value = serde_json::from_str(b).unwrap();
+            v["usage"]["input_tokens"].as_u64().unwrap()
+        };
+        assert_eq!(
+            tokens(&by_id.body),
+            tokens(&whole.body),
+            "output {output:?}"
+        );
+        s.wait_idle();
+    }
+}

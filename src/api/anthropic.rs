@@ -20,7 +20,7 @@ use super::json::{as_bool, as_int, as_str, get, missing, parse_object, reject_un
 use super::request::{parse_speculative, RequestMeta, ValidRequest, MAX_STOP_BYTES};
 use super::sampling::parse_sampling;
 use super::tools::{valid_name, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{name_tool_results, ChatMessage};
 
 /// Top-level fields of `POST /v1/messages` this server reads (Anthropic's
 /// request, and specgate's `speculative`).
@@ -182,6 +182,7 @@ fn parse_conversation(map: &Map<String, Value>) -> Result<ValidRequest, ApiError
         messages.push(ChatMessage::new("system", text));
     }
     parse_turns(map, &mut messages)?;
+    name_tool_results(&mut messages);
     let mut v = ValidRequest::chat_defaults(model, messages);
     v.tools = parse_tools(map)?;
     if let Some(effort) = thinking_effort(map)? {

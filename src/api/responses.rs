@@ -19,7 +19,7 @@ use super::responses_input::parse_input;
 use super::sampling::parse_sampling;
 use super::tools::{valid_name, ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
 use super::REASONING_EFFORTS;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{name_tool_results, ChatMessage};
 
 /// Top-level fields of `POST /v1/responses` this server reads: each is
 /// honoured or refused with a reason.
@@ -178,7 +178,8 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError
 
 /// The turns a response runs on: `instructions` as the system turn (they
 /// never carry over from a previous response, as in OpenAI's API), the
-/// stored conversation of the previous response, then the new turns.
+/// stored conversation of the previous response, then the new turns;
+/// each `tool` turn named after the call it answers.
 ///
 /// Errors: a 400 naming `input` when a `function_call_output` answers no
 /// call of the conversation.
@@ -211,7 +212,26 @@ pub fn assemble(
         }
         out.push(m);
     }
+    name_tool_results(&mut out);
     Ok(out)
+}
+
+/// The turns a response's `output` items read back as: the conversion
+/// `input` items go through, so the stored conversation of a response
+/// equals the one a client builds by resending its output. No turns for
+/// an empty output (nothing was written).
+pub fn output_turns(output: &Value) -> Vec<ChatMessage> {
+    match output {
+        Value::Array(items) if !items.is_empty() => {
+            // Our own items always parse; a failure would be a bug, and
+            // the response is still answered.
+            parse_input(output).unwrap_or_else(|e| {
+                tracing::error!(error = %e.message, "a response's own output did not read back");
+                Vec::new()
+            })
+        }
+        _ => Vec::new(),
+    }
 }
 
 fn refuse_unsupported(map: &Map<String, Value>) -> Result<(), ApiError> {

@@ -535,13 +535,16 @@ fn grammar_error(e: GrammarError, param: &str) -> ApiError {
 }
 
 impl ResponsesWire {
-    /// Keeps the finished response when the request asked (`store`).
-    fn keep(&self, state: &AppState, id: &str, body: &serde_json::Value, turn: ChatMessage) {
+    /// Keeps the finished response when the request asked (`store`). The
+    /// stored conversation continues with the turns the response's output
+    /// items read back as, so a continuation by `previous_response_id`
+    /// runs on exactly what a client resending those items would.
+    fn keep(&self, state: &AppState, id: &str, body: &serde_json::Value) {
         if !self.store {
             return;
         }
         let mut conversation = self.conversation.clone();
-        conversation.push(turn);
+        conversation.extend(crate::api::responses::output_turns(&body["output"]));
         state.responses.put(
             self.scope,
             id.to_owned(),
@@ -593,8 +596,8 @@ async fn whole(
                     }
                     Wire::Responses(mut r) => {
                         let reasoning = driver.stage.reasoning_tokens();
-                        let (_, body, turn) = r.out.done(&l, reason, usage, reasoning);
-                        r.keep(&state, &l.id, &body, turn);
+                        let (_, body) = r.out.done(&l, reason, usage, reasoning);
+                        r.keep(&state, &l.id, &body);
                         Ok(body.to_string())
                     }
                     Wire::OpenAi if l.turn.is_some() => {
@@ -701,8 +704,8 @@ fn stream(
                 }
                 (Some(Piece::Done(reason, usage)), Wire::Responses(r)) => {
                     let reasoning = driver.stage.reasoning_tokens();
-                    let (events, body, turn) = r.out.done(&l, reason, usage, reasoning);
-                    r.keep(&state, &l.id, &body, turn);
+                    let (events, body) = r.out.done(&l, reason, usage, reasoning);
+                    r.keep(&state, &l.id, &body);
                     events
                 }
                 (Some(Piece::Done(reason, usage)), Wire::OpenAi) => {

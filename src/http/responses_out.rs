@@ -19,7 +19,6 @@ use serde_json::{json, Map, Value};
 use super::output::{Labels, Shaped};
 use super::request_id::RequestId;
 use crate::api::{ApiError, FinishReason, Usage};
-use crate::tokenizer::ChatMessage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
@@ -36,8 +35,6 @@ pub(super) struct ResponsesOut {
     held: String,
     calls: usize,
     seq: u64,
-    /// The assistant turn, for the store.
-    turn: ChatMessage,
 }
 
 fn item_id(prefix: &str) -> String {
@@ -53,7 +50,6 @@ impl ResponsesOut {
             held: String::new(),
             calls: 0,
             seq: 0,
-            turn: ChatMessage::new("assistant", ""),
         }
     }
 
@@ -161,17 +157,8 @@ impl ResponsesOut {
         s.push_str(text);
         item["content"][0]["text"] = Value::String(s);
         let name = match kind {
-            Open::Message => {
-                self.turn.content.push_str(text);
-                "response.output_text.delta"
-            }
-            Open::Reasoning => {
-                self.turn
-                    .reasoning_content
-                    .get_or_insert_with(String::new)
-                    .push_str(text);
-                "response.reasoning_text.delta"
-            }
+            Open::Message => "response.output_text.delta",
+            Open::Reasoning => "response.reasoning_text.delta",
         };
         let mut d = json!({"type": name, "item_id": id, "output_index": index,
             "content_index": 0, "delta": text});
@@ -215,9 +202,6 @@ impl ResponsesOut {
                         "name": c.name, "arguments": c.arguments, "status": "completed"});
                     out.push(self.ev(json!({"type": "response.output_item.done", "output_index": index, "item": item})));
                     self.items.push(item);
-                    let args: Value =
-                        serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
-                    self.turn.push_tool_call(call_id, c.name, args);
                 }
             }
         }
@@ -249,15 +233,14 @@ impl ResponsesOut {
         r
     }
 
-    /// The events that end the stream, and the finished object and the
-    /// assistant turn (for the store).
+    /// The events that end the stream, and the finished object.
     pub(super) fn done(
         &mut self,
         l: &Labels,
         reason: FinishReason,
         usage: Usage,
         reasoning: usize,
-    ) -> (Vec<Bytes>, Value, ChatMessage) {
+    ) -> (Vec<Bytes>, Value) {
         let mut out = Vec::new();
         self.settle(&mut out);
         let r = self.finished(l, reason, usage, reasoning);
@@ -267,7 +250,7 @@ impl ResponsesOut {
             "response.completed"
         };
         out.push(self.ev(json!({"type": name, "response": r})));
-        (out, r, self.turn.clone())
+        (out, r)
     }
 
     /// The error event that ends a failed stream.

@@ -74,6 +74,33 @@ impl ChatMessage {
     }
 }
 
+/// Names each `tool` turn without a `name` after the call it answers (the
+/// earlier assistant call with its `tool_call_id`). For APIs whose results
+/// carry only the call's id (Responses' `function_call_output`,
+/// Anthropic's `tool_result`): templates that must name a result's tool
+/// (Kimi K3's) otherwise match results to the assistant turn right before
+/// them by order, which fails when text or results come between.
+pub fn name_tool_results(turns: &mut [ChatMessage]) {
+    let mut calls: Vec<(String, String)> = Vec::new();
+    for m in turns {
+        calls.extend(
+            m.tool_calls
+                .iter()
+                .map(|c| (c.id.clone(), c.function.name.clone())),
+        );
+        if m.role != "tool" || m.name.is_some() {
+            continue;
+        }
+        if let Some(id) = &m.tool_call_id {
+            m.name = calls
+                .iter()
+                .rev()
+                .find(|(c, _)| c == id)
+                .map(|(_, n)| n.clone());
+        }
+    }
+}
+
 /// One tool call of an assistant turn, as templates see it:
 /// `{"id", "type": "function", "function": {"name", "arguments"}}` with `arguments` the
 /// parsed JSON value (Qwen's and Hermes' templates write `arguments | tojson`; vLLM passes
@@ -519,6 +546,36 @@ mod tests {
     /// A template whose loops run past the fuel is stopped with an error
     /// that says so, instead of running on (here: 4 million turns of a
     /// loop nested over the messages).
+    #[test]
+    fn tool_results_are_named_after_the_call_they_answer() {
+        let mut a = ChatMessage::new("assistant", "");
+        a.push_tool_call("c1", "get_weather", serde_json::json!({}));
+        a.push_tool_call("c2", "get_time", serde_json::json!({}));
+        let result = |id: &str| {
+            let mut m = ChatMessage::new("tool", "x");
+            m.tool_call_id = Some(id.into());
+            m
+        };
+        let mut named = result("c1");
+        named.name = Some("kept".into());
+        // Text between the calls and their results, results out of order.
+        let mut turns = vec![
+            ChatMessage::new("user", "go"),
+            a,
+            ChatMessage::new("assistant", "checking"),
+            result("c2"),
+            result("c1"),
+            named,
+            result("c9"),
+        ];
+        name_tool_results(&mut turns);
+        let names: Vec<_> = turns[3..].iter().map(|m| m.name.as_deref()).collect();
+        assert_eq!(
+            names,
+            [Some("get_time"), Some("get_weather"), Some("kept"), None]
+        );
+    }
+
     #[test]
     fn a_render_past_its_fuel_is_refused() {
         let msgs = vec![ChatMessage::new("user", "x"); 2048];
