@@ -9,10 +9,13 @@ cargo fmt --all -- --check
 cargo test --release --workspace
 # Again on the AVX2 kernels, what an AVX2-only CPU runs, where this machine
 # has better ones: the kernel tests of every format and the whole-model
-# differential tests (the same build: --workspace keeps the features).
+# differential tests (the same build: --workspace keeps the features). The
+# 1.5B's comparison (3 minutes) is left to the native pass: the 0.5B that
+# runs here has its architecture and its quantization formats.
 if grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo; then
     SPECGATE_KERNEL_ISA=avx2 cargo test --release --workspace --lib kernels
-    SPECGATE_KERNEL_ISA=avx2 cargo test --release --workspace --test differential
+    SPECGATE_KERNEL_ISA=avx2 cargo test --release --workspace --test differential \
+        -- --skip real_qwen_coder_1_5b_matches_reference
 fi
 # Soak: 300 requests at concurrency 16 on SmolLM2-135M (clients hanging up
 # mid-stream, slow readers, hostile bodies), then the server must be idle and
