@@ -994,6 +994,17 @@ fn the_router_answers_every_route_a_replica_answers() {
     server.sort();
     routed.sort();
     assert_eq!(routed, server);
+    let stored = |r: &[(&'static str, hyper::Method)]| -> Vec<(&'static str, String)> {
+        r.iter().map(|(p, m)| (*p, m.to_string())).collect()
+    };
+    let routed_stored: Vec<(&str, hyper::Method)> = router::STORED_RESPONSE_ROUTES
+        .iter()
+        .map(|(p, m, _)| (*p, m.clone()))
+        .collect();
+    assert_eq!(
+        stored(&routed_stored),
+        stored(&specgate::http::STORED_RESPONSE_ROUTES)
+    );
     // Only the router's own health and metrics are answered locally.
     for (path, _, how) in router::ROUTES {
         let local = matches!(how, router::Handling::Health | router::Handling::Metrics);
@@ -1141,4 +1152,73 @@ fn a_cut_stream_is_logged_once_with_its_error() {
     assert_eq!(line["replica"], dies.url);
     let error = line["error"].as_str().unwrap_or_default();
     assert!(error.contains(&dies.url), "{line}");
+}
+
+/// Responses are stored on the replica that made them: through the
+/// router, reading one back, continuing from it and deleting it reach that
+/// replica, whichever the router would pick first (each is asked in turn;
+/// one that does not hold the id answers a marked 404 and ran nothing),
+/// four replicas, past the router's three attempts.
+#[test]
+fn stored_responses_are_found_through_the_router_on_any_replica() {
+    let replicas: Vec<Server> = (0..4)
+        .map(|_| Server::start(config(|_| {}), None))
+        .collect();
+    let r = Router::start(
+        replicas
+            .iter()
+            .map(|s| format!("http://{}", s.addr))
+            .collect(),
+    );
+    r.wait_healthy(4);
+    let json = [("Content-Type", "application/json")];
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let body = json!({"model": MODEL, "input": format!("story {i}"), "max_output_tokens": 4});
+        let made = request(r.addr, "POST", "/v1/responses", &json, &body.to_string());
+        assert_eq!(made.status, 200, "{}", made.body);
+        let v: Value = serde_json::from_str(&made.body).unwrap();
+        ids.push(v["id"].as_str().unwrap().to_owned());
+    }
+    // Each id is held by exactly one replica.
+    for id in &ids {
+        let holders = replicas
+            .iter()
+            .filter(|s| {
+                request(s.addr, "GET", &format!("/v1/responses/{id}"), &[], "").status == 200
+            })
+            .count();
+        assert_eq!(holders, 1, "{id}");
+    }
+    for id in &ids {
+        let path = format!("/v1/responses/{id}");
+        for _ in 0..3 {
+            let got = request(r.addr, "GET", &path, &[], "");
+            assert_eq!(got.status, 200, "{}", got.body);
+            let v: Value = serde_json::from_str(&got.body).unwrap();
+            assert_eq!(v["id"], *id);
+        }
+        let body = json!({"model": MODEL, "previous_response_id": id, "input": "and then?",
+                          "max_output_tokens": 4});
+        for _ in 0..3 {
+            let next = request(r.addr, "POST", "/v1/responses", &json, &body.to_string());
+            assert_eq!(next.status, 200, "{}", next.body);
+        }
+        let deleted = request(r.addr, "DELETE", &path, &[], "");
+        assert_eq!(deleted.status, 200, "{}", deleted.body);
+        // Gone everywhere: the last replica's 404, in OpenAI's shape.
+        let gone = request(r.addr, "GET", &path, &[], "");
+        assert_eq!(gone.status, 404, "{}", gone.body);
+        assert_eq!(error_of(&gone)["code"], "response_not_found");
+        let cont = request(r.addr, "POST", "/v1/responses", &json, &body.to_string());
+        assert_eq!(cont.status, 404, "{}", cont.body);
+        assert_eq!(error_of(&cont)["param"], "previous_response_id");
+    }
+    // Other methods on a stored response are a 405 naming the allowed ones.
+    let put = request(r.addr, "PUT", &format!("/v1/responses/{}", ids[0]), &[], "");
+    assert_eq!(put.status, 405, "{}", put.body);
+    assert_eq!(header(&put, "allow").as_deref(), Some("GET, DELETE"));
+    for s in &replicas {
+        s.wait_idle();
+    }
 }

@@ -236,8 +236,24 @@ pub(crate) fn error_response_as(api: Api, e: &ApiError) -> Response<ResBody> {
     if let Some(secs) = e.retry_after {
         r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
     }
+    if e.code
+        .as_deref()
+        .is_some_and(|c| STORE_MISS_CODES.contains(&c))
+    {
+        r.headers_mut()
+            .insert(STORE_MISS_HEADER, HeaderValue::from_static("1"));
+    }
     r
 }
+
+/// Marks a 404 for a stored response this server does not hold (`GET` /
+/// `DELETE /v1/responses/{id}`, or a `previous_response_id`): nothing ran
+/// for it, and the response may be stored on another replica, so a router
+/// asks the others.
+pub const STORE_MISS_HEADER: &str = "x-specgate-store-miss";
+
+/// The error codes of the 404s [`STORE_MISS_HEADER`] marks.
+const STORE_MISS_CODES: [&str; 2] = ["response_not_found", "previous_response_not_found"];
 
 /// The wire API a route speaks: decides the error body's shape, and
 /// labels the request in `/metrics` and the request log.

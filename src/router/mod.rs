@@ -9,7 +9,10 @@
 //! Routes ([`ROUTES`], the same paths and methods as a replica's): the
 //! generation routes are forwarded with prefix affinity; `/v1/models`,
 //! `/tokenize`, `/detokenize`, `/version` and `/openapi.json` to any healthy
-//! replica; `GET /health` is the router's own (200 while at least one
+//! replica; a stored response's routes ([`STORED_RESPONSE_ROUTES`]) and a
+//! Responses continuation go to the replica that stores the response
+//! (asked in turn: one that does not answers a 404 marked
+//! [`crate::http::STORE_MISS_HEADER`]); `GET /health` is the router's own (200 while at least one
 //! replica is healthy, else 503) and `GET /metrics` its own Prometheus
 //! text. Authentication is left to the replicas: the `Authorization` header
 //! is passed through. Every request gets an id as on a replica
@@ -186,7 +189,26 @@ pub enum Handling {
     /// together, and the answer is the same from any replica of one model
     /// (503 with an OpenAI error body when none is healthy).
     AnyReplica,
+    /// A stored response (Responses API): forwarded to replicas in turn
+    /// until one holds it (see [`proxy`]'s store misses).
+    StoredResponse,
 }
+
+/// The routes of one stored response: a path under
+/// [`crate::http::RESPONSE_PREFIX`] with the id after it, as a replica's
+/// [`crate::http::STORED_RESPONSE_ROUTES`].
+pub const STORED_RESPONSE_ROUTES: [(&str, Method, Handling); 2] = [
+    (
+        "/v1/responses/{response_id}",
+        Method::GET,
+        Handling::StoredResponse,
+    ),
+    (
+        "/v1/responses/{response_id}",
+        Method::DELETE,
+        Handling::StoredResponse,
+    ),
+];
 
 /// Every route the router answers: path, method, and how. The paths and
 /// methods are exactly those of [`crate::http::ROUTES`] (a test holds
@@ -260,6 +282,18 @@ async fn route(
 ) -> Response<RouterBody> {
     let log = &log;
     let path = req.uri().path().to_string();
+    if path.starts_with(crate::http::RESPONSE_PREFIX) {
+        if !STORED_RESPONSE_ROUTES
+            .iter()
+            .any(|(_, m, _)| m == req.method())
+        {
+            let mut r = local_error(&ApiError::method_not_allowed(req.method().as_str(), &path));
+            r.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, DELETE"));
+            return r;
+        }
+        return forward(state, req, false, log).await;
+    }
     let Some((_, want, handling)) = ROUTES.iter().find(|(p, ..)| *p == path) else {
         return local_error(&ApiError::not_found(format!("No route for {path}.")));
     };
@@ -284,7 +318,7 @@ async fn route(
             r
         }
         Handling::Generation => forward(state, req, true, log).await,
-        Handling::AnyReplica => forward(state, req, false, log).await,
+        Handling::AnyReplica | Handling::StoredResponse => forward(state, req, false, log).await,
     }
 }
 

@@ -15,13 +15,18 @@
 //! or poisonous, request costs. A response head that does not come within
 //! the head timeout is a 504 to the client, not a retry, for the same
 //! reason. Prefix affinity remembers only requests a replica accepted.
+//!
+//! A store miss (a 404 marked [`STORE_MISS_HEADER`]: the replica does not
+//! hold the stored response a request names, and ran nothing) is asked of
+//! every other healthy replica in turn, past `max_attempts`: responses are
+//! stored on the replica that made them, and only one holds each.
 
 use super::balancer::{prefix_hashes, Reason};
 use super::relay::{Relay, RelayError};
 use super::request_log::RouteLog;
 use super::RouterState;
 use crate::api::ApiError;
-use crate::http::{error_response, ResBody, NOT_ADMITTED_HEADER};
+use crate::http::{error_response, ResBody, NOT_ADMITTED_HEADER, STORE_MISS_HEADER};
 use crate::metrics as names;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -226,7 +231,9 @@ pub(crate) async fn forward(
     let mut tried: Vec<Arc<str>> = Vec::new();
     let mut last_refusal: Option<Response<RouterBody>> = None;
     let mut last_error = String::new();
-    while tried.len() < state.cfg.max_attempts {
+    // Store misses ask every healthy replica (`choose` runs out of them).
+    let mut attempts = state.cfg.max_attempts;
+    while tried.len() < attempts {
         let Some(lease) = state.pool.choose(&hashes, &tried) else {
             break;
         };
@@ -297,7 +304,12 @@ pub(crate) async fn forward(
         // last replica noted is the one whose answer the client gets.
         log.answered_by(&lease.url);
         let status = resp.status();
-        let refused = refused_before_admission(status, resp.headers());
+        let missed =
+            status == StatusCode::NOT_FOUND && resp.headers().contains_key(STORE_MISS_HEADER);
+        if missed {
+            attempts = usize::MAX;
+        }
+        let refused = missed || refused_before_admission(status, resp.headers());
         if status.is_success() {
             state.pool.remember(&hashes, &lease.url);
         }
@@ -331,7 +343,11 @@ pub(crate) async fn forward(
         if !refused {
             return out;
         }
-        last_error = format!("replica {replica} refused it ({status})");
+        last_error = if missed {
+            format!("replica {replica} does not store the response it names")
+        } else {
+            format!("replica {replica} refused it ({status})")
+        };
         last_refusal = Some(out);
     }
     if let Some(r) = last_refusal {
