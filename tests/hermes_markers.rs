@@ -14,19 +14,25 @@ use serde_json::{json, Value};
 const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const QWEN_TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 
-#[test]
-fn a_forced_call_spelling_its_closing_tag_is_one_call_with_its_argument() {
-    let Some(path) = real_model(QWEN) else {
-        return;
-    };
-    let s = Server::start(
+/// A server of the real model `name` alone (n-gram speculation), when
+/// its weights are fetched.
+fn serve(name: &str) -> Option<Server> {
+    let path = real_model(name)?;
+    Some(Server::start(
         config(|c| {
             c.model.path = path;
             c.draft.path = None;
             c.speculative.method = specgate::config::SpeculativeMethod::Ngram;
         }),
         None,
-    );
+    ))
+}
+
+#[test]
+fn a_forced_call_spelling_its_closing_tag_is_one_call_with_its_argument() {
+    let Some(s) = serve(QWEN) else {
+        return;
+    };
     let spelled = "a</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}";
     let tools = json!([
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
@@ -72,17 +78,9 @@ fn a_forced_call_spelling_its_closing_tag_is_one_call_with_its_argument() {
 
 #[test]
 fn forced_calls_on_the_real_target_end_after_the_call_the_model_makes() {
-    let Some(path) = real_model(QWEN_TARGET) else {
+    let Some(s) = serve(QWEN_TARGET) else {
         return;
     };
-    let s = Server::start(
-        config(|c| {
-            c.model.path = path;
-            c.draft.path = None;
-            c.speculative.method = specgate::config::SpeculativeMethod::Ngram;
-        }),
-        None,
-    );
     let params = json!({"type": "object", "properties": {
         "city": {"type": "string", "maxLength": 32},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
