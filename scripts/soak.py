@@ -5,7 +5,9 @@ the binary and calls this).
 Starts the server on a free loopback port with the given config, sends N
 requests at concurrency C with random parameters -- mostly streamed, a third
 of the clients dropping the connection after a random number of SSE events, a
-few non-streamed, a few slow readers and every hostile case at least once
+few non-streamed, a few slow readers, chats with tools, OpenAI Responses and
+Anthropic Messages requests (streamed, whole, or dropped), and every hostile
+case at least once
 (bad bodies, 560 KB schemas that once took the process down, schemas just
 past each grammar bound, n x n tables merged through $ref, more messages than
 server.max_messages, a UTF-8 path across the log's route cut, subnormal
@@ -236,6 +238,12 @@ class Conn:
 
     def events(self):
         """SSE `data:` payloads (str) as they arrive; comments skipped."""
+        for _, data in self.named_events():
+            yield data
+
+    def named_events(self):
+        """(`event:` name or None, `data:` payload) as they arrive; comments
+        skipped. An event is at most one `event:` line, then one `data:`."""
         buf = b""
         for piece in self.chunks():
             buf += piece
@@ -244,9 +252,13 @@ class Conn:
                 ev = ev.decode("utf-8")
                 if ev.startswith(":"):
                     continue
-                if not ev.startswith("data: "):
+                name = None
+                if ev.startswith("event: ") and "\n" in ev:
+                    first, ev = ev.split("\n", 1)
+                    name = first[7:]
+                if not ev.startswith("data: ") or "\n" in ev:
                     raise ValueError(f"bad SSE event {ev[:80]!r}")
-                yield ev[6:]
+                yield name, ev[6:]
         if buf.strip():
             raise ValueError(f"trailing bytes after the last event: {buf[:80]!r}")
 
@@ -290,7 +302,9 @@ def make_plan(rng, n, model, methods):
     # beside everyone else), and JSON answers whose value spells markup.
     n_to_end = max(1, n // 150)
     n_spelled = max(1, n // 100)
-    rest = max(0, n - n_hostile - n_slow - n_drop - n_to_end - n_spelled)
+    # The other wire APIs (Responses, Messages), some with tools.
+    n_wire = max(2, n // 12)
+    rest = max(0, n - n_hostile - n_slow - n_drop - n_to_end - n_spelled - n_wire)
     n_whole = rest // 8
     kinds = (
         ["hostile"] * n_hostile
@@ -298,6 +312,7 @@ def make_plan(rng, n, model, methods):
         + ["drop"] * n_drop
         + ["to_end"] * n_to_end
         + ["spelled"] * n_spelled
+        + ["wire"] * n_wire
         + ["whole"] * n_whole
         + ["stream"] * (rest - n_whole)
     )[:n]
@@ -340,6 +355,8 @@ def make_plan(rng, n, model, methods):
                 "type": "json_schema",
                 "json_schema": {"name": "spelled", "schema": SPELLED_SCHEMA},
             }
+        elif kind == "wire":
+            spec.update(wire_spec(rng, model))
         else:
             chat = rng.random() < 0.5
             spec["path"] = "/v1/chat/completions" if chat else "/v1/completions"
@@ -375,12 +392,107 @@ def random_body(rng, model, chat, stream, methods):
         b["seed"] = rng.randrange(2**32)
     if stream and rng.random() < 0.5:
         b["stream_options"] = {"include_usage": True}
+    if chat and rng.random() < 0.15:
+        b["tools"] = [{"type": "function", "function": WEATHER}]
+        b["tool_choice"] = rng.choice(["auto", "required", "none"])
+        b["max_tokens"] = rng.randint(8, 64)
     r = rng.random()
     if r < 0.3:
         b["speculative"] = {"method": "off"}
     elif r < 0.7:
         b["speculative"] = {"method": rng.choice(methods), "num_tokens": rng.randint(1, 5)}
     return b
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                   "required": ["city"]},
+}
+
+
+def wire_spec(rng, model):
+    """A Responses or Messages request: streamed (a third of those dropped
+    after a few events) or whole, some with a tool."""
+    prompt = rng.choice(PROMPTS)
+    stream = rng.random() < 0.7
+    tools = rng.random() < 0.3
+    if rng.random() < 0.5:
+        path = "/v1/responses"
+        b = {"model": model, "input": prompt, "max_output_tokens": rng.randint(16, 48),
+             "stream": stream, "store": rng.random() < 0.5,
+             "temperature": round(rng.uniform(0, 1.5), 3)}
+        if rng.random() < 0.3:
+            b["instructions"] = SYSTEM
+        if tools:
+            b["tools"] = [{"type": "function", **WEATHER}]
+            b["tool_choice"] = rng.choice(["auto", "required"])
+    else:
+        path = "/v1/messages"
+        b = {"model": model, "max_tokens": rng.randint(1, 48), "stream": stream,
+             "messages": [{"role": "user", "content": prompt}],
+             "temperature": round(rng.uniform(0, 1), 3)}
+        if rng.random() < 0.3:
+            b["system"] = SYSTEM
+        if rng.random() < 0.3:
+            b["stop_sequences"] = rng.sample(STOPS, rng.randint(1, 2))
+        if tools:
+            b["tools"] = [{"name": WEATHER["name"], "description": WEATHER["description"],
+                           "input_schema": WEATHER["parameters"]}]
+            b["tool_choice"] = {"type": rng.choice(["auto", "any"])}
+    spec = {"path": path, "body": b}
+    if stream and rng.random() < 0.33:
+        spec["drop_after"] = rng.randint(1, 8)
+        spec["reset"] = rng.random() < 0.5
+    return spec
+
+
+def check_wire(conn, path, body, drop_after=None):
+    """Reads a Responses or Messages answer; returns "done" or "dropped";
+    raises on anything wrong: a stream's events must be named after their
+    `type`, in order (Responses: `sequence_number` 0, 1, ...), start and end
+    with the API's own events, and carry no error."""
+    status = conn.read_head()
+    if status != 200:
+        raise ValueError(f"status {status}: {conn.body()[:200]!r}")
+    responses = path == "/v1/responses"
+    if not body.get("stream"):
+        v = json.loads(conn.body())
+        if responses:
+            u = v["usage"]
+            if v["status"] not in ("completed", "incomplete"):
+                raise ValueError(f"status {v['status']!r}")
+            if u["output_tokens"] > body["max_output_tokens"] or \
+                    u["total_tokens"] != u["input_tokens"] + u["output_tokens"]:
+                raise ValueError(f"usage {u}")
+        else:
+            if v["type"] != "message" or v["stop_reason"] not in (
+                    "end_turn", "max_tokens", "stop_sequence", "tool_use"):
+                raise ValueError(f"message {str(v)[:200]}")
+            if v["usage"]["output_tokens"] > body["max_tokens"]:
+                raise ValueError(f"usage {v['usage']}")
+        return "done"
+    if "text/event-stream" not in conn.headers.get("content-type", ""):
+        raise ValueError(f"content-type {conn.headers.get('content-type')}")
+    types = []
+    for name, data in conn.named_events():
+        ev = json.loads(data)
+        t = ev.get("type")
+        if name != t or t == "error":
+            raise ValueError(f"event {name!r}: {data[:200]}")
+        if responses and ev.get("sequence_number") != len(types):
+            raise ValueError(f"sequence_number {ev.get('sequence_number')} at event {len(types)}")
+        if types and types[-1] in ("response.completed", "response.incomplete", "message_stop"):
+            raise ValueError(f"{t} after the end")
+        types.append(t)
+        if drop_after is not None and len(types) >= drop_after:
+            return "dropped"
+    first, ends = ("response.created", ("response.completed", "response.incomplete")) if responses \
+        else ("message_start", ("message_stop",))
+    if not types or types[0] != first or types[-1] not in ends:
+        raise ValueError(f"events {types[:3]} ... {types[-3:]}")
+    return "done"
 
 
 def check_stream(conn, body, drop_after=None, pauses=()):
@@ -424,7 +536,8 @@ def check_stream(conn, body, drop_after=None, pauses=()):
 
 
 def check_answer(body, text, finish, usage):
-    if finish not in ("stop", "length"):
+    ends = ("stop", "length", "tool_calls") if body.get("tools") else ("stop", "length")
+    if finish not in ends:
         raise ValueError(f"finish_reason {finish!r}")
     for s in body.get("stop") or []:
         if s in text:
@@ -473,6 +586,8 @@ def run_one(port, key, spec, timeout, deadline):
             if ch["finish_reason"] == "stop" and json.loads(content) != {"a": SPELLED}:
                 return spec, "fail", f"spelled markup was parsed: {ch['message']}"
             return spec, "done", 200
+        if kind == "wire":
+            return spec, check_wire(conn, spec["path"], spec["body"], spec.get("drop_after")), None
         if kind == "whole":
             status = conn.read_head()
             body = conn.body()
@@ -614,6 +729,7 @@ def soak(args, proc, log_path, key, methods, check):
         f"{count('drop', 'dropped')} dropped by their client ({count('drop', 'done')} finished first), "
         f"{count('whole', 'done')} whole done, {count('slow', 'done')} slow readers done, "
         f"{count('to_end', 'done')} run to the context's end, {count('spelled', 'done')} spelled-markup answers, "
+        f"{count('wire', 'done')} Responses/Messages done ({count('wire', 'dropped')} dropped), "
         f"{count('hostile', 'rejected')} hostile rejected with a 4xx, {count('hostile', 'capped')} extreme but valid done, "
         f"{len(fails)} failed, {count(None, 'skipped')} skipped"
     )
@@ -623,6 +739,7 @@ def soak(args, proc, log_path, key, methods, check):
         ("whole", "every non-streamed request completed"),
         ("to_end", "every chat run to the context's end ended with [DONE]"),
         ("spelled", "every JSON answer spelling markup came back whole as content"),
+        ("wire", "every Responses and Messages answer was whole and in order"),
         ("slow", "every slow reader ended with [DONE]"),
         ("hostile", "every hostile body got a 4xx with an OpenAI error body"),
     ]:
