@@ -1063,6 +1063,19 @@ fn forwarded_routes_without_a_healthy_replica_are_503s() {
         assert_eq!(e["type"], "server_error", "{path}: {e}");
         assert!(header(&resp, "x-request-id").is_some(), "{path}");
     }
+    // The router's own errors on Anthropic's routes are in Anthropic's
+    // shape, as a replica's are.
+    for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+        let resp = request(r.addr, "POST", path, &[], "{}");
+        assert_eq!(resp.status, 503, "{path}: {}", resp.body);
+        let v: Value = serde_json::from_str(&resp.body).unwrap();
+        assert_eq!(v["type"], "error", "{path}: {v}");
+        assert_eq!(v["error"]["type"], "overloaded_error", "{path}: {v}");
+        let wrong = request(r.addr, "GET", path, &[], "");
+        assert_eq!(wrong.status, 405, "{path}: {}", wrong.body);
+        let v: Value = serde_json::from_str(&wrong.body).unwrap();
+        assert_eq!(v["type"], "error", "{path}: {v}");
+    }
 }
 
 #[test]

@@ -17,7 +17,8 @@
 //! text. Authentication is left to the replicas: the `Authorization` header
 //! is passed through. Every request gets an id as on a replica
 //! ([`crate::http::request_id`]), which is sent upstream and returned, and
-//! one log line when it ends ([`request_log`]). CORS is not the router's:
+//! one log line when it ends ([`request_log`]). The router's own errors are
+//! in the shape of the route's wire API, as a replica's. CORS is not the router's:
 //! a preflight through it is a 405.
 
 pub mod balancer;
@@ -41,7 +42,7 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use metrics_exporter_prometheus::PrometheusHandle;
-use proxy::{forward, local_error, RouterBody};
+use proxy::{forward, local_error, local_error_for, RouterBody};
 use replicas::{Hysteresis, Pool};
 use request_log::RouteLog;
 use std::net::SocketAddr;
@@ -262,11 +263,12 @@ where
     req.headers_mut()
         .insert(request_id::HEADER, id.header_value());
     let log = RouteLog::new(id, req.method(), req.uri().path());
+    let path = req.uri().path().to_owned();
     let mut res = match request_id::caught(route(state, req, log.clone())).await {
         Some(res) => res,
         None => {
             log.failed(crate::http::request_log::PANICKED);
-            local_error(&request_id::panicked_error())
+            local_error_for(&path, &request_id::panicked_error())
         }
     };
     log.set_status(res.status().as_u16());
@@ -287,7 +289,10 @@ async fn route(
             .iter()
             .any(|(_, m, _)| m == req.method())
         {
-            let mut r = local_error(&ApiError::method_not_allowed(req.method().as_str(), &path));
+            let mut r = local_error_for(
+                &path,
+                &ApiError::method_not_allowed(req.method().as_str(), &path),
+            );
             r.headers_mut()
                 .insert(ALLOW, HeaderValue::from_static("GET, DELETE"));
             return r;
@@ -295,10 +300,13 @@ async fn route(
         return forward(state, req, false, log).await;
     }
     let Some((_, want, handling)) = ROUTES.iter().find(|(p, ..)| *p == path) else {
-        return local_error(&ApiError::not_found(format!("No route for {path}.")));
+        return local_error_for(&path, &ApiError::not_found(format!("No route for {path}.")));
     };
     if req.method() != want {
-        let mut r = local_error(&ApiError::method_not_allowed(req.method().as_str(), &path));
+        let mut r = local_error_for(
+            &path,
+            &ApiError::method_not_allowed(req.method().as_str(), &path),
+        );
         // A 405 names what the route does serve (RFC 9110), as a replica's does.
         if let Ok(v) = HeaderValue::from_str(want.as_str()) {
             r.headers_mut().insert(ALLOW, v);

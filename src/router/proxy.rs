@@ -26,7 +26,9 @@ use super::relay::{Relay, RelayError};
 use super::request_log::RouteLog;
 use super::RouterState;
 use crate::api::ApiError;
-use crate::http::{error_response, ResBody, NOT_ADMITTED_HEADER, STORE_MISS_HEADER};
+use crate::http::{
+    error_response, error_response_as, Api, ResBody, NOT_ADMITTED_HEADER, STORE_MISS_HEADER,
+};
 use crate::metrics as names;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -84,9 +86,19 @@ impl Body for RouterBody {
     }
 }
 
-/// An error answered by the router itself.
+/// An error answered by the router itself, in OpenAI's shape.
 pub fn local_error(e: &ApiError) -> Response<RouterBody> {
     error_response(e).map(RouterBody::Local)
+}
+
+/// An error answered by the router itself for a request to `path`: in the
+/// shape of that route's wire API (Anthropic's for `/v1/messages`), as the
+/// replica's own errors are.
+pub fn local_error_for(path: &str, e: &ApiError) -> Response<RouterBody> {
+    match Api::of_path(path) {
+        Some(api) => error_response_as(api, e).map(RouterBody::Local),
+        None => local_error(e),
+    }
 }
 
 /// Headers that belong to one connection, not to the message (RFC 9110
@@ -190,6 +202,8 @@ pub(crate) async fn forward(
     log: &RouteLog,
 ) -> Response<RouterBody> {
     let (parts, body) = req.into_parts();
+    let route = parts.uri.path().to_owned();
+    let local_error = |e: &ApiError| local_error_for(&route, e);
     let deadline = Duration::from_millis(state.cfg.body_read_timeout_ms);
     let read = Limited::new(body, state.cfg.max_body_bytes).collect();
     let Ok(read) = tokio::time::timeout(deadline, read).await else {
