@@ -15,8 +15,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Map, Value};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 const KEY: &str = "sk-no-abort";
@@ -37,35 +36,6 @@ fn props(n: usize) -> Map<String, Value> {
     (0..n)
         .map(|i| (format!("prop_{i:05}"), json!({})))
         .collect()
-}
-
-/// Sends `raw` and reads the answer to the end of the connection: the
-/// status, the head and the body, or why there was none.
-fn exchange(addr: SocketAddr, raw: &[u8]) -> Result<(u16, String, String), String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(raw).map_err(|e| format!("write: {e}"))?;
-    let mut got = Vec::new();
-    s.read_to_end(&mut got)
-        .map_err(|e| format!("read: {e} after {} bytes", got.len()))?;
-    let text = String::from_utf8_lossy(&got).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no whole response: {text:?}"))?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status: {head:?}"))?;
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Ok((status, head.to_owned(), body))
 }
 
 fn post_chat(addr: SocketAddr, body: &Value) -> Result<(u16, String, String), String> {

@@ -16,8 +16,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Map, Value};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,30 +39,7 @@ fn post(addr: SocketAddr, path: &str, body: &Value) -> Result<(u16, String, Stri
          Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(raw.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
-    let mut got = Vec::new();
-    s.read_to_end(&mut got)
-        .map_err(|e| format!("read: {e} after {} bytes", got.len()))?;
-    let text = String::from_utf8_lossy(&got).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no whole response: {text:?}"))?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status: {head:?}"))?;
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
+    let (status, head, body) = exchange(addr, raw.as_bytes())?;
     Ok((status, head.to_ascii_lowercase(), body))
 }
 

@@ -42,6 +42,37 @@ pub fn send(
     s
 }
 
+/// Sends `raw` (a whole request) and reads the answer to the end of the
+/// connection (60 s read timeout): the status, the head and the body
+/// (de-chunked when chunked), or why there was none. For tests that must
+/// tell a refused or cut connection from an answer instead of panicking.
+pub fn exchange(addr: SocketAddr, raw: &[u8]) -> Result<(u16, String, String), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(raw).map_err(|e| format!("write: {e}"))?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got)
+        .map_err(|e| format!("read: {e} after {} bytes", got.len()))?;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no whole response: {text:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status: {head:?}"))?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, head.to_owned(), body))
+}
+
 /// Sends one request and reads the whole answer (de-chunked when chunked).
 /// Panics on a connection error or a non-UTF-8 answer.
 pub fn request(
