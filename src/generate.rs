@@ -128,6 +128,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         model = %args.model.display(),
         secs = t0.elapsed().as_secs_f64(),
         kernels_isa = specgate_verify::kernels::Isa::current().name(),
+        amx = %specgate_verify::kernels::amx_status(),
         "model loaded"
     );
     let text = if args.chat {

@@ -255,6 +255,7 @@ fn load(
         tensor_parallel_size = cfg.model.tensor_parallel_size,
         kernels = ?kernels,
         kernels_isa = specgate_verify::kernels::Isa::current().name(),
+        amx = %specgate_verify::kernels::amx_status(),
         latent_cache = target.latent_cache().map_or("none", |d| d.name()),
         "target model loaded"
     );

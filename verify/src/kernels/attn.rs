@@ -387,7 +387,7 @@ pub fn scores(
     // and every write within `out` (asserted above); the instruction set
     // is checked present.
     unsafe {
-        match isa {
+        match isa.vector() {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni if isa.available() => scores_avx512(qs, ks, d, scale, out, stride),
             #[cfg(target_arch = "x86_64")]
@@ -410,7 +410,7 @@ pub fn weighted_sums(isa: Isa, ps: &[&[f32]], vs: &[&[f32]], d: usize, outs: &mu
     // SAFETY: as in `scores`: reads within `ps` rows (`vs.len()` each)
     // and value rows (`d` each), writes within `outs` rows.
     unsafe {
-        match isa {
+        match isa.vector() {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni if isa.available() => weighted_sums_avx512(ps, vs, d, outs),
             #[cfg(target_arch = "x86_64")]

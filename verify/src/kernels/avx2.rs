@@ -20,11 +20,11 @@
 //!   given w's sign (`vpsignb`): at most 2 * 128 * 127 = 32512, one
 //!   `vpmaddwd` per 4 inputs and no offset correction.
 //!
-//! Q4_K's 6-bit sub-block scales multiply inside `vpmaddwd` (scale in
-//! both i16 halves of a column's lane), so a block's scaled integer sum
-//! stays exact (at most 8 * 63 * 32 * 15 * 127 < 2^31) and becomes float
-//! once per block. Offsets of unsigned codes (Q6_K's +32, Q5_0's +16) start
-//! the integer sums from the activations' code sums (`off`), mins go
+//! The float work after each integer sum is the AVX-512 kernel's, in its
+//! order (Q4_K: one `fma` with the sub-block's scale and one with its min
+//! per 32 inputs, one with the activation scale per block), so both paths
+//! give the same bits. Offsets of unsigned codes (Q6_K's +32, Q5_0's +16)
+//! start the integer sums from the activations' code sums (`off`), mins go
 //! through `fsum`, as in the AVX-512 path ([`super::act`]).
 //!
 //! Batch invariance: each (row, column) accumulator runs the same
@@ -123,22 +123,6 @@ unsafe fn dot16(w: __m256i, x: *const i8) -> __m256i {
     _mm256_maddubs_epi16(w, x4(x))
 }
 
-/// The 8 unsigned bytes at `p`, byte i in both i16 halves of i32 lane i
-/// (one broadcast load and one shuffle).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pairs16(p: *const u8) -> __m256i {
-    let v = _mm256_set1_epi64x(p.cast::<i64>().read_unaligned());
-    // Lane i takes byte i (bytes 0..8 repeat in both 128-bit halves);
-    // -128 (0x80) zeroes a byte.
-    let z = -128i8;
-    let m = _mm256_setr_epi8(
-        0, z, 0, z, 1, z, 1, z, 2, z, 2, z, 3, z, 3, z, //
-        4, z, 4, z, 5, z, 5, z, 6, z, 6, z, 7, z, 7, z,
-    );
-    _mm256_shuffle_epi8(v, m)
-}
-
 /// Sums a column's two i16 lanes into its i32 lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -182,14 +166,13 @@ unsafe fn q4k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
         let ab: [usize; R] = std::array::from_fn(|r| (r0 + r) * nb + b);
         for (h, acc) in acc.iter_mut().enumerate() {
             let (vd, vm) = (f16x8(p.add(16 * h)), f16x8(p.add(32 + 16 * h)));
-            let mut isum = [_mm256_setzero_si256(); R];
-            let mut mins = [_mm256_setzero_ps(); R];
+            let mut blk = [_mm256_setzero_ps(); R];
             for j in 0..8 {
                 if R > 1 {
                     prefetch_step::<2368, 16>(p, 8 * h + j);
                 }
-                // The scale in both i16 halves of each column's lane.
-                let sc = pairs16(p.add(64 + TILE * j + HALF * h));
+                let sc = _mm256_cvtepi32_ps(u8x8(p.add(64 + TILE * j + HALF * h)));
+                let sc = _mm256_mul_ps(sc, vd);
                 let mn = _mm256_cvtepi32_ps(u8x8(p.add(192 + TILE * j + HALF * h)));
                 let mn = _mm256_mul_ps(mn, vm);
                 let mut s16 = [_mm256_setzero_si256(); R];
@@ -201,16 +184,17 @@ unsafe fn q4k<const R: usize>(tile: &[u8], a: &Acts, r0: usize, out: &mut [[f32;
                         s16[r] = _mm256_add_epi16(s16[r], dot16(hi, x.add(4)));
                     }
                 }
+                // The AVX-512 kernel's float order (see the module doc).
                 for r in 0..R {
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], sc));
+                    let isum = _mm256_cvtepi32_ps(hsum16(s16[r]));
+                    blk[r] = _mm256_fmadd_ps(isum, sc, blk[r]);
                     let s = *a.fsum.get_unchecked(ab[r] * 8 + j);
-                    mins[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(s), mins[r]);
+                    blk[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(s), blk[r]);
                 }
             }
             for r in 0..R {
-                let blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), vd, mins[r]);
                 let dx = _mm256_set1_ps(*a.d.get_unchecked(ab[r]));
-                acc[r] = _mm256_fmadd_ps(blk, dx, acc[r]);
+                acc[r] = _mm256_fmadd_ps(blk[r], dx, acc[r]);
             }
         }
     }

@@ -43,6 +43,7 @@ macro_rules! by_rows {
 }
 
 pub mod act;
+pub(crate) mod amx;
 pub mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -138,6 +139,11 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL with VNNI (Zen 4, Ice Lake and later).
     Avx512Vnni,
+    /// [`Isa::Avx512Vnni`] plus Intel AMX (TILE, INT8, BF16; Sapphire
+    /// Rapids and later), with Linux's permission for the tile state. The
+    /// int8 products with rows enough use tiles ([`amx`]), everything else
+    /// the AVX-512 path, with the same bits.
+    Amx,
 }
 
 impl Isa {
@@ -163,39 +169,68 @@ impl Isa {
                     && is_x86_feature_detected!("avx2")
                     && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => amx::tile::hardware_ready(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
 
-    /// A short stable name for logs: `scalar`, `avx2` or `avx512-vnni`
-    /// (the first two are also `SPECGATE_KERNEL_ISA`'s values).
+    /// A short stable name for logs: `scalar`, `avx2`, `avx512-vnni` or
+    /// `amx` (`SPECGATE_KERNEL_ISA` takes them, `avx512` for the third).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512-vnni",
+            Isa::Amx => "amx",
+        }
+    }
+
+    /// The vector instruction set under `self`: [`Isa::Amx`]'s is
+    /// AVX-512 VNNI, which runs every product without tiles.
+    pub fn vector(self) -> Isa {
+        match self {
+            Isa::Amx => Isa::Avx512Vnni,
+            isa => isa,
         }
     }
 
     /// The best instruction set this CPU supports.
     pub fn detect() -> Isa {
-        [Isa::Avx512Vnni, Isa::Avx2]
+        [Isa::Amx, Isa::Avx512Vnni, Isa::Avx2]
             .into_iter()
             .find(|isa| isa.available())
             .unwrap_or(Isa::Scalar)
     }
 
     /// The instruction set used by [`QWeight::matmul`]: the detected one,
-    /// unless `SPECGATE_KERNEL_ISA` asks for `scalar` (the portable path)
-    /// or `avx2` (when available; otherwise the detected one).
+    /// unless `SPECGATE_KERNEL_ISA` asks for `scalar` (the portable path),
+    /// `avx2`, `avx512` or `amx` (each when available; otherwise the
+    /// detected one, which is then the best this CPU has).
     pub fn current() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
-        *ISA.get_or_init(|| match std::env::var("SPECGATE_KERNEL_ISA").as_deref() {
-            Ok("scalar") => Isa::Scalar,
-            Ok("avx2") if Isa::Avx2.available() => Isa::Avx2,
-            _ => Isa::detect(),
+        *ISA.get_or_init(|| {
+            let asked = match std::env::var("SPECGATE_KERNEL_ISA").as_deref() {
+                Ok("scalar") => Isa::Scalar,
+                Ok("avx2") => Isa::Avx2,
+                Ok("avx512" | "avx512-vnni") => Isa::Avx512Vnni,
+                Ok("amx") => Isa::Amx,
+                _ => return Isa::detect(),
+            };
+            if asked.available() {
+                asked
+            } else {
+                Isa::detect()
+            }
         })
+    }
+
+    /// Why this process runs without AMX tiles, or `None` when it uses
+    /// them or never could ask (for the start-up log: a CPU without AMX, a
+    /// kernel that refused the tile state).
+    pub fn amx_refusal() -> Option<&'static str> {
+        amx::tile::refusal()
     }
 }
 
@@ -366,12 +401,54 @@ pub fn matmul_many(x: &[f32], rows: usize, products: &mut [Product]) {
 }
 
 /// [`matmul_many`] with an explicit instruction set (see
-/// [`QWeight::matmul_with`]).
+/// [`QWeight::matmul_with`]). With [`Isa::Amx`], each product whose row
+/// count reaches [`amx_min_rows`] for its format runs on tiles, the
+/// others on AVX-512 (the same bits either way).
 pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Product]) {
+    assert!(isa.available(), "{isa:?} is not available on this CPU");
+    let pick = |f: Format| {
+        if isa == Isa::Amx && rows >= amx_min_rows(f) {
+            Path::Tiles
+        } else {
+            Path::Vector(isa.vector())
+        }
+    };
+    run(x, rows, products, pick)
+}
+
+/// [`matmul_many`] with every product on the portable model of the AMX
+/// tile instructions (tests check the tile driver with it on any host).
+#[cfg(test)]
+pub(crate) fn matmul_many_tile_model(x: &[f32], rows: usize, products: &mut [Product]) {
+    run(x, rows, products, |_| Path::TileModel)
+}
+
+/// [`matmul_many`] with every product on AMX tiles, whatever its rows.
+///
+/// Panics if [`Isa::Amx`] is not available.
+#[cfg(test)]
+pub(crate) fn matmul_many_tiles(x: &[f32], rows: usize, products: &mut [Product]) {
+    assert!(Isa::Amx.available());
+    run(x, rows, products, |_| Path::Tiles)
+}
+
+/// How one product's tiles are computed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// [`GROUP`] rows at a time on this (available) vector set.
+    Vector(Isa),
+    /// All rows on AMX tiles ([`amx::tile::Hardware`]; only picked when
+    /// [`Isa::Amx`] is available).
+    Tiles,
+    /// All rows on [`amx::tile::Model`].
+    #[cfg(test)]
+    TileModel,
+}
+
+fn run(x: &[f32], rows: usize, products: &mut [Product], pick: impl Fn(Format) -> Path + Sync) {
     let Some(k) = products.first().map(|p| p.w.k) else {
         return;
     };
-    assert!(isa.available(), "{isa:?} is not available on this CPU");
     assert!(x.len() >= rows * k);
     for p in products.iter() {
         assert!(p.w.k == k && p.out.len() >= rows * p.w.n);
@@ -393,6 +470,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
         acts: &'a act::Acts,
         out: SharedMut<f32>,
         first_tile: usize,
+        path: Path,
     }
     let mut jobs = Vec::with_capacity(products.len());
     let mut ntiles = 0;
@@ -409,6 +487,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
                 .expect("quantized above for this block length"),
             out: SharedMut::new(p.out),
             first_tile: ntiles,
+            path: pick(p.w.format),
         });
         ntiles += p.w.n.div_ceil(TILE);
     }
@@ -417,6 +496,9 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
     let chunk = ntiles.div_ceil(threads * 4).max(1);
     crate::team::for_each(ntiles.div_ceil(chunk), |ci| {
         let mut res = [[0f32; TILE]; GROUP];
+        // Tile paths: all rows' results of one weight tile, and scratch.
+        let mut all: Vec<[f32; TILE]> = Vec::new();
+        let mut scratch: Option<amx::Scratch> = None;
         let tiles = ci * chunk..((ci + 1) * chunk).min(ntiles);
         for job in jobs.iter() {
             let (w, n) = (job.w, job.w.n);
@@ -426,22 +508,103 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
                 let t = t - job.first_tile;
                 let tile = &w.tiles[t * tile_bytes..(t + 1) * tile_bytes];
                 let cols = TILE.min(n - t * TILE);
-                for r0 in (0..rows).step_by(GROUP) {
-                    let rr = (rows - r0).min(GROUP);
-                    tile_rows(isa, w.format, tile, job.acts, r0, rr, cols, &mut res);
-                    for (i, v) in res[..rr].iter().enumerate() {
-                        // SAFETY: each task writes only its own tiles'
-                        // columns of rows below `rows`; the output holds
-                        // `rows * n` (asserted above).
-                        unsafe {
-                            let dst = job.out.at((r0 + i) * n + t * TILE);
-                            std::ptr::copy_nonoverlapping(v.as_ptr(), dst, cols);
+                // SAFETY (both writes below): each task writes only its own
+                // tiles' columns of rows below `rows`; the output holds
+                // `rows * n` (asserted above).
+                let write = |r: usize, v: &[f32; TILE]| unsafe {
+                    let dst = job.out.at(r * n + t * TILE);
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), dst, cols);
+                };
+                if let Path::Vector(isa) = job.path {
+                    for r0 in (0..rows).step_by(GROUP) {
+                        let rr = (rows - r0).min(GROUP);
+                        tile_rows(isa, w.format, tile, job.acts, r0, rr, cols, &mut res);
+                        for (i, v) in res[..rr].iter().enumerate() {
+                            write(r0 + i, v);
                         }
                     }
+                    continue;
+                }
+                all.resize(rows, [0.0; TILE]);
+                let s = scratch.get_or_insert_with(Default::default);
+                tile_path(job.path, w.format, tile, job.acts, rows, &mut all, s);
+                for (r, v) in all.iter().enumerate() {
+                    write(r, v);
                 }
             }
         }
     });
+}
+
+/// One weight tile times all `rows` on a tile path ([`Path::Tiles`] or
+/// [`Path::TileModel`]).
+fn tile_path(
+    path: Path,
+    format: Format,
+    tile: &[u8],
+    a: &act::Acts,
+    rows: usize,
+    out: &mut [[f32; TILE]],
+    s: &mut amx::Scratch,
+) {
+    // Which arms exist depends on the target and on cfg(test).
+    #[allow(unreachable_patterns)]
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        Path::Tiles => {
+            let mut hw = amx::tile::Hardware::new().expect("Isa::Amx is available");
+            // SAFETY: AMX is available, which includes the AVX-512 set
+            // (`amx::tile::refusal`).
+            unsafe { amx::tile_product_hw(&mut hw, format, tile, a, rows, out, s) }
+        }
+        #[cfg(test)]
+        Path::TileModel => {
+            let mut model = amx::tile::Model::default();
+            amx::tile_product(&mut model, format, tile, a, rows, out, s)
+        }
+        _ => unreachable!("tile_path takes a tile path this target has"),
+    }
+}
+
+/// What the start-up log says of AMX: `on, tiles from N rows (Q4_K) ...`
+/// with each format's measured threshold (measuring it now), or `off:`
+/// and why (the CPU, the kernel's refusal, or `SPECGATE_KERNEL_ISA`).
+pub fn amx_status() -> String {
+    if Isa::current() == Isa::Amx {
+        let formats = [
+            Format::Q4K,
+            Format::Q6K,
+            Format::Q8_0,
+            Format::Q5_0,
+            Format::Q4_1,
+        ];
+        let each: Vec<String> = formats
+            .iter()
+            .map(|&f| match amx_min_rows(f) {
+                usize::MAX => format!("{f:?} never"),
+                n => format!("{f:?} {n}"),
+            })
+            .collect();
+        format!("on, tiles from rows: {}", each.join(", "))
+    } else if let Some(why) = Isa::amx_refusal() {
+        format!("off: {why}")
+    } else {
+        "off: SPECGATE_KERNEL_ISA".to_string()
+    }
+}
+
+/// Rows from which a product of `format` runs on AMX tiles under
+/// [`Isa::Amx`]: `SPECGATE_AMX_MIN_ROWS` if set, else measured once per
+/// process and format on this CPU ([`amx::calibrate`]). Results do not
+/// depend on it, only speed.
+pub fn amx_min_rows(format: Format) -> usize {
+    static FIXED: OnceLock<Option<usize>> = OnceLock::new();
+    let fixed = *FIXED.get_or_init(|| {
+        std::env::var("SPECGATE_AMX_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    });
+    fixed.unwrap_or_else(|| amx::calibrate::min_rows(format))
 }
 
 /// One tile's first `cols` columns dotted with activation rows

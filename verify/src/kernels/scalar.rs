@@ -1,6 +1,11 @@
 //! Portable kernels (any CPU) over the tiled layout: the same integer
 //! dot products as the SIMD paths, one (column, activation row) pair at a
 //! time, each column's block read back into plain codes once for all rows.
+//!
+//! The float work is the AVX-512 kernel's, operation for operation and in
+//! its order (see [`super::amx`]'s module doc), with `f32::mul_add` for
+//! its fused multiply-adds: so this path gives the SIMD and AMX paths'
+//! bits, and is the reference the tests hold them to.
 
 use super::act::Acts;
 use super::layout::{from_tile, tile_block_bytes, TILE};
@@ -37,31 +42,38 @@ pub(super) fn tile_rows(
                     (lo..hi).map(|v| blk.q[v] as i32 * x[v] as i32).sum()
                 };
                 let dx = a.d[ab];
-                let v = match format {
+                let acc = &mut o[col];
+                match format {
                     Format::Q4K => {
-                        let isum: i32 = (0..8)
-                            .map(|j| blk.sc[j] as i32 * dot(32 * j, 32 * j + 32))
-                            .sum();
-                        let msum: f32 = (0..8).map(|j| blk.mn[j] as f32 * a.fsum[ab * 8 + j]).sum();
-                        (d * isum as f32 + m * msum) * dx
+                        let mut s = 0f32;
+                        for j in 0..8 {
+                            let isum = dot(32 * j, 32 * j + 32) as f32;
+                            s = isum.mul_add(blk.sc[j] as f32 * d, s);
+                            s = (blk.mn[j] as f32 * m).mul_add(a.fsum[ab * 8 + j], s);
+                        }
+                        *acc = s.mul_add(dx, *acc);
                     }
                     Format::Q6K => {
-                        let isum: i32 = (0..16)
-                            .map(|s| {
-                                let sc = blk.sc[s] as i8 as i32;
-                                sc * (dot(16 * s, 16 * s + 16) + a.off[ab * 16 + s])
-                            })
-                            .sum();
-                        d * isum as f32 * dx
+                        let mut s = 0f32;
+                        for sb in 0..16 {
+                            let isum = dot(16 * sb, 16 * sb + 16) + a.off[ab * 16 + sb];
+                            s = (isum as f32).mul_add(blk.sc[sb] as i8 as f32 * d, s);
+                        }
+                        *acc = s.mul_add(dx, *acc);
                     }
                     Format::Q8_0 => {
                         let dot: i32 = (0..32).map(|v| blk.q[v] as i8 as i32 * x[v] as i32).sum();
-                        d * dot as f32 * dx
+                        *acc = (dot as f32).mul_add(d * dx, *acc);
                     }
-                    Format::Q5_0 => d * (dot(0, 32) - 16 * a.off[ab]) as f32 * dx,
-                    Format::Q4_1 => d * dot(0, 32) as f32 * dx + m * a.fsum[ab],
-                };
-                o[col] += v;
+                    Format::Q5_0 => {
+                        let isum = dot(0, 32) - 16 * a.off[ab];
+                        *acc = (isum as f32).mul_add(d * dx, *acc);
+                    }
+                    Format::Q4_1 => {
+                        *acc = (dot(0, 32) as f32).mul_add(d * dx, *acc);
+                        *acc = m.mul_add(a.fsum[ab], *acc);
+                    }
+                }
             }
         }
     }

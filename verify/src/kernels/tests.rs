@@ -1,9 +1,10 @@
 //! Kernels against a straightforward reference (candle's dequantized
 //! weights times f32 activations), for every format, 1..=17 rows (two whole
 //! row groups and one more), every instruction set this CPU has; batch
-//! invariance, bit for bit; the SIMD paths against each other, and at the
-//! extreme codes their 16-bit intermediates are sized for; and the tiled
-//! layout's round trip to GGUF.
+//! invariance, bit for bit; every path (scalar, AVX2, AVX-512, AMX tiles
+//! and their portable model) against the scalar one bit for bit at 1..=130
+//! rows, and at the extreme codes the SIMD paths' 16-bit intermediates are
+//! sized for; and the tiled layout's round trip to GGUF.
 
 use super::*;
 use candle_core::{Device, Tensor};
@@ -12,7 +13,7 @@ use rand::{Rng, SeedableRng};
 
 /// Every instruction set this CPU supports.
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx]
         .into_iter()
         .filter(|isa| isa.available())
         .collect()
@@ -212,31 +213,87 @@ fn assert_close(what: &str, a: &[f32], b: &[f32], deq: &[f32], x: &[f32], n: usi
     }
 }
 
+/// `w` times the first `rows` rows of `x` on the portable model of the
+/// AMX tile instructions, and where this CPU has AMX, on the tiles
+/// themselves, every row count on tiles (no threshold).
+fn tile_paths(w: &QWeight, x: &[f32], rows: usize) -> Vec<(&'static str, Vec<f32>)> {
+    let mut outs = Vec::new();
+    let mut out = vec![f32::NAN; rows * w.n()];
+    matmul_many_tile_model(x, rows, &mut [Product { w, out: &mut out }]);
+    outs.push(("tile model", out));
+    if Isa::Amx.available() {
+        let mut out = vec![f32::NAN; rows * w.n()];
+        matmul_many_tiles(x, rows, &mut [Product { w, out: &mut out }]);
+        outs.push(("amx tiles", out));
+    }
+    outs
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The scalar path, every SIMD path this CPU has (AMX with its measured
+/// threshold), the AMX tiles (where present) and their portable model give
+/// the same bits for every int8 format at every row count 1..=130 (tile
+/// groups of 16 with every tail, vector groups of 8), on a partial last
+/// tile of columns; and row r of each call equals row r computed alone.
 #[test]
-fn simd_paths_agree_with_each_other_and_scalar() {
-    let mut rng = StdRng::seed_from_u64(23);
+fn every_path_gives_the_same_bits_at_1_to_130_rows() {
+    if !Isa::Amx.available() {
+        println!(
+            "AMX tiles not tested on this host: {}",
+            Isa::amx_refusal().unwrap_or("?")
+        );
+    }
+    let mut rng = StdRng::seed_from_u64(41);
     for (dtype, k) in [
-        (GgmlDType::Q4K, 1536),
-        (GgmlDType::Q6K, 1536),
-        (GgmlDType::Q8_0, 896),
-        (GgmlDType::Q5_0, 896),
-        (GgmlDType::Q4_1, 576),
+        (GgmlDType::Q4K, 512),
+        (GgmlDType::Q6K, 512),
+        (GgmlDType::Q8_0, 96),
+        (GgmlDType::Q5_0, 96),
+        (GgmlDType::Q4_1, 96),
     ] {
-        let (n, rows) = (37, 5);
-        let (qw, deq) = weight(dtype, n, k, &mut rng);
-        let x = activations(rows, k, &mut rng);
-        let xq = act::Acts::new(qw.format(), &x, rows, k).dequantize();
-        let outs: Vec<(Isa, Vec<f32>)> = isas()
-            .into_iter()
-            .map(|isa| {
-                let mut out = vec![0f32; rows * n];
-                qw.matmul_with(isa, &x, rows, &mut out);
-                (isa, out)
-            })
-            .collect();
-        for w in outs.windows(2) {
-            let what = format!("{dtype:?} {:?} vs {:?}", w[0].0, w[1].0);
-            assert_close(&what, &w[0].1, &w[1].1, &deq, &xq, n, k);
+        let (n, most) = (21, 130);
+        let (qw, _) = weight(dtype, n, k, &mut rng);
+        let x = activations(most, k, &mut rng);
+        // Each row alone, on the scalar reference.
+        let mut alone = vec![0f32; most * n];
+        for r in 0..most {
+            let out = &mut alone[r * n..(r + 1) * n];
+            qw.matmul_with(Isa::Scalar, &x[r * k..(r + 1) * k], 1, out);
+        }
+        for rows in 1..=most {
+            let want = &alone[..rows * n];
+            let mut outs: Vec<(String, Vec<f32>)> = isas()
+                .into_iter()
+                .map(|isa| {
+                    let mut out = vec![f32::NAN; rows * n];
+                    qw.matmul_with(isa, &x, rows, &mut out);
+                    (isa.name().to_string(), out)
+                })
+                .collect();
+            outs.extend(
+                tile_paths(&qw, &x, rows)
+                    .into_iter()
+                    .map(|(w, o)| (w.to_string(), o)),
+            );
+            for (what, got) in &outs {
+                if !same_bits(got, want) {
+                    let i = got
+                        .iter()
+                        .zip(want)
+                        .position(|(a, b)| a.to_bits() != b.to_bits())
+                        .unwrap_or(0);
+                    panic!(
+                        "{dtype:?} {what} rows {rows}: ({}, {}) is {} where scalar alone gives {}",
+                        i / n,
+                        i % n,
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
         }
     }
 }
@@ -313,11 +370,18 @@ fn extreme_codes_do_not_saturate() {
                 .map(|i| if i < k { 1.0 } else { -1.0 })
                 .collect();
             let want = reference(&deq, &x, n, k, rows);
+            let mut scalar = vec![0f32; rows * n];
+            qw.matmul_with(Isa::Scalar, &x, rows, &mut scalar);
             for isa in isas() {
                 let mut out = vec![0f32; rows * n];
                 qw.matmul_with(isa, &x, rows, &mut out);
                 let what = format!("{format:?} high {high} {isa:?}");
                 assert_close(&what, &out, &want, &deq, &x, n, k);
+                assert!(same_bits(&out, &scalar), "{what}: bits differ from scalar");
+            }
+            for (what, out) in tile_paths(&qw, &x, rows) {
+                let what = format!("{format:?} high {high} {what}");
+                assert!(same_bits(&out, &scalar), "{what}: bits differ from scalar");
             }
         }
     }

@@ -32,13 +32,13 @@ impl F32Ops {
     /// `OnceLock`.
     pub fn current() -> F32Ops {
         F32Ops {
-            isa: Isa::current(),
+            isa: Isa::current().vector(),
         }
     }
 
     /// With `isa`, if this CPU supports it.
     pub fn with(isa: Isa) -> Option<F32Ops> {
-        isa.available().then_some(F32Ops { isa })
+        isa.available().then_some(F32Ops { isa: isa.vector() })
     }
 
     /// `sum_i a[i] * b[i]` over the shorter of the two.

@@ -88,7 +88,7 @@ impl Path {
         match isa {
             Isa::Scalar => Path::Scalar,
             Isa::Avx2 => Path::Avx2,
-            Isa::Avx512Vnni => Path::Avx512,
+            Isa::Avx512Vnni | Isa::Amx => Path::Avx512,
         }
     }
 

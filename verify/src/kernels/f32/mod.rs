@@ -232,7 +232,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], rows: usize, products: &mut [Produc
 /// each, from `x`) into `res`.
 fn run_block(isa: Isa, b: &Cols, x: &[Line], lines: usize, rows: usize, res: &mut Res) {
     debug_assert!(x.len() >= rows * lines && lines >= b.chunks);
-    match isa {
+    match isa.vector() {
         // SAFETY: `matmul_many_with` checked `isa.available()` (which
         // implies avx512f, avx2, fma); `x` holds `rows` rows of `lines`.
         #[cfg(target_arch = "x86_64")]

@@ -691,7 +691,7 @@ fn slab_rows(
     debug_assert!(r0 + rows <= a.rows && rows <= GROUP && o0 < w.out);
     let rows_of = (!(isa == Isa::Avx2 && w.is_tiled())).then(|| slab_of(w, o0));
     let p: Option<[&[u8]; SLAB]> = rows_of.as_ref().map(|r| std::array::from_fn(|i| &*r[i]));
-    match (isa, p) {
+    match (isa.vector(), p) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, None) => {
             // SAFETY: `matmul_grouped_with` checked `Isa::available`; the
