@@ -2,8 +2,11 @@
 //! (`specgate_verify::kernels::QWeight`: `specgate` with the detected
 //! instruction set, and `specgate-avx2` with AVX2 when that is not the
 //! detected one, so an AVX-512 machine measures both paths in one run), on
-//! random weights of the shapes the Qwen2.5-Coder models use, for 1, 2, 4,
-//! 8 and 16 activation rows.
+//! random weights of the shapes the Qwen2.5-Coder models use, for 1 to 128
+//! activation rows. Where the detected set is AMX, `specgate-avx512` runs
+//! the same products without tiles, so the tiles' gain is measured in one
+//! run (`SPECGATE_AMX_MIN_ROWS=1` puts every row count on tiles; by
+//! default the thresholds measured at start-up pick).
 //! Throughput is weight bytes per second (each matrix is read once per
 //! call), comparable to the machine's memory bandwidth (BENCHMARKS.md).
 //!
@@ -42,7 +45,7 @@ fn kernels(c: &mut Criterion) {
             .sample_size(10)
             .warm_up_time(Duration::from_millis(500))
             .measurement_time(Duration::from_secs(2));
-        for rows in [1usize, 2, 4, 8, 16] {
+        for rows in [1usize, 2, 4, 8, 16, 32, 64, 128] {
             let x = random(rows * k, rows as u32 + 7);
             let xt = Tensor::from_vec(x.clone(), (rows, k), &dev).unwrap();
             g.bench_with_input(BenchmarkId::new("candle", rows), &rows, |b, _| {
@@ -52,6 +55,11 @@ fn kernels(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new("specgate", rows), &rows, |b, _| {
                 b.iter(|| ours.matmul(&x, rows, &mut out))
             });
+            if Isa::current() == Isa::Amx {
+                g.bench_with_input(BenchmarkId::new("specgate-avx512", rows), &rows, |b, _| {
+                    b.iter(|| ours.matmul_with(Isa::Avx512Vnni, &x, rows, &mut out))
+                });
+            }
             if Isa::Avx2.available() && Isa::current() != Isa::Avx2 {
                 g.bench_with_input(BenchmarkId::new("specgate-avx2", rows), &rows, |b, _| {
                     b.iter(|| ours.matmul_with(Isa::Avx2, &x, rows, &mut out))

@@ -432,7 +432,7 @@ pub(crate) fn matmul_many_tiles(x: &[f32], rows: usize, products: &mut [Product]
     run(x, rows, products, |_| Path::Tiles)
 }
 
-/// How one product's tiles are computed.
+/// How one product's tiles (or MXFP4 slabs) are computed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
     /// [`GROUP`] rows at a time on this (available) vector set.
@@ -585,7 +585,11 @@ pub fn amx_status() -> String {
                 n => format!("{f:?} {n}"),
             })
             .collect();
-        format!("on, tiles from rows: {}", each.join(", "))
+        let mx = match amx_min_rows_mxfp4() {
+            usize::MAX => "never".to_string(),
+            n => n.to_string(),
+        };
+        format!("on, tiles from rows: {}, MXFP4 {mx}", each.join(", "))
     } else if let Some(why) = Isa::amx_refusal() {
         format!("off: {why}")
     } else {
@@ -593,18 +597,28 @@ pub fn amx_status() -> String {
     }
 }
 
+/// Rows from which an MXFP4 product runs on AMX tiles under [`Isa::Amx`]:
+/// as [`amx_min_rows`], measured for MXFP4.
+pub fn amx_min_rows_mxfp4() -> usize {
+    amx_min_rows_fixed().unwrap_or_else(amx::calibrate::min_rows_mxfp4)
+}
+
+/// `SPECGATE_AMX_MIN_ROWS`, read once.
+fn amx_min_rows_fixed() -> Option<usize> {
+    static FIXED: OnceLock<Option<usize>> = OnceLock::new();
+    *FIXED.get_or_init(|| {
+        std::env::var("SPECGATE_AMX_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
 /// Rows from which a product of `format` runs on AMX tiles under
 /// [`Isa::Amx`]: `SPECGATE_AMX_MIN_ROWS` if set, else measured once per
 /// process and format on this CPU ([`amx::calibrate`]). Results do not
 /// depend on it, only speed.
 pub fn amx_min_rows(format: Format) -> usize {
-    static FIXED: OnceLock<Option<usize>> = OnceLock::new();
-    let fixed = *FIXED.get_or_init(|| {
-        std::env::var("SPECGATE_AMX_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-    });
-    fixed.unwrap_or_else(|| amx::calibrate::min_rows(format))
+    amx_min_rows_fixed().unwrap_or_else(|| amx::calibrate::min_rows(format))
 }
 
 /// One tile's first `cols` columns dotted with activation rows

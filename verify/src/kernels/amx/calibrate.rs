@@ -93,6 +93,26 @@ fn synthetic(format: Format, n: usize, k: usize) -> Vec<u8> {
     repack(format, &gguf, n, nb)
 }
 
+/// Best of a few runs of `f`, after one to warm the caches.
+fn best(f: &mut dyn FnMut()) -> Duration {
+    f();
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+/// Pseudo-random activations, `rows x k`.
+fn activations(rows: usize, k: usize) -> Vec<f32> {
+    (0..rows * k)
+        .map(|i| ((i * 7919 % 2003) as f32 / 1001.0) - 1.0)
+        .collect()
+}
+
 #[cfg(target_arch = "x86_64")]
 fn measure_x86(format: Format) -> Vec<(usize, Duration, Duration)> {
     let (n, k) = (4 * TILE, 2048);
@@ -102,40 +122,18 @@ fn measure_x86(format: Format) -> Vec<(usize, Duration, Duration)> {
         return Vec::new();
     };
     let mut scratch = Scratch::default();
-    let best = |f: &mut dyn FnMut()| {
-        f(); // warm caches
-        (0..5)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .min()
-            .unwrap_or_default()
-    };
     COUNTS
         .iter()
         .map(|&rows| {
-            let x: Vec<f32> = (0..rows * k)
-                .map(|i| ((i * 7919 % 2003) as f32 / 1001.0) - 1.0)
-                .collect();
-            let a = Acts::new(format, &x, rows, k);
+            let a = Acts::new(format, &activations(rows, k), rows, k);
             let mut res = [[0f32; TILE]; GROUP];
             let vector = best(&mut || {
                 for t in 0..n / TILE {
                     let tile = &tiles[t * tb..(t + 1) * tb];
                     for r0 in (0..rows).step_by(GROUP) {
                         let rr = (rows - r0).min(GROUP);
-                        super::super::tile_rows(
-                            Isa::Avx512Vnni,
-                            format,
-                            tile,
-                            &a,
-                            r0,
-                            rr,
-                            TILE,
-                            &mut res,
-                        );
+                        let isa = Isa::Avx512Vnni;
+                        super::super::tile_rows(isa, format, tile, &a, r0, rr, TILE, &mut res);
                     }
                 }
                 std::hint::black_box(&res);
@@ -161,6 +159,54 @@ fn measure_x86(format: Format) -> Vec<(usize, Duration, Duration)> {
                 std::hint::black_box(&all);
             });
             (rows, vector, tiled)
+        })
+        .collect()
+}
+
+/// The measured threshold for MXFP4 products (see the module doc): a
+/// 64 x 2048 matrix of pseudo-random blocks, through the grouped product
+/// on one thread's worth of work per path.
+pub(crate) fn min_rows_mxfp4() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| choose(&measure_mxfp4()))
+}
+
+/// `(rows, vector time, tile time)` for MXFP4, or nothing without AMX.
+pub(crate) fn measure_mxfp4() -> Vec<(usize, Duration, Duration)> {
+    use super::super::mxfp4::{Mxfp4Matrix, Q8Acts};
+    if !Isa::Amx.available() {
+        return Vec::new();
+    }
+    let (n, k) = (4 * TILE, 2048);
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let blocks: Vec<u8> = (0..n * k / 32 * 17)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Scale bytes near 2^0, so the float work stays normal.
+            if i % 17 == 0 {
+                120 + (state % 8) as u8
+            } else {
+                state as u8
+            }
+        })
+        .collect();
+    let Ok(w) = Mxfp4Matrix::from_ggml(blocks, n, k) else {
+        return Vec::new();
+    };
+    COUNTS
+        .iter()
+        .map(|&rows| {
+            let a = Q8Acts::new(&activations(rows, k), rows, k);
+            let mut out = vec![0f32; rows * n];
+            let mut run = |tiles: bool| {
+                best(&mut || {
+                    super::super::mxfp4::matmul_one_path(&w, &a, &mut out, tiles);
+                    std::hint::black_box(&out);
+                })
+            };
+            (rows, run(false), run(true))
         })
         .collect()
 }

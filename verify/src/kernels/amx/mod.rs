@@ -42,7 +42,7 @@ use super::Format;
 use tile::{TileConfig, TileUnit};
 
 /// Activation rows per A tile.
-const AROWS: usize = 16;
+pub(super) const AROWS: usize = 16;
 
 /// Buffers one thread reuses across tile products: per-row block sums,
 /// the C tiles stored back, the unpacked B tile, and a zero-padded copy
@@ -51,12 +51,12 @@ const AROWS: usize = 16;
 pub(crate) struct Scratch {
     blk: Vec<[f32; TILE]>,
     c: Box<[Aligned<[[i32; TILE]; AROWS]>; 2]>,
-    b: Box<Aligned<[u8; 16 * 64]>>,
+    pub(super) b: Box<Aligned<[u8; 16 * 64]>>,
     a_tail: Box<Aligned<[u8; AROWS * 64]>>,
 }
 
 #[repr(C, align(64))]
-struct Aligned<T>(T);
+pub(super) struct Aligned<T>(pub(super) T);
 
 impl Default for Scratch {
     fn default() -> Scratch {
@@ -77,10 +77,9 @@ fn k_bytes(format: Format) -> usize {
     }
 }
 
-/// The configuration every product of `format` uses: C in tmm0/tmm1, A in
+/// The configuration of products `k` bytes deep: C in tmm0/tmm1, A in
 /// tmm2/tmm3 (two row groups in flight), B in tmm4.
-fn config(format: Format) -> TileConfig {
-    let k = k_bytes(format);
+pub(super) fn config(k: usize) -> TileConfig {
     TileConfig::new()
         .with(0, AROWS, 64)
         .with(1, AROWS, 64)
@@ -128,7 +127,7 @@ pub(crate) fn tile_product<U: TileUnit>(
     if rows == 0 {
         return;
     }
-    u.configure(&config(format));
+    u.configure(&config(k_bytes(format)));
     if s.blk.len() < rows {
         s.blk.resize(rows, [0.0; TILE]);
     }
@@ -143,29 +142,49 @@ pub(crate) fn tile_product<U: TileUnit>(
     u.release();
 }
 
-/// Multiplies A (rows' codes at byte `at` of block `b`, [`k_bytes`] of
-/// them) by the B tile already in tmm4, for every 16-row group, two groups
-/// at a time; calls `epi(first_row, rows_in_group, C)` for each group in
-/// order. `SIGNED` picks `tdpbssd` (Q8_0's signed codes) over `tdpbsud`.
+/// Where a product's A rows are: activation codes `q`, row r's `k` bytes
+/// at `first + r * stride`.
+#[derive(Clone, Copy)]
+pub(super) struct ARows<'a> {
+    pub(super) q: &'a [i8],
+    pub(super) first: usize,
+    pub(super) stride: usize,
+    pub(super) k: usize,
+}
+
+impl<'a> ARows<'a> {
+    /// Bytes `at..at + k` of block `b` of [`Acts`] rows.
+    fn of(a: &'a Acts, b: usize, at: usize, k: usize) -> ARows<'a> {
+        ARows {
+            q: &a.q,
+            first: b * a.block + at,
+            stride: a.nb * a.block,
+            k,
+        }
+    }
+}
+
+/// Multiplies A (`a`'s rows) by the B tile already in tmm4, for every
+/// 16-row group, two groups at a time; calls `epi(first_row,
+/// rows_in_group, C)` for each group in order. `SIGNED` picks `tdpbssd`
+/// (signed weight codes) over `tdpbsud`.
 #[inline(always)]
-fn row_groups<U: TileUnit, const SIGNED: bool>(
+pub(super) fn row_groups<U: TileUnit, const SIGNED: bool>(
     u: &mut U,
-    a: &Acts,
-    b: usize,
-    at: usize,
-    k: usize,
+    a: ARows,
     rows: usize,
     s: &mut Scratch,
     mut epi: impl FnMut(usize, usize, &[[i32; TILE]; AROWS]),
 ) {
-    let stride = a.nb * a.block;
+    let (stride, k) = (a.stride, a.k);
+    assert!(rows == 0 || a.first + (rows - 1) * stride + k <= a.q.len());
     let groups = rows.div_ceil(AROWS);
     // Where group g's A rows are read from: the activations themselves,
     // or the zero-padded copy for a last, partial group.
     let a_ptr = |g: usize, tail: &mut Aligned<[u8; AROWS * 64]>| -> (*const u8, usize) {
         let r0 = g * AROWS;
         let n = AROWS.min(rows - r0);
-        let first = (r0 * a.nb + b) * a.block + at;
+        let first = a.first + r0 * stride;
         if n == AROWS {
             (a.q[first..].as_ptr().cast(), stride)
         } else {
@@ -233,6 +252,8 @@ fn unpack_nibbles(t: &[u8], at: usize, groups: usize, b: &mut [u8]) {
     }
 }
 
+// Inlined into `tile_product_hw`, so its epilogue gets AVX-512 and FMA.
+#[inline(always)]
 fn q4k<U: TileUnit>(
     u: &mut U,
     t: &[u8],
@@ -251,7 +272,7 @@ fn q4k<U: TileUnit>(
         unpack_nibbles(t, 320 + 256 * j, 4, &mut s.b.0[..512]);
         // SAFETY: the B scratch holds 8 rows of 64 bytes.
         unsafe { u.load::<4>(s.b.0.as_ptr(), 64) };
-        row_groups::<U, false>(u, a, b, 32 * j, 32, rows, s, |r0, n, c| {
+        row_groups::<U, false>(u, ARows::of(a, b, 32 * j, 32), rows, s, |r0, n, c| {
             for (i, ci) in c.iter().enumerate().take(n) {
                 let fs = a.fsum[((r0 + i) * a.nb + b) * 8 + j];
                 let bl = &mut blk[r0 + i];
@@ -271,6 +292,8 @@ fn q4k<U: TileUnit>(
     s.blk = blk;
 }
 
+// Inlined into `tile_product_hw`, so its epilogue gets AVX-512 and FMA.
+#[inline(always)]
 fn q6k<U: TileUnit>(
     u: &mut U,
     t: &[u8],
@@ -299,7 +322,7 @@ fn q6k<U: TileUnit>(
         }
         // SAFETY: the B scratch holds 4 rows of 64 bytes.
         unsafe { u.load::<4>(s.b.0.as_ptr(), 64) };
-        row_groups::<U, false>(u, a, b, 16 * sb, 16, rows, s, |r0, n, c| {
+        row_groups::<U, false>(u, ARows::of(a, b, 16 * sb, 16), rows, s, |r0, n, c| {
             for (i, ci) in c.iter().enumerate().take(n) {
                 let off = a.off[((r0 + i) * a.nb + b) * 16 + sb];
                 let bl = &mut blk[r0 + i];
@@ -318,6 +341,8 @@ fn q6k<U: TileUnit>(
     s.blk = blk;
 }
 
+// Inlined into `tile_product_hw`, so its epilogue gets AVX-512 and FMA.
+#[inline(always)]
 fn q32<U: TileUnit>(
     u: &mut U,
     format: Format,
@@ -370,9 +395,13 @@ fn q32<U: TileUnit>(
         }
     };
     if format == Format::Q8_0 {
-        row_groups::<U, true>(u, a, b, 0, 32, rows, s, |r0, n, c| epi(r0, n, c, acc));
+        row_groups::<U, true>(u, ARows::of(a, b, 0, 32), rows, s, |r0, n, c| {
+            epi(r0, n, c, acc)
+        });
     } else {
-        row_groups::<U, false>(u, a, b, 0, 32, rows, s, |r0, n, c| epi(r0, n, c, acc));
+        row_groups::<U, false>(u, ARows::of(a, b, 0, 32), rows, s, |r0, n, c| {
+            epi(r0, n, c, acc)
+        });
     }
 }
 

@@ -50,7 +50,7 @@ impl TileConfig {
     /// Tile `t` (0..8) holds `rows` rows (at most 16) of `colsb` bytes (at
     /// most 64, a multiple of 4).
     pub(crate) const fn with(mut self, t: usize, rows: usize, colsb: usize) -> TileConfig {
-        assert!(t < 8 && rows <= 16 && colsb <= 64 && colsb % 4 == 0);
+        assert!(t < 8 && rows <= 16 && colsb <= 64 && colsb.is_multiple_of(4));
         self.rows[t] = rows as u8;
         self.colsb[t] = colsb as u16;
         self

@@ -38,6 +38,7 @@
 //! row r of the input), or on how rows and slabs are split over threads.
 
 mod scalar;
+mod tiles;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -47,7 +48,7 @@ mod avx512;
 mod tests;
 
 use super::bytes::Bytes;
-use super::{Isa, GROUP};
+use super::{Isa, Path, GROUP};
 use crate::team::SharedMut;
 
 /// ggml's GGUF type id of `block_mxfp4`.
@@ -61,7 +62,7 @@ pub const BLOCK_BYTES: usize = 17;
 pub const SLAB: usize = 16;
 
 /// ggml's E2M1 codes doubled, as integers (the scale is halved to match).
-const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(super) const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// What the kernels add to every [`KVALUES`] code so that it is unsigned
 /// (the byte-dot instructions take one unsigned operand); [`Q8Acts`]
@@ -82,7 +83,7 @@ const KVALUES_BIASED: [u8; 16] = {
 /// `2^(e - 128)` for every E8M0 byte, as ggml's `ggml_e8m0_to_fp32_half`
 /// builds it from bits: `e` of 0 and 1 are the subnormals 2^-128 and
 /// 2^-127, 255 is 2^127 (the OCP spec's NaN; no checkpoint writes it).
-static E8M0_HALF: [f32; 256] = {
+pub(super) static E8M0_HALF: [f32; 256] = {
     let mut t = [0f32; 256];
     let mut e = 0;
     while e < 256 {
@@ -608,12 +609,51 @@ pub fn matmul_grouped(products: &mut [Mxfp4Product]) {
 /// Panics as [`matmul_grouped`] does, or if this CPU lacks `isa`.
 pub fn matmul_grouped_with(isa: Isa, products: &mut [Mxfp4Product]) {
     assert!(isa.available(), "{isa:?} is not available on this CPU");
+    grouped(products, |rows| {
+        if isa == Isa::Amx && rows >= super::amx_min_rows_mxfp4() {
+            Path::Tiles
+        } else {
+            Path::Vector(isa.vector())
+        }
+    })
+}
+
+/// [`matmul_grouped`] with every product on the portable model of the
+/// AMX tile instructions.
+#[cfg(test)]
+pub(crate) fn matmul_grouped_tile_model(products: &mut [Mxfp4Product]) {
+    grouped(products, |_| Path::TileModel)
+}
+
+/// [`matmul_grouped`] with every product on AMX tiles, whatever its rows.
+///
+/// Panics if [`Isa::Amx`] is not available.
+#[cfg(test)]
+pub(crate) fn matmul_grouped_tiles(products: &mut [Mxfp4Product]) {
+    assert!(Isa::Amx.available());
+    grouped(products, |_| Path::Tiles)
+}
+
+/// One product on AVX-512 or, with `tiles`, on AMX tiles (the
+/// calibration's two candidates; needs [`Isa::Amx`]).
+pub(crate) fn matmul_one_path(w: &Mxfp4Matrix, a: &Q8Acts, out: &mut [f32], tiles: bool) {
+    let path = if tiles {
+        Path::Tiles
+    } else {
+        Path::Vector(Isa::Avx512Vnni)
+    };
+    grouped(&mut [Mxfp4Product { w, acts: a, out }], |_| path)
+}
+
+/// The products, each on the path `pick` gives for its row count.
+fn grouped(products: &mut [Mxfp4Product], pick: impl Fn(usize) -> Path + Sync) {
     struct Job<'a> {
         w: &'a Mxfp4Matrix,
         a: &'a Q8Acts,
         out: SharedMut<f32>,
         first: usize,
         slabs: usize,
+        path: Path,
     }
     let mut jobs = Vec::with_capacity(products.len());
     let mut total = 0;
@@ -634,6 +674,7 @@ pub fn matmul_grouped_with(isa: Isa, products: &mut [Mxfp4Product]) {
             out: SharedMut::new(p.out),
             first: total,
             slabs,
+            path: pick(p.acts.rows),
         });
         total += slabs;
     }
@@ -644,6 +685,8 @@ pub fn matmul_grouped_with(isa: Isa, products: &mut [Mxfp4Product]) {
     let chunk = total.div_ceil(crate::team::threads() * 4).max(1);
     crate::team::for_each(total.div_ceil(chunk), |ci| {
         let mut res = [[0f32; SLAB]; GROUP];
+        let mut all: Vec<[f32; SLAB]> = Vec::new();
+        let mut scratch: Option<super::amx::Scratch> = None;
         let mine = ci * chunk..((ci + 1) * chunk).min(total);
         for job in jobs.iter() {
             let (w, a) = (job.w, job.a);
@@ -651,6 +694,19 @@ pub fn matmul_grouped_with(isa: Isa, products: &mut [Mxfp4Product]) {
             for s in mine.start.max(own.start)..mine.end.min(own.end) {
                 let o0 = (s - job.first) * SLAB;
                 let n = SLAB.min(w.out - o0);
+                let Path::Vector(isa) = job.path else {
+                    all.resize(a.rows, [0.0; SLAB]);
+                    let s = scratch.get_or_insert_with(Default::default);
+                    slab_tiles(job.path, w, o0, a, &mut all, s);
+                    for (r, v) in all.iter().enumerate() {
+                        // SAFETY: as below.
+                        unsafe {
+                            let dst = job.out.at(r * w.out + o0);
+                            std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
+                        }
+                    }
+                    continue;
+                };
                 for r0 in (0..a.rows).step_by(GROUP) {
                     let rr = (a.rows - r0).min(GROUP);
                     slab_rows(isa, w, o0, a, r0, rr, &mut res);
@@ -667,6 +723,35 @@ pub fn matmul_grouped_with(isa: Isa, products: &mut [Mxfp4Product]) {
             }
         }
     });
+}
+
+/// The slab at `o0` times all of `a`'s rows on a tile path.
+fn slab_tiles(
+    path: Path,
+    w: &Mxfp4Matrix,
+    o0: usize,
+    a: &Q8Acts,
+    out: &mut [[f32; SLAB]],
+    s: &mut super::amx::Scratch,
+) {
+    let rows = slab_of(w, o0);
+    let p: [&[u8]; SLAB] = std::array::from_fn(|i| &*rows[i]);
+    // Which arms exist depends on the target and on cfg(test).
+    #[allow(unreachable_patterns)]
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        Path::Tiles => {
+            let mut hw = super::amx::tile::Hardware::new().expect("Isa::Amx is available");
+            // SAFETY: AMX is available, which includes the AVX-512 set.
+            unsafe { tiles::slab_product_hw(&mut hw, &p, a, a.rows, out, s) }
+        }
+        #[cfg(test)]
+        Path::TileModel => {
+            let mut model = super::amx::tile::Model::default();
+            tiles::slab_product(&mut model, &p, a, a.rows, out, s)
+        }
+        _ => unreachable!("slab_tiles takes a tile path this target has"),
+    }
 }
 
 /// The rows of the slab at `o0`; rows past the matrix repeat its last row

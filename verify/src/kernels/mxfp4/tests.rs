@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 
 /// Every instruction set this CPU supports.
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx]
         .into_iter()
         .filter(|isa| isa.available())
         .collect()
@@ -226,6 +226,40 @@ fn batch_invariant_on_every_isa() {
     }
 }
 
+/// A grouped product's entry point.
+type GroupedFn = fn(&mut [Mxfp4Product]);
+
+/// AMX tiles (where this CPU has them) and their portable model give the
+/// definition's bits at every row count 1..=130 (16-row tile groups with
+/// every tail), for matrices kept in rows and tiled, with a partial slab.
+#[test]
+fn tile_paths_match_the_reference_at_1_to_130_rows() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let (out, inp, most) = (21, 32 * 3, 130);
+    let w = Mxfp4Matrix::from_ggml(random_ggml(out, inp, &mut rng), out, inp).unwrap();
+    let x = activations(most, inp, &mut rng);
+    let want = reference(&w, &x, most);
+    for w in [w.clone(), w.tiled()] {
+        for rows in 1..=most {
+            let acts = Q8Acts::new(&x, rows, inp);
+            let mut paths: Vec<(&str, GroupedFn)> = vec![("tile model", matmul_grouped_tile_model)];
+            if Isa::Amx.available() {
+                paths.push(("amx tiles", matmul_grouped_tiles));
+            }
+            for (what, f) in paths {
+                let mut y = vec![f32::NAN; rows * out];
+                f(&mut [Mxfp4Product {
+                    w: &w,
+                    acts: &acts,
+                    out: &mut y,
+                }]);
+                let what = format!("{what} tiled {} rows {rows}", w.is_tiled());
+                assert_same(&what, &y, &want[..rows * out]);
+            }
+        }
+    }
+}
+
 /// Several experts with their own routed rows (none, one, many) in one
 /// grouped call equal each product computed alone.
 #[test]
@@ -358,11 +392,14 @@ fn empty_products() {
 #[test]
 #[ignore = "run by kernel_isa_env_is_respected in a child process"]
 fn child_isa_from_env() {
-    let want = match std::env::var("SPECGATE_KERNEL_ISA").as_deref() {
-        Ok("scalar") => Isa::Scalar,
-        Ok("avx2") if Isa::Avx2.available() => Isa::Avx2,
-        _ => Isa::detect(),
+    let asked = match std::env::var("SPECGATE_KERNEL_ISA").as_deref() {
+        Ok("scalar") => Some(Isa::Scalar),
+        Ok("avx2") => Some(Isa::Avx2),
+        Ok("avx512") => Some(Isa::Avx512Vnni),
+        Ok("amx") => Some(Isa::Amx),
+        _ => None,
     };
+    let want = asked.filter(|i| i.available()).unwrap_or_else(Isa::detect);
     assert_eq!(Isa::current(), want);
     let mut rng = StdRng::seed_from_u64(6);
     let w = Mxfp4Matrix::from_ggml(random_ggml(20, 64, &mut rng), 20, 64).unwrap();
@@ -371,15 +408,25 @@ fn child_isa_from_env() {
     w.matmul(&x, 3, &mut y);
     assert_same("current", &y, &product(want, &w, &x, 3));
     println!("MXFP4-ISA {}", want.name());
+    println!("AMX-STATUS {}", crate::kernels::amx_status());
 }
 
 #[test]
 fn kernel_isa_env_is_respected() {
     let exe = std::env::current_exe().unwrap();
-    for (env, want) in [("scalar", Isa::Scalar), ("avx2", Isa::Avx2)] {
-        if !want.available() {
-            continue;
-        }
+    // An ISA this CPU lacks runs the best one it has, and the AMX status
+    // says why tiles are off.
+    for (env, asked) in [
+        ("scalar", Isa::Scalar),
+        ("avx2", Isa::Avx2),
+        ("avx512", Isa::Avx512Vnni),
+        ("amx", Isa::Amx),
+    ] {
+        let want = if asked.available() {
+            asked
+        } else {
+            Isa::detect()
+        };
         let out = std::process::Command::new(&exe)
             .args(["--exact", "kernels::mxfp4::tests::child_isa_from_env"])
             .args(["--ignored", "--nocapture", "--test-threads=1"])
@@ -392,5 +439,18 @@ fn kernel_isa_env_is_respected() {
             stdout.contains(&format!("MXFP4-ISA {}", want.name())),
             "{env}: {stdout}"
         );
+        let amx_on = want == Isa::Amx;
+        assert_eq!(
+            stdout.contains("AMX-STATUS on, tiles from rows: Q4K"),
+            amx_on,
+            "{env}: {stdout}"
+        );
+        if !Isa::Amx.available() {
+            let why = Isa::amx_refusal().expect("a reason where AMX is unavailable");
+            assert!(
+                stdout.contains(&format!("AMX-STATUS off: {why}")),
+                "{env}: {stdout}"
+            );
+        }
     }
 }
