@@ -33,6 +33,7 @@ use super::output::{
     WholeTurn,
 };
 use super::request_log::RequestLog;
+use super::response_id;
 use super::responses_out::ResponsesOut;
 use super::stop::{OffsetQueue, StopMatcher};
 use super::Api;
@@ -89,6 +90,17 @@ pub(super) async fn handle(
     if let Input::Chat(msgs) = &v.input {
         super::check_message_count(&state, msgs.len())?;
     }
+    let id = match api {
+        // A stored response's id guards it (the only guard without keys):
+        // random, never the client's `X-Request-Id` (which could name
+        // another's response and replace it) nor a counter. Minted before
+        // the engine is asked for anything.
+        Api::Responses => response_id::mint().map_err(|e| {
+            ApiError::internal(format!("The OS gave no randomness for a response id: {e}."))
+        })?,
+        // The request id, so a client's response id names its log line.
+        _ => format!("{}{}", api.id_prefix(), log.id()),
+    };
     // Templating and tokenizing take CPU: off the runtime's few threads,
     // so other connections keep moving. The job holds the admission: a
     // client hanging up meanwhile frees nothing while the job still runs.
@@ -152,8 +164,7 @@ pub(super) async fn handle(
         stop_on_content: chat && turn.format.has_reasoning(),
     };
     let labels = Labels {
-        // The request id, so a client's response id names its log line.
-        id: format!("{}{}", api.id_prefix(), log.id()),
+        id,
         created: api::unix_now(),
         model: state.settings.model_name.clone(),
         turn: labels_turn,
@@ -222,14 +233,17 @@ fn parse_wire(
             let r = api::responses::parse_responses_request(body)?;
             let prior = match &r.previous_response_id {
                 None => None,
-                Some(id) => Some(state.responses.get(tenant, id).ok_or_else(|| {
-                    ApiError::not_found(format!(
-                        "Previous response with id '{id}' not found: it was never stored, \
-                         was deleted, or was evicted from this server's bounded store."
-                    ))
-                    .with_param("previous_response_id")
-                    .with_code("previous_response_not_found")
-                })?),
+                // An id of another shape was never minted: unknown without
+                // a look at the store.
+                Some(id) if !response_id::is_minted(id) => {
+                    return Err(response_id::previous_not_stored(id))
+                }
+                Some(id) => Some(
+                    state
+                        .responses
+                        .get(tenant, id)
+                        .ok_or_else(|| response_id::previous_not_stored(id))?,
+                ),
             };
             let echo = api::responses::echoed_fields(&r);
             let mut v = r.valid;

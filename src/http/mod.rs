@@ -19,6 +19,7 @@ pub mod openapi;
 mod output;
 pub(crate) mod request_id;
 pub(crate) mod request_log;
+pub mod response_id;
 pub mod response_store;
 mod responses_out;
 pub mod stop;
@@ -673,22 +674,24 @@ fn stored_response(
     if !authorized(state, req) {
         return Err(unauthorized());
     }
+    // Decoded as the SDKs encode it; an id of another shape was never
+    // minted, so it is unknown without a look at the store.
+    let id = response_id::from_path(id);
+    if !response_id::is_minted(&id) {
+        return Err(response_id::not_stored(&id));
+    }
     let scope = tenant(state, req);
-    let missing = || {
-        ApiError::not_found(format!(
-            "No response with id '{id}' is stored: it was never stored, was deleted, or was \
-             evicted from this server's bounded store."
-        ))
-        .with_code("response_not_found")
-    };
     if method == Method::DELETE {
-        if !state.responses.delete(scope, id) {
-            return Err(missing());
+        if !state.responses.delete(scope, &id) {
+            return Err(response_id::not_stored(&id));
         }
         let body = serde_json::json!({"id": id, "object": "response", "deleted": true});
         return Ok(json_response(StatusCode::OK, body.to_string()));
     }
-    let stored = state.responses.get(scope, id).ok_or_else(missing)?;
+    let stored = state
+        .responses
+        .get(scope, &id)
+        .ok_or_else(|| response_id::not_stored(&id))?;
     Ok(json_response(StatusCode::OK, stored.body.to_string()))
 }
 

@@ -2,7 +2,8 @@
 //! `X-Request-Id` when that is a sane token, otherwise made here. The id is
 //! returned as the `x-request-id` header on every response (errors, 404 and
 //! /health included), prefixes the generation response ids
-//! (`chatcmpl-<id>`, `cmpl-<id>`) and is the `request_id` of the request's
+//! (`chatcmpl-<id>`, `cmpl-<id>`, `msg_<id>`; never a stored response's
+//! `resp_` id, which is random: [`super::response_id`]) and is the `request_id` of the request's
 //! log line ([`super::request_log`]), so a client's report, a proxy's log
 //! and this server's log can be joined on it. The router (`specgate route`)
 //! assigns ids with the same [`RequestId`] and sends its id on to the
@@ -52,21 +53,24 @@ impl RequestId {
         ok.then(|| RequestId(String::from_utf8_lossy(raw).into_owned()))
     }
 
-    /// A fresh id: 16 lowercase hex digits, never the same twice in one
-    /// process (a bijective mix of a counter) and unlikely to repeat across
-    /// processes (the mix is keyed by a random per-process value).
+    /// A fresh id: 16 lowercase hex digits from the OS's CSPRNG, so the ids
+    /// a client sees (`/health`'s included) tell nothing of other requests'
+    /// ids or of how many there were. Should the OS give no random bytes,
+    /// a keyed mix of a counter stands in: the id only names log lines (a
+    /// stored response's id never derives from it, see
+    /// [`super::response_id`]).
     pub fn generate() -> RequestId {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        static KEY: OnceLock<u64> = OnceLock::new();
-        // std's RandomState is seeded from the OS: a random key without a
-        // new dependency.
-        let key = *KEY.get_or_init(|| {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u64(0x5bd1_e995);
-            h.finish()
+        let n = getrandom::u64().unwrap_or_else(|_| {
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            static KEY: OnceLock<u64> = OnceLock::new();
+            let key = *KEY.get_or_init(|| {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u64(0x5bd1_e995);
+                h.finish()
+            });
+            mix(COUNTER.fetch_add(1, Ordering::Relaxed) ^ key)
         });
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        RequestId(format!("{:016x}", mix(n ^ key)))
+        RequestId(format!("{n:016x}"))
     }
 
     /// The id of a request with these headers: the first `X-Request-Id` if

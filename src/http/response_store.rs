@@ -70,17 +70,19 @@ impl ResponseStore {
     }
 
     /// Keeps `r` as `id` in `scope`, evicting the scope's oldest responses
-    /// until both bounds hold. A response larger than the byte bound on
-    /// its own is not kept.
-    pub fn put(&self, scope: u64, id: String, r: Stored) {
+    /// until both bounds hold; whether it was kept. A response larger than
+    /// the byte bound on its own is not kept, and neither is one whose id
+    /// the scope already holds: a request never replaces another's stored
+    /// response (ids are random, [`super::response_id`], so this is a
+    /// second guard, not a case that comes up).
+    pub fn put(&self, scope: u64, id: String, r: Stored) -> bool {
         if self.max_entries == 0 || r.bytes > self.max_bytes {
-            return;
+            return false;
         }
         let mut scopes = self.lock();
         let s = scopes.entry(scope).or_default();
-        if let Some(old) = s.by_id.remove(&id) {
-            s.bytes -= old.bytes;
-            s.order.retain(|x| *x != id);
+        if s.by_id.contains_key(&id) {
+            return false;
         }
         while !s.order.is_empty()
             && (s.order.len() >= self.max_entries || s.bytes + r.bytes > self.max_bytes)
@@ -92,6 +94,7 @@ impl ResponseStore {
         s.bytes += r.bytes;
         s.order.push_back(id.clone());
         s.by_id.insert(id, Arc::new(r));
+        true
     }
 
     /// The response `id` of `scope`, if it is kept.
@@ -144,6 +147,18 @@ mod tests {
         assert!(!s.delete(2, "r4"));
         assert!(s.delete(1, "r4"));
         assert!(s.get(1, "r4").is_none());
+    }
+
+    #[test]
+    fn a_stored_id_is_never_replaced() {
+        let s = ResponseStore::new(8, 1 << 20);
+        assert!(s.put(0, "r".into(), resp(1)));
+        assert!(!s.put(0, "r".into(), resp(2)));
+        assert_eq!(s.get(0, "r").unwrap().body["id"], 1);
+        assert_eq!(s.len(0), 1);
+        // Another scope's id of the same text is its own.
+        assert!(s.put(1, "r".into(), resp(3)));
+        assert_eq!(s.get(0, "r").unwrap().body["id"], 1);
     }
 
     #[test]
