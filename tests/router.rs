@@ -676,10 +676,15 @@ struct Raw {
 fn fetch(addr: SocketAddr, stream: bool) -> Raw {
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                       "max_tokens": 4, "stream": stream});
+    fetch_from(addr, "/v1/chat/completions", &body)
+}
+
+/// [`fetch`] of `body` posted to `path`.
+fn fetch_from(addr: SocketAddr, path: &str, body: &Value) -> Raw {
     let mut s = send(
         addr,
         "POST",
-        "/v1/chat/completions",
+        path,
         &[("Content-Type", "application/json")],
         &body.to_string(),
     );
@@ -1165,6 +1170,186 @@ fn a_cut_stream_is_logged_once_with_its_error() {
     assert_eq!(line["replica"], dies.url);
     let error = line["error"].as_str().unwrap_or_default();
     assert!(error.contains(&dies.url), "{line}");
+}
+
+/// A complete Responses stream (a real one, by its event names).
+const RESPONSES_STREAM: [&str; 4] = [
+    "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_a\",\"object\":\"response\",\"created_at\":5,\"status\":\"in_progress\",\"model\":\"tiny\",\"output\":[]},\"sequence_number\":0}\n\n",
+    "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\",\"sequence_number\":1}\n\n",
+    ": keep-alive\n\n",
+    "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_a\",\"status\":\"completed\"},\"sequence_number\":2}\n\n",
+];
+
+/// A complete Messages stream.
+const MESSAGES_STREAM: [&str; 4] = [
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_a\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n",
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+];
+
+/// The router's count of upstream errors of `url`, from its own /metrics.
+fn upstream_errors(router: SocketAddr, url: &str) -> f64 {
+    let text = request(router, "GET", "/metrics", &[], "").body;
+    metric(
+        &text,
+        &format!("specgate_router_upstream_errors_total{{replica=\"{url}\"}}"),
+    )
+}
+
+/// The `x-request-id` of a relayed answer.
+fn id_of(r: &Raw) -> String {
+    r.head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-request-id:")
+                .map(|v| v.trim().to_string())
+        })
+        .expect("no x-request-id on a relayed answer")
+}
+
+/// Responses and Messages streams end with their own last events, not
+/// `[DONE]`: through the router they come byte for byte as the replica
+/// sent them (split across frames mid-event too), with nothing appended,
+/// no error on the request's line and no upstream error counted.
+#[test]
+fn complete_responses_and_messages_streams_pass_through_untouched() {
+    router_log();
+    let mut h = Harness::new();
+    for (path, items) in [
+        ("/v1/responses", RESPONSES_STREAM),
+        ("/v1/messages", MESSAGES_STREAM),
+    ] {
+        // Whole events, then the same bytes cut at odd places.
+        let sent: &'static str = Box::leak(items.concat().into_boxed_str());
+        let (a, b) = sent.split_at(37);
+        let (b, c) = b.split_at(b.len() - 9);
+        for frames in [items.to_vec(), vec![a, b, c]] {
+            let fake = h.fake(
+                Fake::Stream {
+                    items: frames,
+                    gap: Duration::from_millis(5),
+                    end: End::Close,
+                },
+                None,
+            );
+            let addr = h.route(&[&fake], |_| {});
+            let r = fetch_from(addr, path, &json!({"model": MODEL, "stream": true}));
+            assert_eq!(r.status, 200, "{path}");
+            assert!(r.whole, "{path}: {:?}", r.body);
+            assert_eq!(r.body, sent, "{path}: the relay changed the stream");
+            let line = router_line_of(&id_of(&r));
+            assert!(line.get("error").is_none(), "{path}: {line}");
+            assert_eq!(upstream_errors(addr, &fake.url), 0.0, "{path}");
+            stop(&h.rt, h.router.take());
+        }
+    }
+}
+
+/// A Responses or Messages stream cut by its replica (dying mid-event, or
+/// closing before its last event) ends with an error in its own API's
+/// shape: a `response.failed` event numbered after the last one relayed,
+/// naming the response; Anthropic's `event: error`. The cut is counted.
+#[test]
+fn a_cut_responses_or_messages_stream_ends_with_its_own_apis_error() {
+    let mut h = Harness::new();
+    for end in [End::Die, End::Close] {
+        for (path, items) in [
+            ("/v1/responses", RESPONSES_STREAM),
+            ("/v1/messages", MESSAGES_STREAM),
+        ] {
+            let mut frames = items[..2].to_vec();
+            frames.push("event: message_delta\ndata: {\"ha");
+            let fake = h.fake(
+                Fake::Stream {
+                    items: frames,
+                    gap: Duration::ZERO,
+                    end,
+                },
+                None,
+            );
+            let addr = h.route(&[&fake], |_| {});
+            let r = fetch_from(addr, path, &json!({"model": MODEL, "stream": true}));
+            assert_eq!(r.status, 200);
+            assert!(r.whole, "{path}: {:?}", r.body);
+            let kept: String = items[..2].concat();
+            let added = r
+                .body
+                .strip_prefix(&kept)
+                .unwrap_or_else(|| panic!("{path}: {:?}", r.body));
+            assert!(!added.contains("[DONE]"), "{path}: {added:?}");
+            let (name, data) = added
+                .strip_suffix("\n\n")
+                .and_then(|e| e.split_once('\n'))
+                .unwrap_or_else(|| panic!("{path}: not one event: {added:?}"));
+            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            if path == "/v1/responses" {
+                assert_eq!(name, "event: response.failed", "{added}");
+                assert_eq!(data["type"], "response.failed");
+                assert_eq!(data["sequence_number"], 2, "{data}");
+                assert_eq!(data["response"]["id"], "resp_a");
+                assert_eq!(data["response"]["status"], "failed");
+                assert_eq!(data["response"]["error"]["code"], "server_error");
+                assert!(data["response"]["error"]["message"].is_string());
+            } else {
+                assert_eq!(name, "event: error", "{added}");
+                assert_eq!(data["type"], "error");
+                assert!(data["error"]["type"].is_string(), "{data}");
+                assert!(data["error"]["message"].is_string(), "{data}");
+            }
+            assert_eq!(upstream_errors(addr, &fake.url), 1.0, "{path}");
+            stop(&h.rt, h.router.take());
+        }
+    }
+}
+
+/// The real thing: streamed Responses and Messages requests through the
+/// router end with their API's last event and carry no error event and no
+/// `[DONE]`, as straight from the replica.
+#[test]
+fn real_responses_and_messages_streams_end_their_own_way_through_the_router() {
+    router_log();
+    let (replica, r) = replica_and_router();
+    let url = format!("http://{}", replica.addr);
+    let cases = [
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "hello world", "max_output_tokens": 6,
+                   "temperature": 0, "stream": true}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 6, "temperature": 0, "stream": true,
+                   "messages": [{"role": "user", "content": "hello world"}]}),
+        ),
+    ];
+    for (path, body) in cases {
+        let got = fetch_from(r.addr, path, &body);
+        assert_eq!(got.status, 200, "{path}: {}", got.body);
+        assert!(got.whole, "{path}");
+        assert!(!got.body.contains("[DONE]"), "{path}: {}", got.body);
+        let names: Vec<&str> = got
+            .body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("event: "))
+            .map(|e| e.split('\n').next().unwrap())
+            .collect();
+        assert!(!names.contains(&"error"), "{path}: {names:?}");
+        let last = *names.last().unwrap();
+        if path == "/v1/responses" {
+            assert!(
+                ["response.completed", "response.incomplete"].contains(&last),
+                "{names:?}"
+            );
+        } else {
+            assert_eq!(last, "message_stop", "{names:?}");
+        }
+        assert!(got.body.ends_with("\n\n"), "{path}");
+        let line = router_line_of(&id_of(&got));
+        assert!(line.get("error").is_none(), "{path}: {line}");
+    }
+    assert_eq!(upstream_errors(r.addr, &url), 0.0);
 }
 
 /// Responses are stored on the replica that made them: through the

@@ -22,7 +22,7 @@
 //! stored on the replica that made them, and only one holds each.
 
 use super::balancer::{prefix_hashes, Reason};
-use super::relay::{Relay, RelayError};
+use super::relay::{Ending, Relay, RelayError};
 use super::request_log::RouteLog;
 use super::RouterState;
 use crate::api::ApiError;
@@ -342,7 +342,7 @@ pub(crate) async fn forward(
             rbody,
             lease,
             idle,
-            sse,
+            sse.then(|| Ending::of_path(&route)),
             log.clone(),
         )));
         *out.status_mut() = status;
