@@ -202,3 +202,51 @@ fn by_id_routes_take_encoded_ids_and_refuse_other_shapes() {
     assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(error_of(&r)["param"], "previous_response_id");
 }
+
+/// `count_tokens` takes the limits of the request it counts: 24,003 turns
+/// (`server.max_messages` is 2048) are a 400 with the words `/v1/messages`
+/// gives, before any message is read (a bad message deep in the list is
+/// not what the error names) and so at once: the bound is 0.1 s,
+/// asserted here as a generous 2 s.
+#[test]
+fn count_tokens_refuses_too_many_turns_as_messages_does_before_reading_them() {
+    let s = server();
+    let turns = |bad_at: Option<usize>| -> Value {
+        let msgs: Vec<Value> = (0..24_003)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                if Some(i) == bad_at {
+                    json!({"role": "robot", "content": 7})
+                } else {
+                    json!({"role": role, "content": "t"})
+                }
+            })
+            .collect();
+        json!({"model": MODEL, "max_tokens": 8, "system": "be brief", "messages": msgs})
+    };
+    for bad_at in [None, Some(20_000)] {
+        let mut body = turns(bad_at);
+        let generation = post(s.addr, "/v1/messages", body.clone());
+        body.as_object_mut().unwrap().remove("max_tokens");
+        let started = std::time::Instant::now();
+        let counted = post(s.addr, "/v1/messages/count_tokens", body);
+        let took = started.elapsed();
+        assert_eq!(counted.status, 400, "{bad_at:?}: {}", counted.body);
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+        let v: Value = serde_json::from_str(&counted.body).unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("'messages' holds 24004 messages") && message.contains("2048"),
+            "{message}"
+        );
+        assert_eq!(generation.status, 400, "{}", generation.body);
+        let g: Value = serde_json::from_str(&generation.body).unwrap();
+        assert_eq!(g, v, "the two routes word the limit alike");
+    }
+    // Under the bound, counting still works.
+    let small = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+    let r = post(s.addr, "/v1/messages/count_tokens", small);
+    assert_eq!(r.status, 200, "{}", r.body);
+}

@@ -77,11 +77,16 @@ pub struct MessagesRequest {
 /// `model`, `max_tokens` or `messages` missing; a bad message, block,
 /// tool, `tool_choice` or `thinking`; `temperature` outside `0..=1`;
 /// `container`, `mcp_servers`, `context_management` (not available here);
-/// a `tool_result` without its `tool_use`.
-pub fn parse_messages_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
+/// a `tool_result` without its `tool_use`; more than `max_messages` turns
+/// (`system` and the `messages`, counted before any of them is read, so a
+/// huge conversation costs no per-message work).
+pub fn parse_messages_request(
+    body: &[u8],
+    max_messages: usize,
+) -> Result<MessagesRequest, ApiError> {
     let map = parse_object(body)?;
     reject_unknown(&map, KNOWN_MESSAGES_FIELDS)?;
-    let mut v = parse_conversation(&map)?;
+    let mut v = parse_conversation(&map, max_messages)?;
     let max = get(&map, "max_tokens").ok_or_else(|| missing("max_tokens"))?;
     let n = as_int(max, "max_tokens")?;
     if n < 1 {
@@ -139,18 +144,23 @@ pub fn parse_messages_request(body: &[u8]) -> Result<MessagesRequest, ApiError> 
 /// Parses a `POST /v1/messages/count_tokens` body into the request whose
 /// prompt is counted (`max_tokens` unset: nothing is generated).
 ///
-/// Errors: as [`parse_messages_request`] for the fields it shares.
-pub fn parse_count_tokens(body: &[u8]) -> Result<ValidRequest, ApiError> {
+/// Errors: as [`parse_messages_request`] for the fields it shares, the
+/// `max_messages` bound included: counting takes the limits of the request
+/// it counts.
+pub fn parse_count_tokens(body: &[u8], max_messages: usize) -> Result<ValidRequest, ApiError> {
     let map = parse_object(body)?;
     reject_unknown(&map, KNOWN_COUNT_FIELDS)?;
-    let v = parse_conversation(&map)?;
+    let v = parse_conversation(&map, max_messages)?;
     thinking_budget(&map)?;
     Ok(v)
 }
 
 /// `model`, `system`, `messages`, `tools`, `tool_choice`, `thinking`, and
 /// the refusals both routes share.
-fn parse_conversation(map: &Map<String, Value>) -> Result<ValidRequest, ApiError> {
+fn parse_conversation(
+    map: &Map<String, Value>,
+    max_messages: usize,
+) -> Result<ValidRequest, ApiError> {
     let model = as_str(get(map, "model").ok_or_else(|| missing("model"))?, "model")?.to_owned();
     for (k, why) in [
         (
@@ -181,7 +191,7 @@ fn parse_conversation(map: &Map<String, Value>) -> Result<ValidRequest, ApiError
         };
         messages.push(ChatMessage::new("system", text));
     }
-    parse_turns(map, &mut messages)?;
+    parse_turns(map, &mut messages, max_messages)?;
     name_tool_results(&mut messages);
     let mut v = ValidRequest::chat_defaults(model, messages);
     v.tools = parse_tools(map)?;
@@ -192,8 +202,17 @@ fn parse_conversation(map: &Map<String, Value>) -> Result<ValidRequest, ApiError
     Ok(v)
 }
 
-/// The `messages` as chat turns, appended to `out`.
-fn parse_turns(map: &Map<String, Value>, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+/// The `messages` as chat turns, appended to `out` (which holds the
+/// `system` turn, if any).
+///
+/// Errors: those of each message; first, more turns than `max_messages`
+/// (each message is at least one turn, so the bound is checked before
+/// any message is read, with the words generation uses).
+fn parse_turns(
+    map: &Map<String, Value>,
+    out: &mut Vec<ChatMessage>,
+    max_messages: usize,
+) -> Result<(), ApiError> {
     let v = get(map, "messages").ok_or_else(|| missing("messages"))?;
     let items = v
         .as_array()
@@ -203,6 +222,10 @@ fn parse_turns(map: &Map<String, Value>, out: &mut Vec<ChatMessage>) -> Result<(
             "messages",
             "messages: at least one message is required.",
         ));
+    }
+    let turns = out.len() + items.len();
+    if turns > max_messages {
+        return Err(ApiError::too_many_messages(turns, max_messages));
     }
     let mut call_ids: Vec<String> = Vec::new();
     for (i, m) in items.iter().enumerate() {

@@ -5,7 +5,7 @@ use crate::api::Input;
 use serde_json::json;
 
 fn parse(v: Value) -> Result<MessagesRequest, ApiError> {
-    parse_messages_request(v.to_string().as_bytes())
+    parse_messages_request(v.to_string().as_bytes(), usize::MAX)
 }
 
 fn base(extra: Value) -> Value {

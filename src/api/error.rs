@@ -179,6 +179,20 @@ impl ApiError {
         .with_code("method_not_allowed")
     }
 
+    /// 400 naming `messages` for a request of `n` chat turns when the server
+    /// takes at most `max` (`server.max_messages`); code
+    /// `too_many_messages`. The same words on every route that takes turns.
+    pub fn too_many_messages(n: usize, max: usize) -> Self {
+        Self::invalid(
+            "messages",
+            format!(
+                "'messages' holds {n} messages; this server takes at most {max} in one request \
+                 (server.max_messages)."
+            ),
+        )
+        .with_code("too_many_messages")
+    }
+
     /// 413 for a body larger than `limit_bytes`; code `request_too_large`.
     pub fn payload_too_large(limit_bytes: usize) -> Self {
         Self::new(

@@ -106,7 +106,12 @@ pub(super) async fn detokenize(
 /// Messages request would cost, `{"input_tokens": n}`, counted on the
 /// prompt generation builds (template, tools, thinking switch).
 ///
-/// Runs under `admit`. Errors (Anthropic's body): 400 for the body, 404
+/// Takes the limits of the request it counts: the body cap, the message
+/// bound (checked before any message is read, and again on the turns the
+/// messages became, as generation does), the template's fuel.
+///
+/// Runs under `admit`. Errors (Anthropic's body): 400 for the body and for
+/// more than `server.max_messages` turns, 413 for a body over the cap, 404
 /// for a `model` that is not the served one, 503 while loading.
 pub(super) async fn count_tokens(
     state: Arc<AppState>,
@@ -115,9 +120,12 @@ pub(super) async fn count_tokens(
 ) -> Result<Response<ResBody>, ApiError> {
     state.backend()?;
     let body = read_body(&state, req.into_body()).await?;
-    let v = api::anthropic::parse_count_tokens(&body)?;
+    let v = api::anthropic::parse_count_tokens(&body, state.settings.max_messages)?;
     drop(body);
     check_model(&state, Some(&v.model))?;
+    if let api::Input::Chat(turns) = &v.input {
+        super::check_message_count(&state, turns.len())?;
+    }
     let n = off_runtime(state, admit, move |b| super::generate::count_prompt(b, &v)).await?;
     Ok(ok_json(&serde_json::json!({ "input_tokens": n })))
 }

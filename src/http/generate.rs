@@ -226,7 +226,7 @@ fn parse_wire(
         Api::Chat => (api::parse_chat(body)?, Wire::OpenAi),
         Api::Completions => (api::parse_completion(body)?, Wire::OpenAi),
         Api::Messages => (
-            api::anthropic::parse_messages_request(body)?.valid,
+            api::anthropic::parse_messages_request(body, state.settings.max_messages)?.valid,
             Wire::Messages(MessagesOut::default()),
         ),
         Api::Responses => {

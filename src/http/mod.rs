@@ -461,14 +461,7 @@ fn tenant(state: &AppState, req: &Request<Incoming>) -> u64 {
 fn check_message_count(state: &AppState, n: usize) -> Result<(), ApiError> {
     let max = state.settings.max_messages;
     if n > max {
-        return Err(ApiError::invalid(
-            "messages",
-            format!(
-                "'messages' holds {n} messages; this server takes at most {max} in one request \
-                 (server.max_messages)."
-            ),
-        )
-        .with_code("too_many_messages"));
+        return Err(ApiError::too_many_messages(n, max));
     }
     Ok(())
 }
