@@ -998,6 +998,56 @@ mod tests {
         assert_eq!(after.ks, vec![0; 8], "{:?}", model);
     }
 
+    /// Issue 56's case: the verify curve of the real 1.5B measured on an
+    /// AVX-512 Xeon (1 row 35 ms ... 128 rows 833 ms), and the curve AMX
+    /// tiles aim at (16 rows within 1.5x of one, 128 rows 4x cheaper).
+    /// The policy follows the start-up calibration with nothing retuned:
+    /// with prompt lookups (drafts that cost nothing) the cheaper rows make
+    /// it draft more at concurrency 4 (4 -> 12 tokens a step) and 16 (0 ->
+    /// 16). With a draft model whose step costs 9 ms for one row and 14
+    /// for sixteen, they do not (4 -> 4, 0 -> 0 at acceptance 0.7): there
+    /// the draft's own steps, not verification, price speculation out, and
+    /// the plan must never draft less for cheaper rows.
+    #[test]
+    fn goodput_drafts_more_once_rows_are_cheap() {
+        let p = goodput(8);
+        let st = accepting(0.7);
+        let draft = || Some(curve(&[(1, 9.0), (16, 14.0), (64, 30.0)]));
+        let avx512 = CostModel::new(
+            curve(&[
+                (1, 35.0),
+                (4, 45.0),
+                (8, 58.0),
+                (16, 103.0),
+                (32, 201.0),
+                (64, 394.0),
+                (128, 833.0),
+            ]),
+            draft(),
+        );
+        let amx = CostModel::new(
+            curve(&[
+                (1, 35.0),
+                (4, 37.0),
+                (8, 41.0),
+                (16, 52.0),
+                (32, 75.0),
+                (64, 120.0),
+                (128, 208.0),
+            ]),
+            draft(),
+        );
+        for n in [4, 16] {
+            let seqs = vec![seq(&st, true); n];
+            let slow: usize = p.plan_step(&seqs, &avx512, limits(512)).ks.iter().sum();
+            let fast: usize = p.plan_step(&seqs, &amx, limits(512)).ks.iter().sum();
+            let nseqs = vec![seq(&st, false); n];
+            let nslow: usize = p.plan_step(&nseqs, &avx512, limits(512)).ks.iter().sum();
+            let nfast: usize = p.plan_step(&nseqs, &amx, limits(512)).ks.iter().sum();
+            assert!(fast >= slow && nfast > nslow, "concurrency {n}");
+        }
+    }
+
     #[test]
     fn goodput_prefers_sequences_whose_draft_has_caught_up() {
         let p = goodput(4);
