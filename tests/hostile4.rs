@@ -250,3 +250,44 @@ fn count_tokens_refuses_too_many_turns_as_messages_does_before_reading_them() {
     let r = post(s.addr, "/v1/messages/count_tokens", small);
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// Matching tool results to their calls comes after the turn bound: a
+/// conversation over `server.max_messages` whose first item answers no
+/// call is refused for its size (before any matching), on Responses and
+/// on Messages.
+#[test]
+fn tool_results_are_matched_only_under_the_turn_bound() {
+    let s = server();
+    let mut input = vec![json!({"type": "function_call_output", "call_id": "nope", "output": "x"})];
+    input.extend((0..2_100).map(|_| json!({"type": "message", "role": "user", "content": "t"})));
+    let r = post(s.addr, "/v1/responses", responses(json!({"input": input})));
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = error_of(&r);
+    assert_eq!(e["code"], "too_many_messages", "{e}");
+    let mut messages = vec![json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "nope", "content": "x"}]})];
+    messages.extend(
+        (0..2_100).map(
+            |i| json!({"role": if i % 2 == 0 { "assistant" } else { "user" }, "content": "t"}),
+        ),
+    );
+    let body = json!({"model": MODEL, "max_tokens": 4, "messages": messages});
+    let r = post(s.addr, "/v1/messages", body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("'messages' holds 2101 messages"),
+        "{message}"
+    );
+    // Under the bound the orphan output is what is refused.
+    let r = post(
+        s.addr,
+        "/v1/responses",
+        responses(
+            json!({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}),
+        ),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(error_of(&r)["param"], "input");
+}

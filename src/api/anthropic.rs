@@ -21,6 +21,7 @@ use super::request::{parse_speculative, RequestMeta, ValidRequest, MAX_STOP_BYTE
 use super::sampling::parse_sampling;
 use super::tools::{valid_name, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
 use crate::tokenizer::{name_tool_results, ChatMessage};
+use std::collections::HashSet;
 
 /// Top-level fields of `POST /v1/messages` this server reads (Anthropic's
 /// request, and specgate's `speculative`).
@@ -227,7 +228,8 @@ fn parse_turns(
     if turns > max_messages {
         return Err(ApiError::too_many_messages(turns, max_messages));
     }
-    let mut call_ids: Vec<String> = Vec::new();
+    // The `tool_use` ids so far: a set, so matching each result is O(1).
+    let mut call_ids: HashSet<&str> = HashSet::new();
     for (i, m) in items.iter().enumerate() {
         let here = format!("messages.{i}");
         let obj = m
@@ -375,7 +377,7 @@ fn text_blocks(at: &str, blocks: &[Value]) -> Result<String, ApiError> {
 fn user_blocks(
     at: &str,
     blocks: &[Value],
-    call_ids: &[String],
+    call_ids: &HashSet<&str>,
     out: &mut Vec<ChatMessage>,
 ) -> Result<(), ApiError> {
     let mut text: Vec<&str> = Vec::new();
@@ -400,7 +402,7 @@ fn user_blocks(
                     get(obj, "tool_use_id").ok_or_else(|| missing(&id_p))?,
                     &id_p,
                 )?;
-                if !call_ids.iter().any(|c| c == id) {
+                if !call_ids.contains(id) {
                     return Err(ApiError::invalid(
                         &id_p,
                         format!(
@@ -439,10 +441,10 @@ fn user_blocks(
 }
 
 /// An assistant message's blocks as one assistant turn.
-fn assistant_blocks(
+fn assistant_blocks<'a>(
     at: &str,
-    blocks: &[Value],
-    call_ids: &mut Vec<String>,
+    blocks: &'a [Value],
+    call_ids: &mut HashSet<&'a str>,
 ) -> Result<ChatMessage, ApiError> {
     let mut text: Vec<&str> = Vec::new();
     let mut msg = ChatMessage::new("assistant", "");
@@ -479,7 +481,7 @@ fn assistant_blocks(
                     return Err(type_err(&input_p, "an object", input));
                 }
                 msg.push_tool_call(id, name, input.clone());
-                call_ids.push(id.to_owned());
+                call_ids.insert(id);
             }
         }
     }

@@ -193,14 +193,15 @@ pub fn assemble(
         out.push(ChatMessage::new("system", i));
     }
     out.extend(prior.iter().cloned());
-    let mut calls: Vec<String> = prior
+    // The call ids so far: a set, so matching each output is O(1).
+    let mut calls: std::collections::HashSet<String> = prior
         .iter()
         .flat_map(|m| m.tool_calls.iter().map(|c| c.id.clone()))
         .collect();
     for m in new {
         calls.extend(m.tool_calls.iter().map(|c| c.id.clone()));
         if let Some(id) = m.tool_call_id.as_deref() {
-            if !calls.iter().any(|c| c == id) {
+            if !calls.contains(id) {
                 return Err(ApiError::invalid(
                     "input",
                     format!(

@@ -251,6 +251,11 @@ fn parse_wire(
                 unreachable!("a Responses request is chat turns")
             };
             let prior_turns = prior.as_ref().map_or(&[][..], |p| &p.conversation[..]);
+            // The turn bound before the outputs are matched to their calls
+            // (and before the copies assembling makes): the count the
+            // handler checks again on the assembled turns.
+            let turns = usize::from(r.instructions.is_some()) + prior_turns.len() + new.len();
+            super::check_message_count(state, turns)?;
             let conversation = api::responses::assemble(None, prior_turns, new)?;
             let all =
                 api::responses::assemble(r.instructions.as_deref(), &conversation, Vec::new())?;

@@ -80,8 +80,12 @@ impl ChatMessage {
 /// Anthropic's `tool_result`): templates that must name a result's tool
 /// (Kimi K3's) otherwise match results to the assistant turn right before
 /// them by order, which fails when text or results come between.
+///
+/// Linear in the turns: the calls so far are a map from id to name (a
+/// later call with a reused id replaces the earlier one: the nearest call
+/// before a result names it).
 pub fn name_tool_results(turns: &mut [ChatMessage]) {
-    let mut calls: Vec<(String, String)> = Vec::new();
+    let mut calls: std::collections::HashMap<String, String> = Default::default();
     for m in turns {
         calls.extend(
             m.tool_calls
@@ -92,11 +96,7 @@ pub fn name_tool_results(turns: &mut [ChatMessage]) {
             continue;
         }
         if let Some(id) = &m.tool_call_id {
-            m.name = calls
-                .iter()
-                .rev()
-                .find(|(c, _)| c == id)
-                .map(|(_, n)| n.clone());
+            m.name = calls.get(id).cloned();
         }
     }
 }
