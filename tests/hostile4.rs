@@ -291,3 +291,32 @@ fn tool_results_are_matched_only_under_the_turn_bound() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(error_of(&r)["param"], "input");
 }
+
+/// A `reasoning` item followed by a user turn (nothing of its own
+/// assistant turn after it) is a 400 naming the item, as OpenAI answers,
+/// not a silent drop.
+#[test]
+fn a_reasoning_item_that_nothing_of_its_turn_follows_is_a_400_naming_it() {
+    let s = server();
+    let input = json!([
+        {"role": "user", "content": "first"},
+        {"type": "reasoning", "id": "rs_7", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "a long thought"}]},
+        {"role": "user", "content": "second"},
+    ]);
+    let r = post(s.addr, "/v1/responses", responses(json!({"input": input})));
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = error_of(&r);
+    assert_eq!(e["param"], "input[1]", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("rs_7"), "{e}");
+    // With its assistant message after it, the same reasoning is taken.
+    let input = json!([
+        {"role": "user", "content": "first"},
+        {"type": "reasoning", "id": "rs_7", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "a long thought"}]},
+        {"type": "message", "role": "assistant", "content": "answer"},
+        {"role": "user", "content": "second"},
+    ]);
+    let r = post(s.addr, "/v1/responses", responses(json!({"input": input})));
+    assert_eq!(r.status, 200, "{}", r.body);
+}

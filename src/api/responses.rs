@@ -15,7 +15,7 @@ use super::json::{
     as_bool, as_int, as_str, get, kind_of, missing, parse_object, reject_unknown, type_err,
 };
 use super::request::{parse_speculative, RequestMeta, ValidRequest};
-use super::responses_input::parse_input;
+use super::responses_input::{parse_input, Items};
 use super::sampling::parse_sampling;
 use super::tools::{valid_name, ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
 use super::REASONING_EFFORTS;
@@ -87,7 +87,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError
     let model = as_str(get(&map, "model").ok_or_else(|| missing("model"))?, "model")?.to_owned();
     refuse_unsupported(&map)?;
     let input = get(&map, "input").ok_or_else(|| missing("input"))?;
-    let messages = parse_input(input)?;
+    let messages = parse_input(input, Items::Input)?;
     let mut v = ValidRequest::chat_defaults(model, messages);
     if let Some(m) = get(&map, "max_output_tokens") {
         let n = as_int(m, "max_output_tokens")?;
@@ -226,7 +226,7 @@ pub fn output_turns(output: &Value) -> Vec<ChatMessage> {
         Value::Array(items) if !items.is_empty() => {
             // Our own items always parse; a failure would be a bug, and
             // the response is still answered.
-            parse_input(output).unwrap_or_else(|e| {
+            parse_input(output, Items::OwnOutput).unwrap_or_else(|e| {
                 tracing::error!(error = %e.message, "a response's own output did not read back");
                 Vec::new()
             })

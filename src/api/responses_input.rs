@@ -5,7 +5,10 @@
 //! assistant turn before them (or start one); `function_call_output` items
 //! become `tool` turns; a `reasoning` item becomes the `reasoning_content`
 //! of the assistant turn after it. Every other item or part is refused
-//! with a 400 naming it (`input[2].content[0].type`).
+//! with a 400 naming it (`input[2].content[0].type`), and so is a
+//! `reasoning` item that nothing of its own assistant turn follows (a user
+//! or tool turn next, or the end), as OpenAI refuses it: there is no turn
+//! it could be rendered with, and dropping it would be silent.
 
 use serde_json::Value;
 
@@ -13,8 +16,20 @@ use super::error::ApiError;
 use super::json::{as_str, get, missing, type_err};
 use crate::tokenizer::ChatMessage;
 
+/// Where the items come from, which decides one case: a `reasoning` item
+/// that ends the list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Items {
+    /// A client's `input`: such an item is refused.
+    Input,
+    /// A response's own `output` read back for the store: a response cut
+    /// while it was still reasoning ends so; its reasoning is left out, as
+    /// no assistant turn carries it.
+    OwnOutput,
+}
+
 /// `input`: a string (one user turn) or a list of items.
-pub(super) fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
+pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match v {
         Value::String(s) => return Ok(vec![ChatMessage::new("user", s.clone())]),
         Value::Array(items) => items,
@@ -24,8 +39,10 @@ pub(super) fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
         return Err(ApiError::invalid("input", "Invalid 'input': empty array."));
     }
     let mut out: Vec<ChatMessage> = Vec::new();
-    // A reasoning item waits for the assistant turn it belongs to.
+    // A reasoning item waits for the assistant turn it belongs to; the
+    // index of the first one waiting names it if none comes.
     let mut reasoning: Option<String> = None;
+    let mut reasoning_at: Option<usize> = None;
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         let obj = item
@@ -77,6 +94,9 @@ pub(super) fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                 let mut m = ChatMessage::new(role, content);
                 if role == "assistant" {
                     m.reasoning_content = reasoning.take();
+                    reasoning_at = None;
+                } else if let Some(r) = reasoning_at {
+                    return Err(unfollowed(items, r, &format!("a '{role}' message")));
                 }
                 out.push(m);
             }
@@ -100,6 +120,7 @@ pub(super) fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                 if !joins {
                     let mut m = ChatMessage::new("assistant", "");
                     m.reasoning_content = reasoning.take();
+                    reasoning_at = None;
                     out.push(m);
                 }
                 out.last_mut()
@@ -108,6 +129,9 @@ pub(super) fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
             }
             "function_call_output" => {
                 allow(&["type", "call_id", "output", "id", "status"])?;
+                if let Some(r) = reasoning_at {
+                    return Err(unfollowed(items, r, "a 'function_call_output'"));
+                }
                 let call_id = text("call_id")?;
                 let out_p = format!("{at}.output");
                 let output = match get(obj, "output").ok_or_else(|| missing(&out_p))? {
@@ -173,6 +197,7 @@ pub(super) fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                     }
                 }
                 let joined = texts.join("\n");
+                reasoning_at.get_or_insert(i);
                 reasoning = Some(match reasoning.take() {
                     Some(r) => format!("{r}\n{joined}"),
                     None => joined,
@@ -187,7 +212,28 @@ pub(super) fn parse_input(v: &Value) -> Result<Vec<ChatMessage>, ApiError> {
             }
         }
     }
-    Ok(out)
+    match reasoning_at {
+        Some(r) if from == Items::Input => Err(unfollowed(items, r, "nothing")),
+        _ => Ok(out),
+    }
+}
+
+/// The 400 for the `reasoning` item `items[at]` that `next` follows
+/// instead of its assistant output (OpenAI's words, naming the item).
+fn unfollowed(items: &[Value], at: usize, next: &str) -> ApiError {
+    let p = format!("input[{at}]");
+    let named = match items[at].get("id").and_then(Value::as_str) {
+        Some(id) => format!("Item '{id}' ({p})"),
+        None => format!("Item '{p}'"),
+    };
+    ApiError::invalid(
+        &p,
+        format!(
+            "{named} of type 'reasoning' was provided without its required following item: \
+             a reasoning item must be followed by the assistant 'message' or 'function_call' \
+             of its turn, but {next} follows it."
+        ),
+    )
 }
 
 /// A message's content parts (`input_text`, `output_text`, `refusal`),

@@ -79,3 +79,57 @@ fn bad_input_is_refused_naming_the_field() {
         Some("input")
     );
 }
+
+/// A `reasoning` item must be followed by its own assistant turn's output:
+/// a user, system or tool turn next, or the end, is a 400 naming the item
+/// (the first of a run), never a silent drop. Followed by an assistant
+/// message or a call it is kept, as before.
+#[test]
+fn reasoning_that_nothing_of_its_turn_follows_is_refused_naming_it() {
+    let rs = |id: &str| {
+        json!({"type": "reasoning", "id": id, "summary": [],
+        "content": [{"type": "reasoning_text", "text": "think"}]})
+    };
+    let user = json!({"role": "user", "content": "next"});
+    let out = json!({"type": "function_call_output", "call_id": "c1", "output": "3"});
+    let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
+    let said = json!({"type": "message", "role": "assistant", "content": "said"});
+    for (input, at) in [
+        (json!([user, rs("rs_1"), user]), "input[1]"),
+        (json!([user, rs("rs_1"), rs("rs_2"), user]), "input[1]"),
+        (json!([user, rs("rs_1")]), "input[1]"),
+        (json!([rs("rs_0")]), "input[0]"),
+        (json!([user, call, rs("rs_1"), out]), "input[2]"),
+        (
+            json!([user, rs("rs_1"), {"role": "developer", "content": "x"}]),
+            "input[1]",
+        ),
+    ] {
+        let e = parse(json!({"model": "m", "input": input})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(at), "{input}: {}", e.message);
+        assert_eq!(e.status(), 400);
+        assert!(e.message.contains("'reasoning'"), "{}", e.message);
+    }
+    let rs1 = rs("rs_1");
+    let e = parse(json!({"model": "m", "input": [user, rs1, user]})).unwrap_err();
+    assert!(e.message.contains("rs_1"), "{}", e.message);
+    for input in [
+        json!([user, rs("rs_1"), said, user]),
+        json!([user, rs("rs_1"), call]),
+        json!([user, rs("rs_1"), rs("rs_2"), said]),
+    ] {
+        let r = parse(json!({"model": "m", "input": input.clone()})).unwrap();
+        let Input::Chat(turns) = r.valid.input else {
+            panic!()
+        };
+        let carried: Vec<_> = turns
+            .iter()
+            .filter_map(|m| m.reasoning_content.as_deref())
+            .collect();
+        assert_eq!(carried.len(), 1, "{input}");
+        assert!(carried[0].starts_with("think"), "{input}");
+    }
+    // A response's own output cut while reasoning reads back as before:
+    // no assistant turn, nothing logged as broken.
+    assert!(output_turns(&json!([rs("rs_9")])).is_empty());
+}
