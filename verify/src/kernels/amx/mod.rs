@@ -252,6 +252,18 @@ fn unpack_nibbles(t: &[u8], at: usize, groups: usize, b: &mut [u8]) {
     }
 }
 
+/// A K-quant block's end: `acc = fma(blk, dx, acc)` for every row, with
+/// row r's activation scale of block `b`.
+#[inline(always)]
+fn fold_block(a: &Acts, b: usize, blk: &[[f32; TILE]], acc: &mut [[f32; TILE]]) {
+    for (r, (o, bl)) in acc.iter_mut().zip(blk).enumerate() {
+        let dx = a.d[r * a.nb + b];
+        for col in 0..TILE {
+            o[col] = bl[col].mul_add(dx, o[col]);
+        }
+    }
+}
+
 // Inlined into `tile_product_hw`, so its epilogue gets AVX-512 and FMA.
 #[inline(always)]
 fn q4k<U: TileUnit>(
@@ -283,12 +295,7 @@ fn q4k<U: TileUnit>(
             }
         });
     }
-    for (r, (o, bl)) in acc.iter_mut().zip(&blk).enumerate() {
-        let dx = a.d[r * a.nb + b];
-        for col in 0..TILE {
-            o[col] = bl[col].mul_add(dx, o[col]);
-        }
-    }
+    fold_block(a, b, &blk, acc);
     s.blk = blk;
 }
 
@@ -332,12 +339,7 @@ fn q6k<U: TileUnit>(
             }
         });
     }
-    for (r, (o, bl)) in acc.iter_mut().zip(&blk).enumerate() {
-        let dx = a.d[r * a.nb + b];
-        for col in 0..TILE {
-            o[col] = bl[col].mul_add(dx, o[col]);
-        }
-    }
+    fold_block(a, b, &blk, acc);
     s.blk = blk;
 }
 
