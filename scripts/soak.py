@@ -6,8 +6,11 @@ Starts the server on a free loopback port with the given config, sends N
 requests at concurrency C with random parameters -- mostly streamed, a third
 of the clients dropping the connection after a random number of SSE events, a
 few non-streamed, a few slow readers, chats with tools, OpenAI Responses and
-Anthropic Messages requests (streamed, whole, or dropped), and every hostile
-case at least once
+Anthropic Messages requests (streamed, whole, or dropped), chats run to the
+context's end (capped by max_tokens when the decode rate measured under the
+load says the rest of the context would not fit in half of the server's
+request_timeout_secs), JSON answers spelling markup (never with a tool_choice
+that forces a call), and every hostile case at least once
 (bad bodies, 560 KB schemas that once took the process down, schemas just
 past each grammar bound, n x n tables merged through $ref, more messages than
 server.max_messages, a UTF-8 path across the log's route cut, subnormal
@@ -289,6 +292,73 @@ def is_error_body(body):
         return False
 
 
+# ---- the decode rate, and runs to the context's end sized by it ----
+
+
+class Pace:
+    """What the load has shown so far of the server's decode rate per
+    request: finished streams record (tokens, seconds from the first event
+    to the end; the usage's count, else the content events, each at least
+    one token). Timed under the load itself, so the rate is what a run
+    beside that load gets."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.samples = []
+
+    def record(self, tokens, seconds):
+        if tokens >= 8 and seconds > 0.2:
+            with self.lock:
+                self.samples.append(tokens / seconds)
+
+    def rate(self, wait, stop):
+        """The median rate (tokens/s) once 3 streams have ended, waiting up
+        to `wait` seconds (not past `stop`); None without."""
+        end = min(time.monotonic() + wait, stop)
+        while True:
+            with self.lock:
+                s = sorted(self.samples)
+            if len(s) >= 3:
+                return s[len(s) // 2]
+            if time.monotonic() > end:
+                return None
+            time.sleep(0.5)
+
+
+PACE = Pace()
+
+# Share of server.request_timeout_secs a run to the context's end may take
+# decoding (its prefill and its queueing behind the other clients take
+# the rest).
+TO_END_SHARE = 0.5
+
+
+def count_prompt(port, key, model, messages):
+    c = Conn(port, "POST", "/tokenize", json.dumps({"model": model, "messages": messages}).encode(), key=key, timeout=60)
+    try:
+        if c.read_head() != 200:
+            raise ValueError(f"/tokenize: {c.status} {c.body()[:200]!r}")
+        return json.loads(c.body())["count"]
+    finally:
+        c.close()
+
+
+def size_to_end(port, key, body, ctx, timeout_s, stop):
+    """Sizes a run to the context's end by the server's request timeout:
+    the rest of the context is decoded when it fits in TO_END_SHARE of the
+    timeout at the rate measured so far (a floor of 1 token/s without a
+    measure); past that, max_tokens caps the run at what does fit, so it
+    ends with `length` inside the timeout whatever the model, the machine
+    or the concurrency. Returns (tokens it may decode, the rate used)."""
+    rate = PACE.rate(120, stop) or 1.0
+    allowed = max(16, int(rate * timeout_s * TO_END_SHARE))
+    left = ctx - count_prompt(port, key, body["model"], body["messages"])
+    if left > allowed:
+        body["max_tokens"] = allowed
+        return allowed, round(rate, 1)
+    return left, round(rate, 1)
+
+
 # ---- the requests ----
 
 
@@ -346,10 +416,19 @@ def make_plan(rng, n, model, methods):
             spec["body"].pop("stop", None)
             spec["body"]["ignore_eos"] = True
             spec["body"]["speculative"] = {"method": rng.choice(methods)}
+            # Sized when it runs (see size_to_end); a forced call would
+            # end it early.
+            spec["body"].pop("tools", None)
+            spec["body"].pop("tool_choice", None)
         elif kind == "spelled":
             spec["path"] = "/v1/chat/completions"
             spec["body"] = random_body(rng, model, True, False, methods)
             spec["body"].pop("stop", None)
+            # Only valid requests: a schema-bound answer is text, and a
+            # tool_choice that forces a call cannot be combined with it (the
+            # server rightly refuses that with a 400).
+            spec["body"].pop("tools", None)
+            spec["body"].pop("tool_choice", None)
             spec["body"]["max_tokens"] = 200
             spec["body"]["response_format"] = {
                 "type": "json_schema",
@@ -507,7 +586,10 @@ def check_stream(conn, body, drop_after=None, pauses=()):
     chat = "messages" in body
     text, finish, usage, done, seen = [], None, None, False, 0
     pauses = list(pauses)
+    first = None
     for data in conn.events():
+        if first is None:
+            first = time.monotonic()
         if done:
             raise ValueError("data after [DONE]")
         seen += 1
@@ -532,6 +614,10 @@ def check_stream(conn, body, drop_after=None, pauses=()):
     if not done:
         raise ValueError("stream ended without [DONE]")
     check_answer(body, "".join(text), finish, usage)
+    if not pauses and first is not None and "pauses" not in body:
+        # The usage's count when the stream sent one (a speculative step
+        # may put several tokens in one event).
+        PACE.record(usage["completion_tokens"] if usage else len(text), time.monotonic() - first)
     return "done"
 
 
@@ -549,11 +635,18 @@ def check_answer(body, text, finish, usage):
             raise ValueError(f"usage does not add up: {usage}")
 
 
-def run_one(port, key, spec, timeout, deadline):
-    """Runs one spec; returns (spec, outcome, detail)."""
+def run_one(port, key, spec, timeout, deadline, limits=None):
+    """Runs one spec; returns (spec, outcome, detail). `limits` (the
+    context length and the server's request timeout) size a run to the
+    context's end."""
     if time.monotonic() > deadline:
         return spec, "skipped", "past the wall-clock cap"
     kind = spec["kind"]
+    if kind == "to_end" and limits:
+        try:
+            spec["left"] = size_to_end(port, key, spec["body"], *limits, deadline)
+        except (OSError, ValueError, KeyError) as e:
+            return spec, "fail", f"sizing the run to the context's end: {type(e).__name__}: {e}"
     raw = spec["raw"] if "raw" in spec else json.dumps(spec["body"]).encode()
     conn = None
     try:
@@ -670,6 +763,8 @@ def main():
     with open(args.config, "rb") as f:
         cfg = tomllib.load(f)
     server = cfg.get("server", {})
+    # The server's own default (src/config.rs).
+    args.request_timeout = server.get("request_timeout_secs", 600)
     key = (server.get("api_keys") or [None])[0]
     method = cfg.get("speculative", {}).get("method", "draft")
     methods = ["ngram", "draft"] if method == "draft" else ["ngram"]
@@ -702,7 +797,9 @@ def soak(args, proc, log_path, key, methods, check):
     if port is None:
         return
     status, body = get(port, "/v1/models", key=key)
-    model = json.loads(body)["data"][0]["id"]
+    card = json.loads(body)["data"][0]
+    model = card["id"]
+    limits = (card["max_model_len"], args.request_timeout)
 
     rng = random.Random(args.seed)
     plan = make_plan(rng, args.n, model, methods)
@@ -710,7 +807,7 @@ def soak(args, proc, log_path, key, methods, check):
     deadline = t1 + args.max_seconds
     results = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.c) as pool:
-        futs = [pool.submit(run_one, port, key, s, args.read_timeout, deadline) for s in plan]
+        futs = [pool.submit(run_one, port, key, s, args.read_timeout, deadline, limits) for s in plan]
         for fut in concurrent.futures.as_completed(futs):
             results.append(fut.result())
     elapsed = time.monotonic() - t1
@@ -728,7 +825,9 @@ def soak(args, proc, log_path, key, methods, check):
         f"{count('stream', 'done')} streamed done, "
         f"{count('drop', 'dropped')} dropped by their client ({count('drop', 'done')} finished first), "
         f"{count('whole', 'done')} whole done, {count('slow', 'done')} slow readers done, "
-        f"{count('to_end', 'done')} run to the context's end, {count('spelled', 'done')} spelled-markup answers, "
+        f"{count('to_end', 'done')} run to the context's end "
+        f"(tokens each might decode, tokens/s: {[s.get('left') for s, _, _ in results if s['kind'] == 'to_end']}), "
+        f"{count('spelled', 'done')} spelled-markup answers, "
         f"{count('wire', 'done')} Responses/Messages done ({count('wire', 'dropped')} dropped), "
         f"{count('hostile', 'rejected')} hostile rejected with a 4xx, {count('hostile', 'capped')} extreme but valid done, "
         f"{len(fails)} failed, {count(None, 'skipped')} skipped"
