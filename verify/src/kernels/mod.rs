@@ -81,6 +81,15 @@ pub enum Format {
 }
 
 impl Format {
+    /// Every format, in a fixed order (logs, per-format tables).
+    pub const ALL: [Format; 5] = [
+        Format::Q4K,
+        Format::Q6K,
+        Format::Q8_0,
+        Format::Q5_0,
+        Format::Q4_1,
+    ];
+
     /// The format of a GGUF dtype, if these kernels implement it.
     pub fn of(dtype: GgmlDType) -> Option<Format> {
         Some(match dtype {
@@ -571,14 +580,7 @@ fn tile_path(
 /// and why (the CPU, the kernel's refusal, or `SPECGATE_KERNEL_ISA`).
 pub fn amx_status() -> String {
     if Isa::current() == Isa::Amx {
-        let formats = [
-            Format::Q4K,
-            Format::Q6K,
-            Format::Q8_0,
-            Format::Q5_0,
-            Format::Q4_1,
-        ];
-        let each: Vec<String> = formats
+        let each: Vec<String> = Format::ALL
             .iter()
             .map(|&f| match amx_min_rows(f) {
                 usize::MAX => format!("{f:?} never"),

@@ -26,14 +26,9 @@ const COUNTS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 /// The measured threshold for `format` (see the module doc).
 pub(crate) fn min_rows(format: Format) -> usize {
-    static MIN: [OnceLock<usize>; 5] = [const { OnceLock::new() }; 5];
-    let i = match format {
-        Format::Q4K => 0,
-        Format::Q6K => 1,
-        Format::Q8_0 => 2,
-        Format::Q5_0 => 3,
-        Format::Q4_1 => 4,
-    };
+    static MIN: [OnceLock<usize>; Format::ALL.len()] =
+        [const { OnceLock::new() }; Format::ALL.len()];
+    let i = Format::ALL.iter().position(|&f| f == format).unwrap_or(0);
     *MIN[i].get_or_init(|| {
         let times = measure(format);
         choose(&times)
