@@ -22,6 +22,8 @@
 //! (the `http` module maps between the two).
 
 pub mod anthropic;
+#[cfg(test)]
+mod corpus_tests;
 mod error;
 mod json;
 mod knobs;
