@@ -13,10 +13,9 @@
 //! `tool_use` earlier in the conversation. Images, documents and server
 //! tools are refused by name.
 
-use serde_json::{Map, Value};
-
 use super::error::ApiError;
 use super::json::{as_bool, as_int, as_str, get, missing, parse_object, reject_unknown, type_err};
+use super::json::{Json, Obj};
 use super::request::{parse_speculative, RequestMeta, ValidRequest, MAX_STOP_BYTES};
 use super::sampling::parse_sampling;
 use super::tools::{valid_name, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
@@ -158,10 +157,7 @@ pub fn parse_count_tokens(body: &[u8], max_messages: usize) -> Result<ValidReque
 
 /// `model`, `system`, `messages`, `tools`, `tool_choice`, `thinking`, and
 /// the refusals both routes share.
-fn parse_conversation(
-    map: &Map<String, Value>,
-    max_messages: usize,
-) -> Result<ValidRequest, ApiError> {
+fn parse_conversation(map: &Obj, max_messages: usize) -> Result<ValidRequest, ApiError> {
     let model = as_str(get(map, "model").ok_or_else(|| missing("model"))?, "model")?.to_owned();
     for (k, why) in [
         (
@@ -180,8 +176,8 @@ fn parse_conversation(
     let mut messages = Vec::new();
     if let Some(s) = get(map, "system") {
         let text = match s {
-            Value::String(t) => t.clone(),
-            Value::Array(blocks) => text_blocks("system", blocks)?,
+            Json::String(t) => t.to_string(),
+            Json::Array(blocks) => text_blocks("system", &blocks.items())?,
             other => {
                 return Err(type_err(
                     "system",
@@ -209,11 +205,7 @@ fn parse_conversation(
 /// Errors: those of each message; first, more turns than `max_messages`
 /// (each message is at least one turn, so the bound is checked before
 /// any message is read, with the words generation uses).
-fn parse_turns(
-    map: &Map<String, Value>,
-    out: &mut Vec<ChatMessage>,
-    max_messages: usize,
-) -> Result<(), ApiError> {
+fn parse_turns(map: &Obj, out: &mut Vec<ChatMessage>, max_messages: usize) -> Result<(), ApiError> {
     let v = get(map, "messages").ok_or_else(|| missing("messages"))?;
     let items = v
         .as_array()
@@ -229,7 +221,7 @@ fn parse_turns(
         return Err(ApiError::too_many_messages(turns, max_messages));
     }
     // The `tool_use` ids so far: a set, so matching each result is O(1).
-    let mut call_ids: HashSet<&str> = HashSet::new();
+    let mut call_ids: HashSet<String> = HashSet::new();
     for (i, m) in items.iter().enumerate() {
         let here = format!("messages.{i}");
         let obj = m
@@ -243,7 +235,7 @@ fn parse_turns(
             ));
         }
         let role_p = format!("{here}.role");
-        let role = as_str(get(obj, "role").ok_or_else(|| missing(&role_p))?, &role_p)?;
+        let role = as_str(get(&obj, "role").ok_or_else(|| missing(&role_p))?, &role_p)?;
         if role != "user" && role != "assistant" {
             return Err(ApiError::invalid(
                 &role_p,
@@ -251,12 +243,15 @@ fn parse_turns(
             ));
         }
         let content_p = format!("{here}.content");
-        match get(obj, "content").ok_or_else(|| missing(&content_p))? {
-            Value::String(s) => out.push(ChatMessage::new(role, s.clone())),
-            Value::Array(blocks) if role == "user" => {
-                user_blocks(&content_p, blocks, &call_ids, out)?
+        match get(&obj, "content").ok_or_else(|| missing(&content_p))? {
+            Json::String(s) => out.push(ChatMessage::new(role, s.to_string())),
+            Json::Array(blocks) if role == "user" => {
+                user_blocks(&content_p, &blocks.items(), &call_ids, out)?
             }
-            Value::Array(blocks) => out.push(assistant_blocks(&content_p, blocks, &mut call_ids)?),
+            Json::Array(blocks) => {
+                let blocks = blocks.items();
+                out.push(assistant_blocks(&content_p, &blocks, &mut call_ids)?)
+            }
             other => {
                 return Err(type_err(
                     &content_p,
@@ -270,10 +265,10 @@ fn parse_turns(
 }
 
 /// The type of block `b` at `at`, checked against the keys it may hold.
-fn block_type<'a>(at: &str, b: &'a Value, role: &str) -> Result<&'a str, ApiError> {
+fn block_type(at: &str, b: &Json, role: &str) -> Result<String, ApiError> {
     let obj = b.as_object().ok_or_else(|| type_err(at, "an object", b))?;
     let type_p = format!("{at}.type");
-    let t = as_str(get(obj, "type").ok_or_else(|| missing(&type_p))?, &type_p)?;
+    let t = as_str(get(&obj, "type").ok_or_else(|| missing(&type_p))?, &type_p)?;
     let keys: &[&str] = match t {
         "text" => &["type", "text", "cache_control", "citations"],
         "tool_use" if role == "assistant" => &["type", "id", "name", "input", "cache_control"],
@@ -310,17 +305,17 @@ fn block_type<'a>(at: &str, b: &'a Value, role: &str) -> Result<&'a str, ApiErro
             ))
         }
     };
-    if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
+    if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
         let p = format!("{at}.{k}");
         return Err(ApiError::invalid(
             &p,
             format!("{p}: Extra inputs are not permitted."),
         ));
     }
-    if let Some(c) = get(obj, "cache_control") {
+    if let Some(c) = get(&obj, "cache_control") {
         cache_control(&format!("{at}.cache_control"), c)?;
     }
-    if let Some(c) = get(obj, "citations") {
+    if let Some(c) = get(&obj, "citations") {
         if c.as_array().is_some_and(|a| !a.is_empty()) {
             let p = format!("{at}.citations");
             return Err(ApiError::unsupported(
@@ -329,15 +324,15 @@ fn block_type<'a>(at: &str, b: &'a Value, role: &str) -> Result<&'a str, ApiErro
             ));
         }
     }
-    Ok(t)
+    Ok(t.to_owned())
 }
 
 /// `cache_control` (`{"type": "ephemeral", "ttl"?}`): accepted, as prefix
 /// caching here is automatic for every prompt.
-fn cache_control(at: &str, v: &Value) -> Result<(), ApiError> {
+fn cache_control(at: &str, v: &Json) -> Result<(), ApiError> {
     let obj = v.as_object().ok_or_else(|| type_err(at, "an object", v))?;
-    match get(obj, "type") {
-        Some(Value::String(t)) if t == "ephemeral" => Ok(()),
+    match get(&obj, "type") {
+        Some(Json::String(t)) if t == "ephemeral" => Ok(()),
         _ => Err(ApiError::invalid(
             format!("{at}.type"),
             format!("{at}.type: expected 'ephemeral'."),
@@ -346,20 +341,18 @@ fn cache_control(at: &str, v: &Value) -> Result<(), ApiError> {
 }
 
 /// The `text` of a text block at `at`.
-fn block_text<'a>(at: &str, b: &'a Value) -> Result<&'a str, ApiError> {
+fn block_text(at: &str, b: &Json) -> Result<String, ApiError> {
     let p = format!("{at}.text");
-    as_str(
-        get(b.as_object().expect("checked"), "text").ok_or_else(|| missing(&p))?,
-        &p,
-    )
+    let obj = b.as_object().unwrap_or_default();
+    as_str(get(&obj, "text").ok_or_else(|| missing(&p))?, &p).map(str::to_owned)
 }
 
 /// Text blocks joined with `\n` (`system`, a `tool_result`'s content).
-fn text_blocks(at: &str, blocks: &[Value]) -> Result<String, ApiError> {
+fn text_blocks(at: &str, blocks: &[Json]) -> Result<String, ApiError> {
     let mut texts = Vec::with_capacity(blocks.len());
     for (j, b) in blocks.iter().enumerate() {
         let here = format!("{at}.{j}");
-        match block_type(&here, b, "system")? {
+        match block_type(&here, b, "system")?.as_str() {
             "text" => texts.push(block_text(&here, b)?),
             t => {
                 return Err(ApiError::invalid(
@@ -376,12 +369,12 @@ fn text_blocks(at: &str, blocks: &[Value]) -> Result<String, ApiError> {
 /// `tool_result` a tool turn, in order.
 fn user_blocks(
     at: &str,
-    blocks: &[Value],
-    call_ids: &HashSet<&str>,
+    blocks: &[Json],
+    call_ids: &HashSet<String>,
     out: &mut Vec<ChatMessage>,
 ) -> Result<(), ApiError> {
-    let mut text: Vec<&str> = Vec::new();
-    let flush = |text: &mut Vec<&str>, out: &mut Vec<ChatMessage>| {
+    let mut text: Vec<String> = Vec::new();
+    let flush = |text: &mut Vec<String>, out: &mut Vec<ChatMessage>| {
         if !text.is_empty() {
             out.push(ChatMessage::new("user", text.join("\n")));
             text.clear();
@@ -392,14 +385,14 @@ fn user_blocks(
     }
     for (j, b) in blocks.iter().enumerate() {
         let here = format!("{at}.{j}");
-        match block_type(&here, b, "user")? {
+        match block_type(&here, b, "user")?.as_str() {
             "text" => text.push(block_text(&here, b)?),
             _ => {
                 flush(&mut text, out);
-                let obj = b.as_object().expect("checked");
+                let obj = b.as_object().unwrap_or_default();
                 let id_p = format!("{here}.tool_use_id");
                 let id = as_str(
-                    get(obj, "tool_use_id").ok_or_else(|| missing(&id_p))?,
+                    get(&obj, "tool_use_id").ok_or_else(|| missing(&id_p))?,
                     &id_p,
                 )?;
                 if !call_ids.contains(id) {
@@ -411,10 +404,10 @@ fn user_blocks(
                     ));
                 }
                 let content_p = format!("{here}.content");
-                let mut content = match get(obj, "content") {
+                let mut content = match get(&obj, "content") {
                     None => String::new(),
-                    Some(Value::String(s)) => s.clone(),
-                    Some(Value::Array(parts)) => text_blocks(&content_p, parts)?,
+                    Some(Json::String(s)) => s.to_string(),
+                    Some(Json::Array(parts)) => text_blocks(&content_p, &parts.items())?,
                     Some(other) => {
                         return Err(type_err(
                             &content_p,
@@ -425,7 +418,7 @@ fn user_blocks(
                 };
                 // The model is told the tool failed the only way a chat
                 // template can carry it: in the result's text.
-                if let Some(e) = get(obj, "is_error") {
+                if let Some(e) = get(&obj, "is_error") {
                     if as_bool(e, &format!("{here}.is_error"))? {
                         content.insert_str(0, "Error: ");
                     }
@@ -441,24 +434,22 @@ fn user_blocks(
 }
 
 /// An assistant message's blocks as one assistant turn.
-fn assistant_blocks<'a>(
+fn assistant_blocks(
     at: &str,
-    blocks: &'a [Value],
-    call_ids: &mut HashSet<&'a str>,
+    blocks: &[Json],
+    call_ids: &mut HashSet<String>,
 ) -> Result<ChatMessage, ApiError> {
-    let mut text: Vec<&str> = Vec::new();
+    let mut text: Vec<String> = Vec::new();
     let mut msg = ChatMessage::new("assistant", "");
     for (j, b) in blocks.iter().enumerate() {
         let here = format!("{at}.{j}");
-        let obj = b.as_object();
-        match block_type(&here, b, "assistant")? {
+        let kind = block_type(&here, b, "assistant")?;
+        let obj = b.as_object().unwrap_or_default();
+        match kind.as_str() {
             "text" => text.push(block_text(&here, b)?),
             "thinking" => {
                 let p = format!("{here}.thinking");
-                let t = as_str(
-                    get(obj.expect("checked"), "thinking").ok_or_else(|| missing(&p))?,
-                    &p,
-                )?;
+                let t = as_str(get(&obj, "thinking").ok_or_else(|| missing(&p))?, &p)?;
                 match &mut msg.reasoning_content {
                     Some(r) => {
                         r.push('\n');
@@ -468,20 +459,19 @@ fn assistant_blocks<'a>(
                 }
             }
             _ => {
-                let obj = obj.expect("checked");
                 let field = |k: &str| -> Result<&str, ApiError> {
                     let p = format!("{here}.{k}");
-                    as_str(get(obj, k).ok_or_else(|| missing(&p))?, &p)
+                    as_str(get(&obj, k).ok_or_else(|| missing(&p))?, &p)
                 };
                 let id = field("id")?;
                 let name = field("name")?;
                 let input_p = format!("{here}.input");
-                let input = get(obj, "input").ok_or_else(|| missing(&input_p))?;
+                let input = get(&obj, "input").ok_or_else(|| missing(&input_p))?;
                 if !input.is_object() {
                     return Err(type_err(&input_p, "an object", input));
                 }
-                msg.push_tool_call(id, name, input.clone());
-                call_ids.insert(id);
+                msg.push_tool_call(id, name, input.to_value());
+                call_ids.insert(id.to_owned());
             }
         }
     }
@@ -490,7 +480,7 @@ fn assistant_blocks<'a>(
 }
 
 /// `stop_sequences`: at most [`MAX_STOP_SEQUENCES`] non-empty strings.
-fn parse_stop_sequences(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+fn parse_stop_sequences(map: &Obj) -> Result<Vec<String>, ApiError> {
     const P: &str = "stop_sequences";
     let Some(v) = get(map, P) else {
         return Ok(Vec::new());
@@ -525,7 +515,7 @@ fn parse_stop_sequences(map: &Map<String, Value>) -> Result<Vec<String>, ApiErro
 }
 
 /// `metadata`: `{"user_id": string}` (for the log only).
-fn parse_metadata(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
+fn parse_metadata(map: &Obj) -> Result<RequestMeta, ApiError> {
     let mut meta = RequestMeta::default();
     let Some(v) = get(map, "metadata") else {
         return Ok(meta);
@@ -540,7 +530,7 @@ fn parse_metadata(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
             format!("{p}: Extra inputs are not permitted."),
         ));
     }
-    if let Some(u) = get(obj, "user_id") {
+    if let Some(u) = get(&obj, "user_id") {
         let u = as_str(u, "metadata.user_id")?;
         if u.len() > 256 {
             return Err(ApiError::invalid(
@@ -555,14 +545,14 @@ fn parse_metadata(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
 
 /// `thinking`: `{"type": "enabled", "budget_tokens": n}` (n >= 1024) or
 /// `{"type": "disabled"}`; the budget when enabled.
-fn thinking_budget(map: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+fn thinking_budget(map: &Obj) -> Result<Option<usize>, ApiError> {
     const P: &str = "thinking";
     let Some(v) = get(map, P) else {
         return Ok(None);
     };
     let obj = v.as_object().ok_or_else(|| type_err(P, "an object", v))?;
     let t = as_str(
-        get(obj, "type").ok_or_else(|| missing("thinking.type"))?,
+        get(&obj, "type").ok_or_else(|| missing("thinking.type"))?,
         "thinking.type",
     )?;
     let keys: &[&str] = match t {
@@ -575,7 +565,7 @@ fn thinking_budget(map: &Map<String, Value>) -> Result<Option<usize>, ApiError> 
             ))
         }
     };
-    if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
+    if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
         let p = format!("thinking.{k}");
         return Err(ApiError::invalid(
             &p,
@@ -586,7 +576,7 @@ fn thinking_budget(map: &Map<String, Value>) -> Result<Option<usize>, ApiError> 
         return Ok(None);
     }
     const B: &str = "thinking.budget_tokens";
-    let b = as_int(get(obj, "budget_tokens").ok_or_else(|| missing(B))?, B)?;
+    let b = as_int(get(&obj, "budget_tokens").ok_or_else(|| missing(B))?, B)?;
     if b < MIN_THINKING_BUDGET as i128 {
         return Err(ApiError::invalid(
             B,
@@ -600,7 +590,7 @@ fn thinking_budget(map: &Map<String, Value>) -> Result<Option<usize>, ApiError> 
 /// disabled; when enabled, the budget's tier (up to 4096 tokens `low`, up
 /// to 16384 `high`, more `max`), which the family maps onto its own knob
 /// (K3's `thinking_effort`). `None` when absent: the model's default.
-fn thinking_effort(map: &Map<String, Value>) -> Result<Option<&'static str>, ApiError> {
+fn thinking_effort(map: &Obj) -> Result<Option<&'static str>, ApiError> {
     if get(map, "thinking").is_none() {
         return Ok(None);
     }
@@ -615,7 +605,7 @@ fn thinking_effort(map: &Map<String, Value>) -> Result<Option<&'static str>, Api
 /// `tools` (custom tools: `name`, `description`, `input_schema`) and
 /// `tool_choice` (`auto`, `any`, `tool` with `name`, `none`, each with
 /// `disable_parallel_tool_use`).
-fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
+fn parse_tools(map: &Obj) -> Result<ToolSetup, ApiError> {
     let mut setup = ToolSetup {
         parallel: true,
         ..ToolSetup::default()
@@ -635,7 +625,7 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
             let obj = item
                 .as_object()
                 .ok_or_else(|| type_err(&at, "an object", item))?;
-            if let Some(t) = get(obj, "type") {
+            if let Some(t) = get(&obj, "type") {
                 let t = as_str(t, &format!("{at}.type"))?;
                 if t != "custom" {
                     let p = format!("{at}.type");
@@ -653,7 +643,7 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                     "input_schema",
                     "cache_control",
                 ]
-                .contains(&k.as_str())
+                .contains(&k)
             }) {
                 let p = format!("{at}.{k}");
                 return Err(ApiError::invalid(
@@ -661,11 +651,11 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                     format!("{p}: Extra inputs are not permitted."),
                 ));
             }
-            if let Some(c) = get(obj, "cache_control") {
+            if let Some(c) = get(&obj, "cache_control") {
                 cache_control(&format!("{at}.cache_control"), c)?;
             }
             let name_p = format!("{at}.name");
-            let name = as_str(get(obj, "name").ok_or_else(|| missing(&name_p))?, &name_p)?;
+            let name = as_str(get(&obj, "name").ok_or_else(|| missing(&name_p))?, &name_p)?;
             if !valid_name(name) {
                 return Err(ApiError::invalid(
                     &name_p,
@@ -678,18 +668,18 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                     format!("{name_p}: the tool name '{name}' is declared twice."),
                 ));
             }
-            let description = get(obj, "description")
+            let description = get(&obj, "description")
                 .map(|d| as_str(d, &format!("{at}.description")).map(str::to_owned))
                 .transpose()?;
             let schema_p = format!("{at}.input_schema");
-            let schema = get(obj, "input_schema").ok_or_else(|| missing(&schema_p))?;
+            let schema = get(&obj, "input_schema").ok_or_else(|| missing(&schema_p))?;
             if !schema.is_object() {
                 return Err(type_err(&schema_p, "an object (a JSON schema)", schema));
             }
             setup.tools.push(Tool {
                 name: name.to_owned(),
                 description,
-                parameters: Some(schema.clone()),
+                parameters: Some(schema.raw()),
                 strict: false,
             });
         }
@@ -705,7 +695,7 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
     const P: &str = "tool_choice";
     let obj = v.as_object().ok_or_else(|| type_err(P, "an object", v))?;
     let t = as_str(
-        get(obj, "type").ok_or_else(|| missing("tool_choice.type"))?,
+        get(&obj, "type").ok_or_else(|| missing("tool_choice.type"))?,
         "tool_choice.type",
     )?;
     let keys: &[&str] = match t {
@@ -713,14 +703,14 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
         "none" => &["type"],
         _ => &["type", "disable_parallel_tool_use"],
     };
-    if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
+    if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
         let p = format!("{P}.{k}");
         return Err(ApiError::invalid(
             &p,
             format!("{p}: Extra inputs are not permitted."),
         ));
     }
-    if let Some(d) = get(obj, "disable_parallel_tool_use") {
+    if let Some(d) = get(&obj, "disable_parallel_tool_use") {
         setup.parallel = !as_bool(d, "tool_choice.disable_parallel_tool_use")?;
     }
     let needs_tools = || {
@@ -737,7 +727,7 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
         "any" => ToolChoice::Required,
         "tool" => {
             let name = as_str(
-                get(obj, "name").ok_or_else(|| missing("tool_choice.name"))?,
+                get(&obj, "name").ok_or_else(|| missing("tool_choice.name"))?,
                 "tool_choice.name",
             )?;
             if !setup.tools.iter().any(|t| t.name == name) {

@@ -3,6 +3,7 @@
 use super::*;
 use crate::api::Input;
 use serde_json::json;
+use serde_json::Value;
 
 fn parse(v: Value) -> Result<MessagesRequest, ApiError> {
     parse_messages_request(v.to_string().as_bytes(), usize::MAX)

@@ -7,6 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::json::Obj;
 use super::json::{as_str, get, type_err};
 
 /// Variables the server itself sets in the template: a client may not
@@ -43,23 +44,20 @@ pub struct ChatKnobs {
 /// Errors (400 naming the field): `chat_template_kwargs` not an object or
 /// setting a reserved variable (`chat_template_kwargs.messages`);
 /// `reasoning_effort` not one of [`REASONING_EFFORTS`].
-pub(super) fn parse_knobs(map: &Map<String, Value>) -> Result<ChatKnobs, ApiError> {
+pub(super) fn parse_knobs(map: &Obj) -> Result<ChatKnobs, ApiError> {
     let mut knobs = ChatKnobs::default();
     if let Some(v) = get(map, "chat_template_kwargs") {
         let obj = v
             .as_object()
             .ok_or_else(|| type_err("chat_template_kwargs", "an object", v))?;
-        if let Some(k) = obj
-            .keys()
-            .find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str()))
-        {
+        if let Some(k) = obj.keys().find(|k| RESERVED_TEMPLATE_VARS.contains(&k)) {
             let p = format!("chat_template_kwargs.{k}");
             return Err(ApiError::invalid(
                 &p,
                 format!("'{p}' is set by the server and cannot be given as a template variable."),
             ));
         }
-        knobs.template_vars = obj.clone();
+        knobs.template_vars = obj.to_map();
     }
     if let Some(v) = get(map, "reasoning_effort") {
         let e = as_str(v, "reasoning_effort")?;

@@ -11,10 +11,11 @@
 //! `annotations` (an array, ignored) and `audio` / `function_call` (only
 //! `null`). Any other key is a 400 naming it.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::error::ApiError;
 use super::json::{as_str, get, kind_of, missing, type_err};
+use super::json::{Json, Obj};
 use crate::tokenizer::ChatMessage;
 
 /// Keys a message object may hold (see the module doc).
@@ -39,7 +40,7 @@ const MAX_TOOL_CALLS_PER_MESSAGE: usize = 128;
 ///
 /// Errors (400, `param` naming the field): missing, not an array, empty,
 /// or any message refused by the rules in the module doc.
-pub(super) fn parse_messages(map: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(super) fn parse_messages(map: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
     let v = get(map, "messages").ok_or_else(|| missing("messages"))?;
     let items = v
         .as_array()
@@ -57,12 +58,12 @@ pub(super) fn parse_messages(map: &Map<String, Value>) -> Result<Vec<ChatMessage
         .collect()
 }
 
-fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
+fn parse_message(i: usize, v: &Json) -> Result<ChatMessage, ApiError> {
     let here = format!("messages[{i}]");
     let m = v
         .as_object()
         .ok_or_else(|| type_err(&here, "an object", v))?;
-    if let Some(k) = m.keys().find(|k| !MESSAGE_KEYS.contains(&k.as_str())) {
+    if let Some(k) = m.keys().find(|k| !MESSAGE_KEYS.contains(&k)) {
         let param = format!("{here}.{k}");
         return Err(ApiError::invalid(
             &param,
@@ -70,7 +71,7 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
         ));
     }
     let role_param = format!("{here}.role");
-    let role = get(m, "role").ok_or_else(|| missing(&role_param))?;
+    let role = get(&m, "role").ok_or_else(|| missing(&role_param))?;
     let role = match as_str(role, &role_param)? {
         r @ ("system" | "user" | "assistant" | "tool") => r,
         // OpenAI's newer name for the system turn.
@@ -86,7 +87,7 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
         }
     };
     for k in ["audio", "function_call"] {
-        if get(m, k).is_some() {
+        if get(&m, k).is_some() {
             let param = format!("{here}.{k}");
             return Err(ApiError::invalid(
                 &param,
@@ -94,15 +95,15 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
             ));
         }
     }
-    if let Some(r) = get(m, "refusal") {
+    if let Some(r) = get(&m, "refusal") {
         as_str(r, &format!("{here}.refusal"))?;
     }
-    if let Some(a) = get(m, "annotations") {
+    if let Some(a) = get(&m, "annotations") {
         if !a.is_array() {
             return Err(type_err(&format!("{here}.annotations"), "an array", a));
         }
     }
-    let tool_calls = match get(m, "tool_calls") {
+    let tool_calls = match get(&m, "tool_calls") {
         Some(v) if role == "assistant" => Some(v),
         Some(_) => {
             let param = format!("{here}.tool_calls");
@@ -114,9 +115,9 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
         None => None,
     };
     let content_param = format!("{here}.content");
-    let content = match get(m, "content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => text_parts(&content_param, parts)?,
+    let content = match get(&m, "content") {
+        Some(Json::String(s)) => s.to_string(),
+        Some(Json::Array(parts)) => text_parts(&content_param, &parts.items())?,
         Some(other) => {
             return Err(type_err(
                 &content_param,
@@ -130,11 +131,11 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
         None => return Err(missing(&content_param)),
     };
     let mut msg = ChatMessage::new(role, content);
-    if let Some(n) = get(m, "name") {
+    if let Some(n) = get(&m, "name") {
         msg.name = Some(as_str(n, &format!("{here}.name"))?.to_owned());
     }
     let id_param = format!("{here}.tool_call_id");
-    match (role, get(m, "tool_call_id")) {
+    match (role, get(&m, "tool_call_id")) {
         ("tool", Some(id)) => msg.tool_call_id = Some(as_str(id, &id_param)?.to_owned()),
         ("tool", None) => return Err(missing(&id_param)),
         (_, Some(_)) => {
@@ -151,7 +152,7 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
     // An assistant turn's earlier reasoning, replayed by templates that
     // render it (`reasoning` is the same field under vLLM's newer name).
     for k in ["reasoning_content", "reasoning"] {
-        let Some(r) = get(m, k) else { continue };
+        let Some(r) = get(&m, k) else { continue };
         let param = format!("{here}.{k}");
         if role != "assistant" {
             return Err(ApiError::invalid(
@@ -168,7 +169,7 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
 /// An assistant turn's `tool_calls`: `[{"id", "type": "function",
 /// "function": {"name", "arguments": "<JSON text>"}}]`; each `arguments`
 /// must parse as JSON (the template receives the parsed value).
-fn parse_tool_calls(here: &str, v: &Value, msg: &mut ChatMessage) -> Result<(), ApiError> {
+fn parse_tool_calls(here: &str, v: &Json, msg: &mut ChatMessage) -> Result<(), ApiError> {
     let param = format!("{here}.tool_calls");
     let calls = v
         .as_array()
@@ -189,7 +190,7 @@ fn parse_tool_calls(here: &str, v: &Value, msg: &mut ChatMessage) -> Result<(), 
             .ok_or_else(|| type_err(&at, "an object", call))?;
         if let Some(k) = obj
             .keys()
-            .find(|k| !["id", "type", "function"].contains(&k.as_str()))
+            .find(|k| !["id", "type", "function"].contains(&k))
         {
             let p = format!("{at}.{k}");
             return Err(ApiError::invalid(
@@ -198,9 +199,9 @@ fn parse_tool_calls(here: &str, v: &Value, msg: &mut ChatMessage) -> Result<(), 
             ));
         }
         let id_p = format!("{at}.id");
-        let id = as_str(get(obj, "id").ok_or_else(|| missing(&id_p))?, &id_p)?;
+        let id = as_str(get(&obj, "id").ok_or_else(|| missing(&id_p))?, &id_p)?;
         let type_p = format!("{at}.type");
-        match get(obj, "type") {
+        match get(&obj, "type") {
             None => {}
             Some(t) if as_str(t, &type_p)? == "function" => {}
             Some(t) => {
@@ -214,15 +215,15 @@ fn parse_tool_calls(here: &str, v: &Value, msg: &mut ChatMessage) -> Result<(), 
             }
         }
         let fn_p = format!("{at}.function");
-        let f = get(obj, "function").ok_or_else(|| missing(&fn_p))?;
+        let f = get(&obj, "function").ok_or_else(|| missing(&fn_p))?;
         let f = f
             .as_object()
             .ok_or_else(|| type_err(&fn_p, "an object", f))?;
         let name_p = format!("{fn_p}.name");
-        let name = as_str(get(f, "name").ok_or_else(|| missing(&name_p))?, &name_p)?;
+        let name = as_str(get(&f, "name").ok_or_else(|| missing(&name_p))?, &name_p)?;
         let args_p = format!("{fn_p}.arguments");
         let args = as_str(
-            get(f, "arguments").ok_or_else(|| missing(&args_p))?,
+            get(&f, "arguments").ok_or_else(|| missing(&args_p))?,
             &args_p,
         )?;
         let parsed: Value = serde_json::from_str(args).map_err(|e| {
@@ -238,8 +239,8 @@ fn parse_tool_calls(here: &str, v: &Value, msg: &mut ChatMessage) -> Result<(), 
 
 /// Joins `[{"type":"text","text":..}, ..]` with `\n` (as vLLM does); any
 /// other part is an error naming `param` (`messages[i].content`).
-fn text_parts(param: &str, parts: &[Value]) -> Result<String, ApiError> {
-    let mut texts = Vec::with_capacity(parts.len());
+fn text_parts(param: &str, parts: &[Json]) -> Result<String, ApiError> {
+    let mut texts: Vec<std::borrow::Cow<str>> = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
         let bad = |what: String| {
             ApiError::invalid(
@@ -250,9 +251,9 @@ fn text_parts(param: &str, parts: &[Value]) -> Result<String, ApiError> {
         let obj = part
             .as_object()
             .ok_or_else(|| bad(format!("expected an object, but got {}", kind_of(part))))?;
-        match get(obj, "type") {
-            Some(Value::String(t)) if t == "text" => {}
-            Some(Value::String(t)) => {
+        match get(&obj, "type") {
+            Some(Json::String(t)) if t == "text" => {}
+            Some(Json::String(t)) => {
                 return Err(bad(format!(
                     "content part type '{t}' is not supported; only 'text' parts are"
                 )))
@@ -265,8 +266,8 @@ fn text_parts(param: &str, parts: &[Value]) -> Result<String, ApiError> {
             }
             None => return Err(bad("missing 'type'".into())),
         }
-        match get(obj, "text") {
-            Some(Value::String(s)) => texts.push(s.as_str()),
+        match get(&obj, "text") {
+            Some(Json::String(s)) => texts.push(s.clone()),
             Some(t) => {
                 return Err(bad(format!(
                     "'text' must be a string, but got {}",

@@ -45,6 +45,7 @@ mod tools;
 mod tools_tests;
 
 pub use error::{ApiError, ErrorKind};
+pub use json::RawJson;
 pub use knobs::{ChatKnobs, REASONING_EFFORTS, RESERVED_TEMPLATE_VARS};
 pub use request::{
     parse_chat, parse_completion, Input, RequestMeta, SpecMethod, SpecOverride, ValidRequest,

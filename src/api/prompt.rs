@@ -2,10 +2,9 @@
 //! token ids (`[int]`, or `[[int]]` of one list), as OpenAI and vLLM take
 //! it. Each bad shape is a 400 naming `prompt`.
 
-use serde_json::{Map, Value};
-
 use super::error::ApiError;
 use super::json::{as_int, get, kind_of, missing, type_err};
+use super::json::{Json, Obj};
 use crate::tokenizer::ChatMessage;
 
 /// What the model is asked to continue.
@@ -26,7 +25,7 @@ pub enum Input {
 
 /// `prompt`: a string, a list of one string, or token ids (`[int]`, or
 /// `[[int]]` of one list), as OpenAI and vLLM take it.
-pub(super) fn parse_prompt(map: &Map<String, Value>) -> Result<Input, ApiError> {
+pub(super) fn parse_prompt(map: &Obj) -> Result<Input, ApiError> {
     let one = || {
         ApiError::invalid(
             "prompt",
@@ -35,11 +34,11 @@ pub(super) fn parse_prompt(map: &Map<String, Value>) -> Result<Input, ApiError> 
         )
     };
     match get(map, "prompt") {
-        Some(Value::String(s)) => Ok(Input::Prompt(s.clone())),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [Value::String(s)] => Ok(Input::Prompt(s.clone())),
-            [Value::Array(ids)] => prompt_ids(ids),
-            [Value::Number(_), ..] => prompt_ids(items),
+        Some(Json::String(s)) => Ok(Input::Prompt(s.to_string())),
+        Some(Json::Array(items)) => match items.items().as_slice() {
+            [Json::String(s)] => Ok(Input::Prompt(s.to_string())),
+            [Json::Array(ids)] => prompt_ids(&ids.items()),
+            items @ [Json::Number(_), ..] => prompt_ids(items),
             [] => Err(ApiError::invalid("prompt", "Invalid 'prompt': the list is empty.")),
             [other] => Err(ApiError::invalid(
                 "prompt",
@@ -57,7 +56,7 @@ pub(super) fn parse_prompt(map: &Map<String, Value>) -> Result<Input, ApiError> 
 
 /// A prompt of token ids: each an integer in `0..2^32` (the vocabulary is
 /// checked once the model is known), at least one.
-fn prompt_ids(items: &[Value]) -> Result<Input, ApiError> {
+fn prompt_ids(items: &[Json]) -> Result<Input, ApiError> {
     if items.is_empty() {
         return Err(ApiError::invalid(
             "prompt",

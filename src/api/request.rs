@@ -14,7 +14,6 @@
 //! `messages.rs`, tools / `tool_choice` / `response_format` in `tools.rs`.
 
 use serde::Serialize;
-use serde_json::{Map, Value};
 use specgate_verify::SamplingParams;
 
 use super::error::ApiError;
@@ -22,6 +21,7 @@ use super::json::{
     as_bool, as_int, as_str, below_min, get, kind_of, missing, parse_object, reject_unknown,
     type_err,
 };
+use super::json::{Json, Obj};
 use super::messages::parse_messages;
 use super::prompt::parse_prompt;
 pub use super::prompt::Input;
@@ -260,7 +260,7 @@ pub struct ValidRequest {
 /// Longest `cache_salt` accepted, in bytes.
 pub const MAX_CACHE_SALT: usize = 1024;
 
-fn parse_cache_salt(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+fn parse_cache_salt(map: &Obj) -> Result<Option<String>, ApiError> {
     let Some(v) = get(map, "cache_salt") else {
         return Ok(None);
     };
@@ -375,7 +375,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ValidRequest, ApiError> {
 
 /// The OpenAI chat fields this server reads but cannot honour: each is a
 /// 400 that says why (`null` is absent, as everywhere).
-fn reject_unsupported_chat_fields(map: &Map<String, Value>) -> Result<(), ApiError> {
+fn reject_unsupported_chat_fields(map: &Obj) -> Result<(), ApiError> {
     let refuse = |name: &str, why: &str| {
         Err(
             ApiError::invalid(name, format!("'{name}' is not supported: {why}"))
@@ -398,7 +398,7 @@ fn reject_unsupported_chat_fields(map: &Map<String, Value>) -> Result<(), ApiErr
                         &format!("this server generates text only, but got '{other}'."),
                     )
                 }
-                None => return Err(type_err("modalities", "an array of strings", m)),
+                None => return Err(type_err("modalities", "an array of strings", &m)),
             }
         }
     }
@@ -489,11 +489,7 @@ pub fn parse_completion(body: &[u8]) -> Result<ValidRequest, ApiError> {
 }
 
 /// The fields both endpoints share.
-fn parse_common(
-    map: &Map<String, Value>,
-    model: String,
-    input: Input,
-) -> Result<ValidRequest, ApiError> {
+fn parse_common(map: &Obj, model: String, input: Input) -> Result<ValidRequest, ApiError> {
     let max_tokens = opt_positive(map, "max_tokens")?;
     let max_completion_tokens = opt_positive(map, "max_completion_tokens")?;
     let max_tokens = max_completion_tokens.or(max_tokens);
@@ -554,7 +550,7 @@ const MAX_METADATA_PAIRS: usize = 16;
 const MAX_METADATA_KEY: usize = 64;
 const MAX_METADATA_VALUE: usize = 512;
 
-fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
+fn parse_meta(map: &Obj) -> Result<RequestMeta, ApiError> {
     let text = |name: &str| -> Result<Option<String>, ApiError> {
         get(map, name)
             .map(|v| as_str(v, name).map(str::to_owned))
@@ -575,7 +571,7 @@ fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
                 format!("Invalid 'metadata': at most {MAX_METADATA_PAIRS} pairs are allowed, but got {}.", obj.len()),
             ));
         }
-        for (k, val) in obj {
+        for (k, val) in obj.iter() {
             let val = val
                 .as_str()
                 .ok_or_else(|| type_err(&format!("metadata.{k}"), "a string", val))
@@ -586,20 +582,20 @@ fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
                     format!("Invalid 'metadata': keys may be at most {MAX_METADATA_KEY} characters and values at most {MAX_METADATA_VALUE}."),
                 ));
             }
-            meta.metadata.push((k.clone(), val.to_owned()));
+            meta.metadata.push((k.to_owned(), val.to_owned()));
         }
     }
     Ok(meta)
 }
 
-fn parse_model(map: &Map<String, Value>) -> Result<String, ApiError> {
+fn parse_model(map: &Obj) -> Result<String, ApiError> {
     match get(map, "model") {
         Some(v) => Ok(as_str(v, "model")?.to_owned()),
         None => Err(missing("model")),
     }
 }
 
-fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+fn parse_stop(map: &Obj) -> Result<Vec<String>, ApiError> {
     let empty = || ApiError::invalid("stop", "Invalid 'stop': stop sequences must not be empty.");
     let long = |s: &str| {
         ApiError::invalid(
@@ -612,10 +608,11 @@ fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     };
     match get(map, "stop") {
         None => Ok(Vec::new()),
-        Some(Value::String(s)) if s.is_empty() => Err(empty()),
-        Some(Value::String(s)) if s.len() > MAX_STOP_BYTES => Err(long(s)),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(items)) => {
+        Some(Json::String(s)) if s.is_empty() => Err(empty()),
+        Some(Json::String(s)) if s.len() > MAX_STOP_BYTES => Err(long(s.as_ref())),
+        Some(Json::String(s)) => Ok(vec![s.to_string()]),
+        Some(Json::Array(items)) => {
+            let items = items.items();
             if items.len() > MAX_STOP_SEQUENCES {
                 return Err(ApiError::invalid(
                     "stop",
@@ -629,14 +626,14 @@ fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| match v {
-                    Value::String(s) if s.is_empty() => Err(empty()),
-                    Value::String(s) if s.len() > MAX_STOP_BYTES => Err(long(s)),
-                    Value::String(s) => Ok(s.clone()),
+                    Json::String(s) if s.is_empty() => Err(empty()),
+                    Json::String(s) if s.len() > MAX_STOP_BYTES => Err(long(s.as_ref())),
+                    Json::String(s) => Ok(s.to_string()),
                     other => Err(ApiError::invalid(
                         "stop",
                         format!(
                             "Invalid type for 'stop[{i}]': expected a string, but got {} instead.",
-                            kind_of(other)
+                            kind_of(&other)
                         ),
                     )),
                 })
@@ -646,7 +643,7 @@ fn parse_stop(map: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
-fn parse_stream_options(map: &Map<String, Value>, stream: bool) -> Result<bool, ApiError> {
+fn parse_stream_options(map: &Obj, stream: bool) -> Result<bool, ApiError> {
     let Some(v) = get(map, "stream_options") else {
         return Ok(false);
     };
@@ -659,15 +656,13 @@ fn parse_stream_options(map: &Map<String, Value>, stream: bool) -> Result<bool, 
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
         ));
     }
-    match get(opts, "include_usage") {
+    match get(&opts, "include_usage") {
         Some(v) => as_bool(v, "stream_options.include_usage"),
         None => Ok(false),
     }
 }
 
-pub(super) fn parse_speculative(
-    map: &Map<String, Value>,
-) -> Result<Option<SpecOverride>, ApiError> {
+pub(super) fn parse_speculative(map: &Obj) -> Result<Option<SpecOverride>, ApiError> {
     let Some(v) = get(map, "speculative") else {
         return Ok(None);
     };
@@ -681,7 +676,7 @@ pub(super) fn parse_speculative(
             format!("Unknown field 'speculative.{k}': expected 'method' and/or 'num_tokens'."),
         ));
     }
-    let method = match get(obj, "method") {
+    let method = match get(&obj, "method") {
         None => None,
         Some(v) => {
             let name = as_str(v, "speculative.method")?;
@@ -693,7 +688,7 @@ pub(super) fn parse_speculative(
             })?)
         }
     };
-    let num_tokens = match get(obj, "num_tokens") {
+    let num_tokens = match get(&obj, "num_tokens") {
         None => None,
         Some(v) => {
             let k = as_int(v, "speculative.num_tokens")?;
@@ -721,7 +716,7 @@ pub(super) fn parse_speculative(
 }
 
 /// An optional integer >= 1, as a `usize`.
-fn opt_positive(map: &Map<String, Value>, param: &str) -> Result<Option<usize>, ApiError> {
+fn opt_positive(map: &Obj, param: &str) -> Result<Option<usize>, ApiError> {
     let Some(v) = get(map, param) else {
         return Ok(None);
     };

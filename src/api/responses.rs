@@ -14,6 +14,7 @@ use super::error::ApiError;
 use super::json::{
     as_bool, as_int, as_str, get, kind_of, missing, parse_object, reject_unknown, type_err,
 };
+use super::json::{read_value, Json, Obj, RawJson};
 use super::request::{parse_speculative, RequestMeta, ValidRequest};
 use super::responses_input::{parse_input, Items};
 use super::sampling::parse_sampling;
@@ -69,7 +70,39 @@ pub struct ResponsesRequest {
     /// The request fields a response object repeats (`tools`,
     /// `tool_choice`, `text`, `reasoning`, `metadata`, `temperature`, ...),
     /// as the response shows them.
-    pub echo: Map<String, Value>,
+    pub echo: Echo,
+}
+
+/// The request fields a response object repeats, each kept as the JSON
+/// text the request gave (a `tools` list can be most of a body: kept as
+/// text it costs its size, not a tree's 30x), in the order they are read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Echo(Vec<(&'static str, RawJson)>);
+
+impl Echo {
+    /// The field's value, decoded.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_value())
+    }
+
+    /// Bytes of JSON text held.
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+}
+
+impl serde::Serialize for Echo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, &v.to_value())?;
+        }
+        m.end()
+    }
 }
 
 /// Parses a `POST /v1/responses` body.
@@ -121,7 +154,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError
                 format!("Unrecognized argument supplied: '{p}'."),
             ));
         }
-        if let Some(b) = get(obj, "include_obfuscation") {
+        if let Some(b) = get(&obj, "include_obfuscation") {
             if as_bool(b, "stream_options.include_obfuscation")? {
                 return Err(ApiError::unsupported(
                     "stream_options.include_obfuscation",
@@ -148,7 +181,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError
     let previous_response_id = get(&map, "previous_response_id")
         .map(|p| as_str(p, "previous_response_id").map(str::to_owned))
         .transpose()?;
-    let mut echo = Map::new();
+    let mut echo = Echo::default();
     for k in [
         "instructions",
         "max_output_tokens",
@@ -164,7 +197,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError
         "user",
     ] {
         if let Some(val) = get(&map, k) {
-            echo.insert(k.to_owned(), val.clone());
+            echo.0.push((k, val.raw()));
         }
     }
     Ok(ResponsesRequest {
@@ -226,7 +259,7 @@ pub fn output_turns(output: &Value) -> Vec<ChatMessage> {
         Value::Array(items) if !items.is_empty() => {
             // Our own items always parse; a failure would be a bug, and
             // the response is still answered.
-            parse_input(output, Items::OwnOutput).unwrap_or_else(|e| {
+            read_value(output, |output| parse_input(output, Items::OwnOutput)).unwrap_or_else(|e| {
                 tracing::error!(error = %e.message, "a response's own output did not read back");
                 Vec::new()
             })
@@ -235,7 +268,7 @@ pub fn output_turns(output: &Value) -> Vec<ChatMessage> {
     }
 }
 
-fn refuse_unsupported(map: &Map<String, Value>) -> Result<(), ApiError> {
+fn refuse_unsupported(map: &Obj) -> Result<(), ApiError> {
     let refuse = |p: &str, why: &str| {
         Err(ApiError::unsupported(
             p,
@@ -326,7 +359,7 @@ fn refuse_unsupported(map: &Map<String, Value>) -> Result<(), ApiError> {
 
 /// `tools` (function tools: `name`, `description`, `parameters`,
 /// `strict`), `tool_choice` and `parallel_tool_calls`.
-fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
+fn parse_tools(map: &Obj) -> Result<ToolSetup, ApiError> {
     let mut setup = ToolSetup {
         parallel: true,
         ..ToolSetup::default()
@@ -350,16 +383,17 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                 .as_object()
                 .ok_or_else(|| type_err(&at, "an object", item))?;
             let tp = format!("{at}.type");
-            let t = as_str(get(obj, "type").ok_or_else(|| missing(&tp))?, &tp)?;
+            let t = as_str(get(&obj, "type").ok_or_else(|| missing(&tp))?, &tp)?;
             if t != "function" {
                 return Err(ApiError::unsupported(
                     &tp,
                     format!("Invalid value '{t}' for '{tp}': only 'function' tools are supported on this server."),
                 ));
             }
-            if let Some(k) = obj.keys().find(|k| {
-                !["type", "name", "description", "parameters", "strict"].contains(&k.as_str())
-            }) {
+            if let Some(k) = obj
+                .keys()
+                .find(|k| !["type", "name", "description", "parameters", "strict"].contains(&k))
+            {
                 let p = format!("{at}.{k}");
                 return Err(ApiError::invalid(
                     &p,
@@ -367,7 +401,7 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                 ));
             }
             let np = format!("{at}.name");
-            let name = as_str(get(obj, "name").ok_or_else(|| missing(&np))?, &np)?;
+            let name = as_str(get(&obj, "name").ok_or_else(|| missing(&np))?, &np)?;
             if !valid_name(name) {
                 return Err(ApiError::invalid(
                     &np,
@@ -380,15 +414,15 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                     format!("Invalid '{np}': the tool name '{name}' is declared twice."),
                 ));
             }
-            let description = get(obj, "description")
+            let description = get(&obj, "description")
                 .map(|d| as_str(d, &format!("{at}.description")).map(str::to_owned))
                 .transpose()?;
-            let parameters = match get(obj, "parameters") {
+            let parameters = match get(&obj, "parameters") {
                 None => None,
-                Some(p) if p.is_object() => Some(p.clone()),
+                Some(p) if p.is_object() => Some(p.raw()),
                 Some(p) => return Err(type_err(&format!("{at}.parameters"), "an object", p)),
             };
-            let strict = match get(obj, "strict") {
+            let strict = match get(&obj, "strict") {
                 Some(s) => as_bool(s, &format!("{at}.strict"))?,
                 None => false,
             };
@@ -411,15 +445,15 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
         )
     };
     setup.choice = match get(map, P) {
-        None | Some(Value::String(_)) if setup.tools.is_empty() => match get(map, P) {
-            Some(Value::String(s)) if s == "required" => return Err(needs_tools("'required'")),
-            Some(Value::String(s)) if s != "none" && s != "auto" => {
+        None | Some(Json::String(_)) if setup.tools.is_empty() => match get(map, P) {
+            Some(Json::String(s)) if s == "required" => return Err(needs_tools("'required'")),
+            Some(Json::String(s)) if s != "none" && s != "auto" => {
                 return Err(ApiError::invalid(P, format!("Invalid value '{s}' for '{P}': expected 'none', 'auto', 'required' or a function object.")))
             }
             _ => ToolChoice::None,
         },
         None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
+        Some(Json::String(s)) => match s.as_ref() {
             "none" => ToolChoice::None,
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
@@ -427,8 +461,9 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                 return Err(ApiError::invalid(P, format!("Invalid value '{other}' for '{P}': expected 'none', 'auto', 'required' or a function object.")))
             }
         },
-        Some(Value::Object(obj)) => {
-            match get(obj, "type").and_then(Value::as_str) {
+        Some(Json::Object(obj)) => {
+            let obj = obj.entries();
+            match get(&obj, "type").and_then(Json::as_str) {
                 Some("function") => {}
                 Some(other) => {
                     return Err(ApiError::unsupported(
@@ -442,7 +477,7 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
                 let p = format!("{P}.{k}");
                 return Err(ApiError::invalid(&p, format!("Unrecognized argument supplied: '{p}'.")));
             }
-            let name = as_str(get(obj, "name").ok_or_else(|| missing("tool_choice.name"))?, "tool_choice.name")?;
+            let name = as_str(get(&obj, "name").ok_or_else(|| missing("tool_choice.name"))?, "tool_choice.name")?;
             if setup.tools.is_empty() {
                 return Err(needs_tools("a function choice"));
             }
@@ -461,7 +496,7 @@ fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
 
 /// `text`: `{"format": {"type": "text" | "json_object" | "json_schema",
 /// "name", "schema", "strict", "description"}, "verbosity"}`.
-fn parse_text(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
+fn parse_text(map: &Obj) -> Result<ResponseFormat, ApiError> {
     let Some(v) = get(map, "text") else {
         return Ok(ResponseFormat::Text);
     };
@@ -475,7 +510,7 @@ fn parse_text(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
             format!("Unrecognized argument supplied: '{p}'."),
         ));
     }
-    if let Some(verb) = get(obj, "verbosity") {
+    if let Some(verb) = get(&obj, "verbosity") {
         if as_str(verb, "text.verbosity")? != "medium" {
             return Err(ApiError::unsupported(
                 "text.verbosity",
@@ -483,13 +518,13 @@ fn parse_text(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
             ));
         }
     }
-    let Some(f) = get(obj, "format") else {
+    let Some(f) = get(&obj, "format") else {
         return Ok(ResponseFormat::Text);
     };
     const F: &str = "text.format";
     let f = f.as_object().ok_or_else(|| type_err(F, "an object", f))?;
     let t = as_str(
-        get(f, "type").ok_or_else(|| missing("text.format.type"))?,
+        get(&f, "type").ok_or_else(|| missing("text.format.type"))?,
         "text.format.type",
     )?;
     let keys: &[&str] = match t {
@@ -502,7 +537,7 @@ fn parse_text(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
             ))
         }
     };
-    if let Some(k) = f.keys().find(|k| !keys.contains(&k.as_str())) {
+    if let Some(k) = f.keys().find(|k| !keys.contains(&k)) {
         let p = format!("{F}.{k}");
         return Err(ApiError::invalid(
             &p,
@@ -514,23 +549,23 @@ fn parse_text(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
         "json_object" => Ok(ResponseFormat::JsonObject),
         _ => {
             let np = "text.format.name";
-            let name = as_str(get(f, "name").ok_or_else(|| missing(np))?, np)?;
+            let name = as_str(get(&f, "name").ok_or_else(|| missing(np))?, np)?;
             if !valid_name(name) {
                 return Err(ApiError::invalid(
                     np,
                     format!("Invalid '{np}': '{name}' does not match '^[a-zA-Z0-9_-]{{1,64}}$'."),
                 ));
             }
-            let schema = match get(f, "schema") {
-                Some(s) if s.is_object() => s.clone(),
+            let schema = match get(&f, "schema") {
+                Some(s) if s.is_object() => s.to_value(),
                 Some(s) => return Err(type_err("text.format.schema", "an object", s)),
                 None => return Err(missing("text.format.schema")),
             };
-            let strict = match get(f, "strict") {
+            let strict = match get(&f, "strict") {
                 Some(s) => as_bool(s, "text.format.strict")?,
                 None => false,
             };
-            if let Some(d) = get(f, "description") {
+            if let Some(d) = get(&f, "description") {
                 as_str(d, "text.format.description")?;
             }
             Ok(ResponseFormat::JsonSchema {
@@ -546,7 +581,7 @@ fn parse_text(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
 /// [`REASONING_EFFORTS`]) when given. `summary` may be `auto` (this
 /// server writes no summaries: the reasoning comes whole, as
 /// `reasoning_text`); `concise` and `detailed` are refused.
-fn parse_reasoning(map: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+fn parse_reasoning(map: &Obj) -> Result<Option<String>, ApiError> {
     let Some(v) = get(map, "reasoning") else {
         return Ok(None);
     };
@@ -555,7 +590,7 @@ fn parse_reasoning(map: &Map<String, Value>) -> Result<Option<String>, ApiError>
         .ok_or_else(|| type_err("reasoning", "an object", v))?;
     if let Some(k) = obj
         .keys()
-        .find(|k| !["effort", "summary", "generate_summary"].contains(&k.as_str()))
+        .find(|k| !["effort", "summary", "generate_summary"].contains(&k))
     {
         let p = format!("reasoning.{k}");
         return Err(ApiError::invalid(
@@ -564,7 +599,7 @@ fn parse_reasoning(map: &Map<String, Value>) -> Result<Option<String>, ApiError>
         ));
     }
     for k in ["summary", "generate_summary"] {
-        if let Some(s) = get(obj, k) {
+        if let Some(s) = get(&obj, k) {
             let p = format!("reasoning.{k}");
             if as_str(s, &p)? != "auto" {
                 return Err(ApiError::unsupported(
@@ -574,7 +609,7 @@ fn parse_reasoning(map: &Map<String, Value>) -> Result<Option<String>, ApiError>
             }
         }
     }
-    let Some(e) = get(obj, "effort") else {
+    let Some(e) = get(&obj, "effort") else {
         return Ok(None);
     };
     let e = as_str(e, "reasoning.effort")?;
@@ -591,7 +626,7 @@ fn parse_reasoning(map: &Map<String, Value>) -> Result<Option<String>, ApiError>
 }
 
 /// `user`, `safety_identifier`, `metadata` (at most 16 string pairs).
-fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
+fn parse_meta(map: &Obj) -> Result<RequestMeta, ApiError> {
     let text = |name: &str| -> Result<Option<String>, ApiError> {
         get(map, name)
             .map(|v| as_str(v, name).map(str::to_owned))
@@ -612,7 +647,7 @@ fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
                 "Invalid 'metadata': at most 16 pairs are allowed.",
             ));
         }
-        for (k, val) in obj {
+        for (k, val) in obj.iter() {
             let val = val.as_str().ok_or_else(|| {
                 ApiError::invalid(
                     "metadata",
@@ -628,7 +663,7 @@ fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
                     "Invalid 'metadata': keys may be at most 64 characters and values at most 512.",
                 ));
             }
-            meta.metadata.push((k.clone(), val.to_owned()));
+            meta.metadata.push((k.to_owned(), val.to_owned()));
         }
     }
     Ok(meta)
@@ -639,7 +674,7 @@ fn parse_meta(map: &Map<String, Value>) -> Result<RequestMeta, ApiError> {
 pub fn echoed_fields(r: &ResponsesRequest) -> Map<String, Value> {
     let mut m = Map::new();
     let e = &r.echo;
-    let or = |k: &str, d: Value| e.get(k).cloned().unwrap_or(d);
+    let or = |k: &str, d: Value| e.get(k).unwrap_or(d);
     m.insert("instructions".into(), or("instructions", Value::Null));
     m.insert(
         "max_output_tokens".into(),

@@ -13,7 +13,8 @@
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::json::{as_str, get, missing, type_err};
+use super::json::Json;
+use super::json::{as_str, as_text, get, missing, type_err};
 use crate::tokenizer::ChatMessage;
 
 /// Where the items come from, which decides one case: a `reasoning` item
@@ -29,10 +30,10 @@ pub(super) enum Items {
 }
 
 /// `input`: a string (one user turn) or a list of items.
-pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, ApiError> {
+pub(super) fn parse_input(v: &Json, from: Items) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match v {
-        Value::String(s) => return Ok(vec![ChatMessage::new("user", s.clone())]),
-        Value::Array(items) => items,
+        Json::String(s) => return Ok(vec![ChatMessage::new("user", s.to_string())]),
+        Json::Array(items) => items.items(),
         other => return Err(type_err("input", "a string or an array of items", other)),
     };
     if items.is_empty() {
@@ -48,13 +49,13 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
         let obj = item
             .as_object()
             .ok_or_else(|| type_err(&at, "an object", item))?;
-        let t = match get(obj, "type") {
+        let t = match get(&obj, "type") {
             Some(t) => as_str(t, &format!("{at}.type"))?,
             None if obj.contains_key("role") => "message",
             None => return Err(missing(&format!("{at}.type"))),
         };
         let allow = |keys: &[&str]| -> Result<(), ApiError> {
-            match obj.keys().find(|k| !keys.contains(&k.as_str())) {
+            match obj.keys().find(|k| !keys.contains(&k)) {
                 None => Ok(()),
                 Some(k) => {
                     let p = format!("{at}.{k}");
@@ -67,7 +68,7 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
         };
         let text = |k: &str| -> Result<&str, ApiError> {
             let p = format!("{at}.{k}");
-            as_str(get(obj, k).ok_or_else(|| missing(&p))?, &p)
+            as_str(get(&obj, k).ok_or_else(|| missing(&p))?, &p)
         };
         match t {
             "message" => {
@@ -84,9 +85,9 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
                     }
                 };
                 let content_p = format!("{at}.content");
-                let content = match get(obj, "content").ok_or_else(|| missing(&content_p))? {
-                    Value::String(s) => s.clone(),
-                    Value::Array(parts) => content_parts(&content_p, parts)?,
+                let content = match get(&obj, "content").ok_or_else(|| missing(&content_p))? {
+                    Json::String(s) => s.to_string(),
+                    Json::Array(parts) => content_parts(&content_p, &parts.items())?,
                     other => {
                         return Err(type_err(&content_p, "a string or an array of parts", other))
                     }
@@ -96,7 +97,7 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
                     m.reasoning_content = reasoning.take();
                     reasoning_at = None;
                 } else if let Some(r) = reasoning_at {
-                    return Err(unfollowed(items, r, &format!("a '{role}' message")));
+                    return Err(unfollowed(&items, r, &format!("a '{role}' message")));
                 }
                 out.push(m);
             }
@@ -130,13 +131,13 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
             "function_call_output" => {
                 allow(&["type", "call_id", "output", "id", "status"])?;
                 if let Some(r) = reasoning_at {
-                    return Err(unfollowed(items, r, "a 'function_call_output'"));
+                    return Err(unfollowed(&items, r, "a 'function_call_output'"));
                 }
                 let call_id = text("call_id")?;
                 let out_p = format!("{at}.output");
-                let output = match get(obj, "output").ok_or_else(|| missing(&out_p))? {
-                    Value::String(s) => s.clone(),
-                    Value::Array(parts) => content_parts(&out_p, parts)?,
+                let output = match get(&obj, "output").ok_or_else(|| missing(&out_p))? {
+                    Json::String(s) => s.to_string(),
+                    Json::Array(parts) => content_parts(&out_p, &parts.items())?,
                     other => return Err(type_err(&out_p, "a string or an array of parts", other)),
                 };
                 let mut m = ChatMessage::new("tool", output);
@@ -152,7 +153,7 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
                     "encrypted_content",
                     "status",
                 ])?;
-                if get(obj, "encrypted_content").is_some() {
+                if get(&obj, "encrypted_content").is_some() {
                     let p = format!("{at}.encrypted_content");
                     return Err(ApiError::unsupported(
                         &p,
@@ -161,7 +162,9 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
                 }
                 let mut texts: Vec<String> = Vec::new();
                 for key in ["content", "summary"] {
-                    let Some(parts) = get(obj, key) else { continue };
+                    let Some(parts) = get(&obj, key) else {
+                        continue;
+                    };
                     let p = format!("{at}.{key}");
                     let parts = parts
                         .as_array()
@@ -176,7 +179,7 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
                         } else {
                             "summary_text"
                         };
-                        match get(po, "type").and_then(Value::as_str) {
+                        match get(&po, "type").and_then(Json::as_str) {
                             Some(t) if t == want => {}
                             _ => {
                                 return Err(ApiError::invalid(
@@ -187,7 +190,7 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
                         }
                         let tp = format!("{pp}.text");
                         texts.push(
-                            as_str(get(po, "text").ok_or_else(|| missing(&tp))?, &tp)?.to_owned(),
+                            as_str(get(&po, "text").ok_or_else(|| missing(&tp))?, &tp)?.to_owned(),
                         );
                     }
                     // The full reasoning text when given; the summary only
@@ -213,16 +216,17 @@ pub(super) fn parse_input(v: &Value, from: Items) -> Result<Vec<ChatMessage>, Ap
         }
     }
     match reasoning_at {
-        Some(r) if from == Items::Input => Err(unfollowed(items, r, "nothing")),
+        Some(r) if from == Items::Input => Err(unfollowed(&items, r, "nothing")),
         _ => Ok(out),
     }
 }
 
 /// The 400 for the `reasoning` item `items[at]` that `next` follows
 /// instead of its assistant output (OpenAI's words, naming the item).
-fn unfollowed(items: &[Value], at: usize, next: &str) -> ApiError {
+fn unfollowed(items: &[Json], at: usize, next: &str) -> ApiError {
     let p = format!("input[{at}]");
-    let named = match items[at].get("id").and_then(Value::as_str) {
+    let obj = items[at].as_object().unwrap_or_default();
+    let named = match obj.get("id").and_then(Json::as_str) {
         Some(id) => format!("Item '{id}' ({p})"),
         None => format!("Item '{p}'"),
     };
@@ -238,7 +242,7 @@ fn unfollowed(items: &[Value], at: usize, next: &str) -> ApiError {
 
 /// A message's content parts (`input_text`, `output_text`, `refusal`),
 /// joined with `\n`.
-fn content_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
+fn content_parts(at: &str, parts: &[Json]) -> Result<String, ApiError> {
     let mut texts = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
         let pp = format!("{at}[{j}]");
@@ -246,7 +250,7 @@ fn content_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
             .as_object()
             .ok_or_else(|| type_err(&pp, "an object", part))?;
         let tp = format!("{pp}.type");
-        let t = as_str(get(obj, "type").ok_or_else(|| missing(&tp))?, &tp)?;
+        let t = as_str(get(&obj, "type").ok_or_else(|| missing(&tp))?, &tp)?;
         let (key, keys): (&str, &[&str]) = match t {
             "input_text" => ("text", &["type", "text"]),
             "output_text" => ("text", &["type", "text", "annotations", "logprobs"]),
@@ -258,7 +262,7 @@ fn content_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
                 ))
             }
         };
-        if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
+        if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
             let p = format!("{pp}.{k}");
             return Err(ApiError::invalid(
                 &p,
@@ -266,7 +270,7 @@ fn content_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
             ));
         }
         let kp = format!("{pp}.{key}");
-        texts.push(as_str(get(obj, key).ok_or_else(|| missing(&kp))?, &kp)?);
+        texts.push(as_text(get(&obj, key).ok_or_else(|| missing(&kp))?, &kp)?);
     }
     Ok(texts.join("\n"))
 }

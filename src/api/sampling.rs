@@ -4,11 +4,11 @@
 //! `min_tokens` and `stop_token_ids`; completions' integer `logprobs`.
 //! Each bad value is a 400 naming its field.
 
-use serde_json::{Map, Value};
 use specgate_verify::{Controls, SamplingParams};
 
 use super::error::ApiError;
 use super::json::{as_int, as_number, get, type_err};
+use super::json::{Json, Obj};
 
 /// Largest `temperature` (OpenAI's range is `0..=2`).
 pub const MAX_TEMPERATURE: f32 = 2.0;
@@ -41,7 +41,7 @@ pub const MAX_STOP_TOKEN_IDS: usize = 300;
 /// Errors (400 naming the field): `temperature` outside `0..=2`, `top_p`
 /// outside `(0, 1]`, `top_k` below -1, `seed` outside `0..2^64`, `min_p`
 /// outside `0..=1`; any of them of the wrong type.
-pub(super) fn parse_sampling(map: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
+pub(super) fn parse_sampling(map: &Obj) -> Result<SamplingParams, ApiError> {
     let mut s = SamplingParams {
         temperature: DEFAULT_TEMPERATURE,
         ..SamplingParams::default()
@@ -116,10 +116,7 @@ pub(super) fn parse_sampling(map: &Map<String, Value>) -> Result<SamplingParams,
 /// decimal), two keys naming the same id (`"5"` and `"05"`), a bias
 /// outside `-100..=100`, more than 300 entries;
 /// `min_tokens` negative or above `max_tokens`.
-pub(super) fn parse_controls(
-    map: &Map<String, Value>,
-    max_tokens: Option<usize>,
-) -> Result<Controls, ApiError> {
+pub(super) fn parse_controls(map: &Obj, max_tokens: Option<usize>) -> Result<Controls, ApiError> {
     let mut c = Controls::default();
     for (name, slot) in [
         ("presence_penalty", &mut c.presence_penalty),
@@ -174,7 +171,7 @@ pub(super) fn parse_controls(
     Ok(c)
 }
 
-fn parse_logit_bias(v: &Value) -> Result<Vec<(u32, f32)>, ApiError> {
+fn parse_logit_bias(v: &Json) -> Result<Vec<(u32, f32)>, ApiError> {
     let obj = v
         .as_object()
         .ok_or_else(|| type_err("logit_bias", "an object mapping token ids to numbers", v))?;
@@ -188,7 +185,7 @@ fn parse_logit_bias(v: &Value) -> Result<Vec<(u32, f32)>, ApiError> {
         ));
     }
     let mut out: Vec<(u32, f32)> = Vec::with_capacity(obj.len());
-    for (k, b) in obj {
+    for (k, b) in obj.iter() {
         let id = k
             .parse::<u32>()
             .ok()
@@ -228,7 +225,7 @@ fn parse_logit_bias(v: &Value) -> Result<Vec<(u32, f32)>, ApiError> {
 ///
 /// Errors (400 naming `stop_token_ids`): not an array, an item that is
 /// not an integer in `0..2^32`, too many items.
-pub(super) fn parse_stop_token_ids(map: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+pub(super) fn parse_stop_token_ids(map: &Obj) -> Result<Vec<u32>, ApiError> {
     let Some(v) = get(map, "stop_token_ids") else {
         return Ok(Vec::new());
     };
@@ -263,9 +260,9 @@ pub(super) fn parse_stop_token_ids(map: &Map<String, Value>) -> Result<Vec<u32>,
 /// log-probability and the `n` most likely. `false` counts as absent.
 ///
 /// Errors (400 naming `logprobs`): `true`, a non-integer, out of range.
-pub(super) fn parse_logprobs(map: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+pub(super) fn parse_logprobs(map: &Obj) -> Result<Option<usize>, ApiError> {
     match get(map, "logprobs") {
-        None | Some(Value::Bool(false)) => Ok(None),
+        None | Some(Json::Bool(false)) => Ok(None),
         Some(v) => {
             let n = as_int(v, "logprobs")?;
             if !(0..=MAX_TOP_LOGPROBS as i128).contains(&n) {
@@ -284,8 +281,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn map(v: Value) -> Map<String, Value> {
-        v.as_object().unwrap().clone()
+    /// `f` over the object `v` as a request body gives it.
+    fn with<R>(v: serde_json::Value, f: impl FnOnce(&Obj) -> R) -> R {
+        let text = v.to_string();
+        f(&super::super::json::parse_object(text.as_bytes()).unwrap())
     }
 
     fn param_of(e: ApiError) -> String {
@@ -295,11 +294,11 @@ mod tests {
     #[test]
     fn a_temperature_too_small_to_divide_by_is_greedy() {
         for t in [1e-39, 1e-20, 9e-6, 0.0] {
-            let s = parse_sampling(&map(json!({ "temperature": t }))).unwrap();
+            let s = with(json!({ "temperature": t }), parse_sampling).unwrap();
             assert_eq!(s.temperature, 0.0, "{t}");
             assert!(s.is_greedy());
         }
-        let s = parse_sampling(&map(json!({"temperature": 1e-5}))).unwrap();
+        let s = with(json!({"temperature": 1e-5}), parse_sampling).unwrap();
         assert_eq!(s.temperature, 1e-5);
         assert!(!s.is_greedy());
     }
@@ -307,11 +306,17 @@ mod tests {
     #[test]
     fn repetition_penalty_stays_where_the_arithmetic_is_finite() {
         for bad in [1e-39, 0.009, 100.5, 1e30, 0.0, -1.0] {
-            let e = parse_controls(&map(json!({ "repetition_penalty": bad })), None).unwrap_err();
+            let e = with(json!({ "repetition_penalty": bad }), |m| {
+                parse_controls(m, None)
+            })
+            .unwrap_err();
             assert_eq!(param_of(e), "repetition_penalty", "{bad}");
         }
         for ok in [0.01, 1.0, 100.0] {
-            let c = parse_controls(&map(json!({ "repetition_penalty": ok })), None).unwrap();
+            let c = with(json!({ "repetition_penalty": ok }), |m| {
+                parse_controls(m, None)
+            })
+            .unwrap();
             assert_eq!(c.repetition_penalty, ok as f32);
         }
     }
@@ -319,10 +324,13 @@ mod tests {
     #[test]
     fn logit_bias_keys_are_compared_by_value() {
         for keys in [json!({"5": 1, "05": 2}), json!({"0": 1, "00": 1})] {
-            let e = parse_controls(&map(json!({ "logit_bias": keys })), None).unwrap_err();
+            let e = with(json!({ "logit_bias": keys }), |m| parse_controls(m, None)).unwrap_err();
             assert_eq!(param_of(e), "logit_bias", "{keys}");
         }
-        let c = parse_controls(&map(json!({"logit_bias": {"05": 2, "6": 1}})), None).unwrap();
+        let c = with(json!({"logit_bias": {"05": 2, "6": 1}}), |m| {
+            parse_controls(m, None)
+        })
+        .unwrap();
         let mut b = c.logit_bias;
         b.sort_by_key(|x| x.0);
         assert_eq!(b, vec![(5, 2.0), (6, 1.0)]);

@@ -9,9 +9,9 @@
 //! checked against the vocabulary by the caller, who knows the model.
 
 use serde::Serialize;
-use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::json::Obj;
 use super::json::{as_bool, as_int, as_str, get, kind_of, missing, parse_object, type_err};
 use super::messages::parse_messages;
 use crate::tokenizer::ChatMessage;
@@ -228,31 +228,27 @@ fn unknown_field(k: &str, known: &[&str]) -> ApiError {
 
 /// The first field (in the body's order) outside `known`, as `err` says.
 /// A null counts: a misspelt key is a mistake whatever its value.
-fn check_fields(
-    map: &Map<String, Value>,
-    known: &[&str],
-    err: impl Fn(&str) -> ApiError,
-) -> Result<(), ApiError> {
-    match map.keys().find(|k| !known.contains(&k.as_str())) {
+fn check_fields(map: &Obj, known: &[&str], err: impl Fn(&str) -> ApiError) -> Result<(), ApiError> {
+    match map.keys().find(|k| !known.contains(&k)) {
         Some(k) => Err(err(k)),
         None => Ok(()),
     }
 }
 
-fn opt_str(map: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+fn opt_str(map: &Obj, key: &str) -> Result<Option<String>, ApiError> {
     get(map, key)
         .map(|v| as_str(v, key).map(str::to_owned))
         .transpose()
 }
 
-fn opt_bool(map: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+fn opt_bool(map: &Obj, key: &str) -> Result<Option<bool>, ApiError> {
     get(map, key).map(|v| as_bool(v, key)).transpose()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn tok(v: Value) -> Result<TokenizeRequest, ApiError> {
         parse_tokenize(v.to_string().as_bytes())

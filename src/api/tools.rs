@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::json::{as_bool, as_str, get, missing, type_err};
+use super::json::{Json, Obj, RawJson};
 
 /// Most tools one request may declare (OpenAI's limit).
 pub const MAX_TOOLS: usize = 128;
@@ -41,7 +42,7 @@ pub struct Tool {
     pub name: String,
     pub description: Option<String>,
     /// The arguments' JSON schema (an object) when given.
-    pub parameters: Option<Value>,
+    pub parameters: Option<RawJson>,
     pub strict: bool,
 }
 
@@ -55,7 +56,7 @@ impl Tool {
             f.insert("description".into(), Value::String(d.clone()));
         }
         if let Some(p) = &self.parameters {
-            f.insert("parameters".into(), p.clone());
+            f.insert("parameters".into(), p.to_value());
         }
         json!({"type": "function", "function": f})
     }
@@ -64,7 +65,8 @@ impl Tool {
     /// when the tool declares none.
     pub fn arguments_schema(&self) -> Value {
         self.parameters
-            .clone()
+            .as_ref()
+            .map(RawJson::to_value)
             .unwrap_or_else(|| json!({"type": "object"}))
     }
 }
@@ -156,7 +158,7 @@ fn unknown_key(at: &str, k: &str) -> ApiError {
 /// not `"none"`/`"auto"`/`"required"`/`{"type": "function", "function":
 /// {"name"}}`, `required` or a function without tools, a function that is
 /// not declared; `parallel_tool_calls` not a boolean.
-pub(super) fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiError> {
+pub(super) fn parse_tools(map: &Obj) -> Result<ToolSetup, ApiError> {
     let mut setup = ToolSetup {
         parallel: true,
         ..ToolSetup::default()
@@ -200,14 +202,14 @@ pub(super) fn parse_tools(map: &Map<String, Value>) -> Result<ToolSetup, ApiErro
     Ok(setup)
 }
 
-fn parse_tool(i: usize, v: &Value) -> Result<Tool, ApiError> {
+fn parse_tool(i: usize, v: &Json) -> Result<Tool, ApiError> {
     let at = format!("tools[{i}]");
     let obj = v.as_object().ok_or_else(|| type_err(&at, "an object", v))?;
     if let Some(k) = obj.keys().find(|k| *k != "type" && *k != "function") {
         return Err(unknown_key(&at, k));
     }
     let type_p = format!("{at}.type");
-    let t = as_str(get(obj, "type").ok_or_else(|| missing(&type_p))?, &type_p)?;
+    let t = as_str(get(&obj, "type").ok_or_else(|| missing(&type_p))?, &type_p)?;
     if t != "function" {
         return Err(ApiError::invalid(
             &type_p,
@@ -215,30 +217,30 @@ fn parse_tool(i: usize, v: &Value) -> Result<Tool, ApiError> {
         ));
     }
     let fn_p = format!("{at}.function");
-    let f = get(obj, "function").ok_or_else(|| missing(&fn_p))?;
+    let f = get(&obj, "function").ok_or_else(|| missing(&fn_p))?;
     let f = f
         .as_object()
         .ok_or_else(|| type_err(&fn_p, "an object", f))?;
     if let Some(k) = f
         .keys()
-        .find(|k| !["name", "description", "parameters", "strict"].contains(&k.as_str()))
+        .find(|k| !["name", "description", "parameters", "strict"].contains(&k))
     {
         return Err(unknown_key(&fn_p, k));
     }
     let name_p = format!("{fn_p}.name");
-    let name = as_str(get(f, "name").ok_or_else(|| missing(&name_p))?, &name_p)?;
+    let name = as_str(get(&f, "name").ok_or_else(|| missing(&name_p))?, &name_p)?;
     if !valid_name(name) {
         return Err(ApiError::invalid(
             &name_p,
             format!("Invalid '{name_p}': '{name}' does not match '^[a-zA-Z0-9_-]{{1,64}}$'."),
         ));
     }
-    let description = get(f, "description")
+    let description = get(&f, "description")
         .map(|d| as_str(d, &format!("{fn_p}.description")).map(str::to_owned))
         .transpose()?;
-    let parameters = match get(f, "parameters") {
+    let parameters = match get(&f, "parameters") {
         None => None,
-        Some(p) if p.is_object() => Some(p.clone()),
+        Some(p) if p.is_object() => Some(p.raw()),
         Some(p) => {
             return Err(type_err(
                 &format!("{fn_p}.parameters"),
@@ -247,7 +249,7 @@ fn parse_tool(i: usize, v: &Value) -> Result<Tool, ApiError> {
             ))
         }
     };
-    let strict = match get(f, "strict") {
+    let strict = match get(&f, "strict") {
         Some(s) => as_bool(s, &format!("{fn_p}.strict"))?,
         None => false,
     };
@@ -259,7 +261,7 @@ fn parse_tool(i: usize, v: &Value) -> Result<Tool, ApiError> {
     })
 }
 
-fn parse_tool_choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+fn parse_tool_choice(v: &Json, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
     const P: &str = "tool_choice";
     let needs_tools = |what: &str| {
         ApiError::invalid(
@@ -268,7 +270,7 @@ fn parse_tool_choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> 
         )
     };
     match v {
-        Value::String(s) => match s.as_str() {
+        Json::String(s) => match s.as_ref() {
             "none" => Ok(ToolChoice::None),
             "auto" if tools.is_empty() => Ok(ToolChoice::None),
             "auto" => Ok(ToolChoice::Auto),
@@ -279,12 +281,13 @@ fn parse_tool_choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> 
                 format!("Invalid value '{other}' for '{P}': expected 'none', 'auto', 'required' or a function object."),
             )),
         },
-        Value::Object(obj) => {
+        Json::Object(obj) => {
+            let obj = obj.entries();
             if let Some(k) = obj.keys().find(|k| *k != "type" && *k != "function") {
                 return Err(unknown_key(P, k));
             }
-            match get(obj, "type") {
-                Some(Value::String(t)) if t == "function" => {}
+            match get(&obj, "type") {
+                Some(Json::String(t)) if t == "function" => {}
                 _ => {
                     return Err(ApiError::invalid(
                         "tool_choice.type",
@@ -292,7 +295,7 @@ fn parse_tool_choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> 
                     ))
                 }
             }
-            let f = get(obj, "function").ok_or_else(|| missing("tool_choice.function"))?;
+            let f = get(&obj, "function").ok_or_else(|| missing("tool_choice.function"))?;
             let f = f
                 .as_object()
                 .ok_or_else(|| type_err("tool_choice.function", "an object", f))?;
@@ -300,7 +303,7 @@ fn parse_tool_choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> 
                 return Err(unknown_key("tool_choice.function", k));
             }
             let name_p = "tool_choice.function.name";
-            let name = as_str(get(f, "name").ok_or_else(|| missing(name_p))?, name_p)?;
+            let name = as_str(get(&f, "name").ok_or_else(|| missing(name_p))?, name_p)?;
             if tools.is_empty() {
                 return Err(needs_tools("a function choice"));
             }
@@ -323,21 +326,21 @@ fn parse_tool_choice(v: &Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> 
 /// `json_schema` without the `json_schema` object, with a bad `name`, a
 /// `schema` that is not an object, a non-boolean `strict`, a non-string
 /// `description`, or an unknown key.
-pub(super) fn parse_response_format(map: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
+pub(super) fn parse_response_format(map: &Obj) -> Result<ResponseFormat, ApiError> {
     const P: &str = "response_format";
     let Some(v) = get(map, P) else {
         return Ok(ResponseFormat::Text);
     };
     let obj = v.as_object().ok_or_else(|| type_err(P, "an object", v))?;
     let t = as_str(
-        get(obj, "type").ok_or_else(|| missing("response_format.type"))?,
+        get(&obj, "type").ok_or_else(|| missing("response_format.type"))?,
         "response_format.type",
     )?;
     let allowed: &[&str] = match t {
         "json_schema" => &["type", "json_schema"],
         _ => &["type"],
     };
-    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k)) {
         return Err(unknown_key(P, k));
     }
     match t {
@@ -345,32 +348,32 @@ pub(super) fn parse_response_format(map: &Map<String, Value>) -> Result<Response
         "json_object" => Ok(ResponseFormat::JsonObject),
         "json_schema" => {
             const JS: &str = "response_format.json_schema";
-            let js = get(obj, "json_schema").ok_or_else(|| missing(JS))?;
+            let js = get(&obj, "json_schema").ok_or_else(|| missing(JS))?;
             let js = js.as_object().ok_or_else(|| type_err(JS, "an object", js))?;
             if let Some(k) = js
                 .keys()
-                .find(|k| !["name", "schema", "strict", "description"].contains(&k.as_str()))
+                .find(|k| !["name", "schema", "strict", "description"].contains(&k))
             {
                 return Err(unknown_key(JS, k));
             }
             let name_p = "response_format.json_schema.name";
-            let name = as_str(get(js, "name").ok_or_else(|| missing(name_p))?, name_p)?;
+            let name = as_str(get(&js, "name").ok_or_else(|| missing(name_p))?, name_p)?;
             if !valid_name(name) {
                 return Err(ApiError::invalid(
                     name_p,
                     format!("Invalid '{name_p}': '{name}' does not match '^[a-zA-Z0-9_-]{{1,64}}$'."),
                 ));
             }
-            let schema = match get(js, "schema") {
+            let schema = match get(&js, "schema") {
                 None => json!({}),
-                Some(s) if s.is_object() => s.clone(),
+                Some(s) if s.is_object() => s.to_value(),
                 Some(s) => return Err(type_err("response_format.json_schema.schema", "an object", s)),
             };
-            let strict = match get(js, "strict") {
+            let strict = match get(&js, "strict") {
                 Some(s) => as_bool(s, "response_format.json_schema.strict")?,
                 None => false,
             };
-            if let Some(d) = get(js, "description") {
+            if let Some(d) = get(&js, "description") {
                 as_str(d, "response_format.json_schema.description")?;
             }
             Ok(ResponseFormat::JsonSchema {
