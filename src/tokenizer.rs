@@ -25,6 +25,7 @@ pub mod testing;
 pub mod tiktoken;
 
 pub use chat::{name_tool_results, ChatFunctionCall, ChatMessage, ChatToolCall};
+pub use chat_encode::ReasoningShown;
 pub use incremental::IncrementalDecoder;
 
 use std::collections::HashMap;

@@ -77,9 +77,6 @@ impl<'a> Json<'a> {
     pub(crate) fn is_number(&self) -> bool {
         matches!(self, Json::Number(_))
     }
-    pub(crate) fn is_string(&self) -> bool {
-        matches!(self, Json::String(_))
-    }
     pub(crate) fn as_bool(&self) -> Option<bool> {
         match self {
             Json::Bool(b) => Some(*b),
@@ -205,9 +202,6 @@ impl<'a> Obj<'a> {
     }
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
-    }
-    pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
     /// The object as a `serde_json::Map` (see [`Json::to_value`]).
     pub(crate) fn to_map(&self) -> Map<String, Value> {

@@ -8,7 +8,7 @@
 //! Input items become chat turns (`responses_input.rs`).
 //! Every other item, part or field is refused with a 400 naming it.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::json::{
@@ -20,7 +20,7 @@ use super::responses_input::{parse_input, Items};
 use super::sampling::parse_sampling;
 use super::tools::{valid_name, ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
 use super::REASONING_EFFORTS;
-use crate::tokenizer::{name_tool_results, ChatMessage};
+use crate::tokenizer::ChatMessage;
 
 /// Top-level fields of `POST /v1/responses` this server reads: each is
 /// honoured or refused with a reason.
@@ -86,6 +86,11 @@ impl Echo {
             .iter()
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.to_value())
+    }
+
+    /// The fields and their values, decoded, in order.
+    pub fn values(&self) -> impl Iterator<Item = (&'static str, Value)> + '_ {
+        self.0.iter().map(|(k, v)| (*k, v.to_value()))
     }
 
     /// Bytes of JSON text held.
@@ -209,32 +214,32 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError
     })
 }
 
-/// The turns a response runs on: `instructions` as the system turn (they
-/// never carry over from a previous response, as in OpenAI's API), the
-/// stored conversation of the previous response, then the new turns;
-/// each `tool` turn named after the call it answers.
+/// The new turns of a response, checked against the conversation they
+/// continue (`prior`, the stored turns of `previous_response_id`): each
+/// `function_call_output` must answer a call made earlier, and each `tool`
+/// turn without a name is named after the call it answers (the stored
+/// turns already are). Linear: the calls so far are a map from id to name.
 ///
 /// Errors: a 400 naming `input` when a `function_call_output` answers no
 /// call of the conversation.
-pub fn assemble(
-    instructions: Option<&str>,
-    prior: &[ChatMessage],
-    new: Vec<ChatMessage>,
+pub fn continue_turns(
+    prior: &[&ChatMessage],
+    mut new: Vec<ChatMessage>,
 ) -> Result<Vec<ChatMessage>, ApiError> {
-    let mut out = Vec::with_capacity(prior.len() + new.len() + 1);
-    if let Some(i) = instructions {
-        out.push(ChatMessage::new("system", i));
-    }
-    out.extend(prior.iter().cloned());
-    // The call ids so far: a set, so matching each output is O(1).
-    let mut calls: std::collections::HashSet<String> = prior
+    let mut calls: std::collections::HashMap<&str, String> = prior
         .iter()
-        .flat_map(|m| m.tool_calls.iter().map(|c| c.id.clone()))
+        .flat_map(|m| m.tool_calls.iter())
+        .map(|c| (c.id.as_str(), c.function.name.clone()))
         .collect();
-    for m in new {
-        calls.extend(m.tool_calls.iter().map(|c| c.id.clone()));
+    let mut named: Vec<(usize, String)> = Vec::new();
+    for (i, m) in new.iter().enumerate() {
+        calls.extend(
+            m.tool_calls
+                .iter()
+                .map(|c| (c.id.as_str(), c.function.name.clone())),
+        );
         if let Some(id) = m.tool_call_id.as_deref() {
-            if !calls.contains(id) {
+            let Some(name) = calls.get(id) else {
                 return Err(ApiError::invalid(
                     "input",
                     format!(
@@ -242,12 +247,55 @@ pub fn assemble(
                          must answer a 'function_call' earlier in the conversation."
                     ),
                 ));
+            };
+            if m.role == "tool" && m.name.is_none() {
+                named.push((i, name.clone()));
             }
         }
-        out.push(m);
     }
-    name_tool_results(&mut out);
-    Ok(out)
+    for (i, name) in named {
+        new[i].name = Some(name);
+    }
+    Ok(new)
+}
+
+/// The turns a response's prompt is rendered from: `instructions` as the
+/// system turn (they never carry over from a previous response, as in
+/// OpenAI's API), the stored conversation, then the new turns. Reasoning
+/// is copied only into the turns `keeps` names (by index in the result and
+/// the index of its last `user` turn): what the template does not write
+/// is not copied for it.
+pub fn prompt_turns(
+    instructions: Option<&str>,
+    prior: &[&ChatMessage],
+    new: &[ChatMessage],
+    keeps: impl Fn(usize, Option<usize>) -> bool,
+) -> Vec<ChatMessage> {
+    let first = usize::from(instructions.is_some());
+    let all = || prior.iter().copied().chain(new.iter());
+    let is_user = |m: &ChatMessage| m.role == "user";
+    let last_user = new
+        .iter()
+        .rposition(is_user)
+        .map(|i| i + prior.len())
+        .or_else(|| prior.iter().rposition(|m| is_user(m)))
+        .map(|i| i + first);
+    let mut out = Vec::with_capacity(first + prior.len() + new.len());
+    if let Some(i) = instructions {
+        out.push(ChatMessage::new("system", i));
+    }
+    for (i, m) in all().enumerate() {
+        let keep = keeps(i + first, last_user);
+        out.push(ChatMessage {
+            role: m.role.clone(),
+            content: m.content.clone(),
+            tool_calls: m.tool_calls.clone(),
+            tool_call_id: m.tool_call_id.clone(),
+            name: m.name.clone(),
+            reasoning_content: m.reasoning_content.clone().filter(|_| keep),
+        });
+    }
+    out
 }
 
 /// The turns a response's `output` items read back as: the conversion
@@ -670,41 +718,31 @@ fn parse_meta(map: &Obj) -> Result<RequestMeta, ApiError> {
 }
 
 /// The request fields a response object repeats, with OpenAI's defaults
-/// for the ones the request left out.
-pub fn echoed_fields(r: &ResponsesRequest) -> Map<String, Value> {
-    let mut m = Map::new();
+/// for the ones the request left out, in the order the object shows them.
+pub fn echoed_fields(r: &ResponsesRequest) -> Echo {
     let e = &r.echo;
-    let or = |k: &str, d: Value| e.get(k).unwrap_or(d);
-    m.insert("instructions".into(), or("instructions", Value::Null));
-    m.insert(
-        "max_output_tokens".into(),
-        or("max_output_tokens", Value::Null),
-    );
-    m.insert("metadata".into(), or("metadata", json!({})));
-    m.insert(
-        "parallel_tool_calls".into(),
-        or("parallel_tool_calls", json!(true)),
-    );
-    m.insert(
-        "previous_response_id".into(),
-        or("previous_response_id", Value::Null),
-    );
-    m.insert(
-        "reasoning".into(),
-        or("reasoning", json!({"effort": null, "summary": null})),
-    );
-    m.insert("store".into(), json!(r.store));
-    m.insert("temperature".into(), or("temperature", json!(1.0)));
-    m.insert(
-        "text".into(),
-        or("text", json!({"format": {"type": "text"}})),
-    );
-    m.insert("tool_choice".into(), or("tool_choice", json!("auto")));
-    m.insert("tools".into(), or("tools", json!([])));
-    m.insert("top_p".into(), or("top_p", json!(1.0)));
-    m.insert("truncation".into(), json!("disabled"));
-    m.insert("user".into(), or("user", Value::Null));
-    m
+    let given = |k: &'static str, d: Value| -> (&'static str, RawJson) {
+        match e.0.iter().find(|(key, _)| *key == k) {
+            Some((_, v)) => (k, v.clone()),
+            None => (k, RawJson::from(&d)),
+        }
+    };
+    Echo(vec![
+        given("instructions", Value::Null),
+        given("max_output_tokens", Value::Null),
+        given("metadata", json!({})),
+        given("parallel_tool_calls", json!(true)),
+        given("previous_response_id", Value::Null),
+        given("reasoning", json!({"effort": null, "summary": null})),
+        ("store", RawJson::from(&json!(r.store))),
+        given("temperature", json!(1.0)),
+        given("text", json!({"format": {"type": "text"}})),
+        given("tool_choice", json!("auto")),
+        given("tools", json!([])),
+        given("top_p", json!(1.0)),
+        ("truncation", RawJson::from(&json!("disabled"))),
+        given("user", Value::Null),
+    ])
 }
 
 #[cfg(test)]

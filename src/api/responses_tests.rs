@@ -27,7 +27,9 @@ fn items_become_chat_turns() {
     let Input::Chat(new) = r.valid.input.clone() else {
         panic!()
     };
-    let m = assemble(r.instructions.as_deref(), &[], new).unwrap();
+    let new = continue_turns(&[], new).unwrap();
+    let m = prompt_turns(r.instructions.as_deref(), &[], &new, |_, _| true);
+    assert_eq!(m[3].name.as_deref(), Some("add"));
     let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
     assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
     assert_eq!(m[2].reasoning_content.as_deref(), Some("use add"));
@@ -40,6 +42,17 @@ fn items_become_chat_turns() {
     ));
     assert_eq!(r.valid.knobs.reasoning_effort.as_deref(), Some("low"));
     assert!(r.store);
+    // Reasoning is copied only where the template writes it: here after
+    // the last user turn, which has none.
+    let m = prompt_turns(None, &[], &new, |i, last| last.is_none_or(|u| i > u));
+    assert!(m.iter().all(|m| m.reasoning_content.is_none()));
+    // A continuation names its results after the stored calls.
+    let stored: Vec<&ChatMessage> = m.iter().take(2).collect();
+    let more = vec![ChatMessage {
+        tool_call_id: Some("c1".into()),
+        ..ChatMessage::new("tool", "4")
+    }];
+    assert_eq!(continue_turns(&stored, more).unwrap()[0].name.as_deref(), Some("add"));
 }
 
 #[test]
@@ -75,7 +88,7 @@ fn bad_input_is_refused_naming_the_field() {
         panic!()
     };
     assert_eq!(
-        assemble(None, &[], new).unwrap_err().param.as_deref(),
+        continue_turns(&[], new).unwrap_err().param.as_deref(),
         Some("input")
     );
 }

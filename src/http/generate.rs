@@ -34,6 +34,7 @@ use super::output::{
 };
 use super::request_log::RequestLog;
 use super::response_id;
+use super::response_store::Conversation;
 use super::responses_out::ResponsesOut;
 use super::stop::{OffsetQueue, StopMatcher};
 use super::Api;
@@ -69,9 +70,17 @@ pub(super) async fn handle(
     let backend = state.backend()?;
     let tenant = super::tenant(&state, &req);
     let body = read_body(&state, req.into_body()).await?;
-    let (v, wire) = parse_wire(&state, api, &body, tenant)?;
+    // A large body is parsed (and its tool results matched to calls) on
+    // the blocking pool, so it never stalls the runtime's threads.
+    let (v, wire) = if body.len() >= BLOCKING_PARSE_BYTES {
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || parse_wire(&st, api, &body, tenant))
+            .await
+            .map_err(|e| ApiError::internal(format!("Parsing the request failed: {e}.")))??
+    } else {
+        parse_wire(&state, api, &body, tenant)?
+    };
     let chat = api != Api::Completions;
-    drop(body);
     log.set_model(&v.model);
     // Who sent it (`user`, `safety_identifier`, `metadata`): for the log
     // only, never shown to the model.
@@ -199,6 +208,9 @@ pub(super) enum Wire {
     Responses(Box<ResponsesWire>),
 }
 
+/// Bodies from this size on are parsed on the blocking pool.
+const BLOCKING_PARSE_BYTES: usize = 256 << 10;
+
 /// A Responses request's output side.
 pub(super) struct ResponsesWire {
     out: ResponsesOut,
@@ -206,8 +218,10 @@ pub(super) struct ResponsesWire {
     store: bool,
     /// The store scope (the sender's key).
     scope: u64,
-    /// The conversation before this turn (no `instructions`).
-    conversation: Vec<crate::tokenizer::ChatMessage>,
+    /// The stored conversation this turn continues (shared, not copied).
+    prior: Option<Arc<Conversation>>,
+    /// This turn's new input turns (no `instructions`).
+    new_turns: Vec<crate::tokenizer::ChatMessage>,
 }
 
 /// Parses `body` as `api`'s request into the one request type, and the
@@ -250,26 +264,45 @@ fn parse_wire(
             let Input::Chat(new) = std::mem::replace(&mut v.input, Input::Chat(Vec::new())) else {
                 unreachable!("a Responses request is chat turns")
             };
-            let prior_turns = prior.as_ref().map_or(&[][..], |p| &p.conversation[..]);
+            let prior = prior.map(|p| p.conversation.clone());
+            let prior_turns = prior.as_deref().map_or_else(Vec::new, Conversation::turns);
             // The turn bound before the outputs are matched to their calls
-            // (and before the copies assembling makes): the count the
+            // (and before the prompt's turns are copied): the count the
             // handler checks again on the assembled turns.
             let turns = usize::from(r.instructions.is_some()) + prior_turns.len() + new.len();
             super::check_message_count(state, turns)?;
-            let conversation = api::responses::assemble(None, prior_turns, new)?;
-            let all =
-                api::responses::assemble(r.instructions.as_deref(), &conversation, Vec::new())?;
-            v.input = Input::Chat(all);
+            let new = api::responses::continue_turns(&prior_turns, new)?;
+            let shown = reasoning_shown(state, &v);
+            v.input = Input::Chat(api::responses::prompt_turns(
+                r.instructions.as_deref(),
+                &prior_turns,
+                &new,
+                |i, last_user| shown.keeps(i, last_user),
+            ));
             let wire = ResponsesWire {
                 out: ResponsesOut::new(echo),
                 store: r.store,
                 scope: tenant,
-                conversation,
+                prior,
+                new_turns: new,
             };
             (v, Wire::Responses(Box::new(wire)))
         }
         Api::CountTokens => return Err(ApiError::internal("count_tokens does not generate")),
     })
+}
+
+/// Which turns' reasoning the served model's template writes for request
+/// `v`'s template variables; all of them when the variables are refused
+/// (the request fails on them later, as before).
+fn reasoning_shown(state: &AppState, v: &ValidRequest) -> crate::tokenizer::ReasoningShown {
+    let Ok(backend) = state.backend() else {
+        return crate::tokenizer::ReasoningShown::All;
+    };
+    match ChatFormat::detect(&backend.tokenizer).template_vars(&v.knobs) {
+        Ok(vars) => backend.tokenizer.reasoning_shown(&vars),
+        Err(_) => crate::tokenizer::ReasoningShown::All,
+    }
 }
 
 /// The model family a chat turn is written in, and whether its prompt
@@ -558,16 +591,17 @@ impl ResponsesWire {
     /// stored conversation continues with the turns the response's output
     /// items read back as, so a continuation by `previous_response_id`
     /// runs on exactly what a client resending those items would.
-    fn keep(&self, state: &AppState, id: &str, body: &serde_json::Value) {
+    fn keep(&mut self, state: &AppState, id: &str, body: &serde_json::Value) {
         if !self.store {
             return;
         }
-        let mut conversation = self.conversation.clone();
-        conversation.extend(crate::api::responses::output_turns(&body["output"]));
+        let mut turns = std::mem::take(&mut self.new_turns);
+        turns.extend(crate::api::responses::output_turns(&body["output"]));
+        let conversation = Arc::new(Conversation::new(self.prior.take(), turns));
         state.responses.put(
             self.scope,
             id.to_owned(),
-            super::response_store::Stored::new(body.clone(), conversation),
+            super::response_store::Stored::new(body, conversation),
         );
     }
 }

@@ -14,27 +14,112 @@ use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+/// A stored conversation: the turns one response added (its new input
+/// turns and its own output), after the conversation it continued, which
+/// is shared, never copied. A chain of continuations costs each turn once.
+#[derive(Debug, Default)]
+pub struct Conversation {
+    prior: Option<Arc<Conversation>>,
+    turns: Vec<ChatMessage>,
+    /// Turns in the whole chain.
+    len: usize,
+    /// Heap bytes of the whole chain's turns ([`turn_bytes`]).
+    bytes: usize,
+}
+
+impl Conversation {
+    /// `turns` after `prior`.
+    pub fn new(prior: Option<Arc<Conversation>>, turns: Vec<ChatMessage>) -> Self {
+        let (len, bytes) = prior.as_ref().map_or((0, 0), |p| (p.len, p.bytes));
+        Self {
+            len: len + turns.len(),
+            bytes: bytes + turns.iter().map(turn_bytes).sum::<usize>(),
+            prior,
+            turns,
+        }
+    }
+
+    /// Turns in the whole conversation.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no turns.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every turn, oldest first.
+    pub fn turns(&self) -> Vec<&ChatMessage> {
+        let mut chain = Vec::new();
+        let mut at = Some(self);
+        while let Some(c) = at {
+            chain.push(c);
+            at = c.prior.as_deref();
+        }
+        chain
+            .iter()
+            .rev()
+            .flat_map(|c| c.turns.iter())
+            .collect()
+    }
+}
+
+/// What a turn holds on the heap, its own struct included: the size the
+/// store counts it at.
+pub fn turn_bytes(m: &ChatMessage) -> usize {
+    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::capacity);
+    std::mem::size_of::<ChatMessage>()
+        + m.role.capacity()
+        + m.content.capacity()
+        + opt(&m.tool_call_id)
+        + opt(&m.name)
+        + opt(&m.reasoning_content)
+        + m.tool_calls
+            .iter()
+            .map(|c| {
+                std::mem::size_of_val(c)
+                    + c.id.capacity()
+                    + c.function.name.capacity()
+                    + value_bytes(&c.function.arguments)
+            })
+            .sum::<usize>()
+}
+
+/// An upper bound of a JSON tree's heap bytes (a tool call's arguments).
+fn value_bytes(v: &Value) -> usize {
+    // Each node, its text and the allocator's rounding: 64 bytes a node
+    // bounds serde_json's map entries and vector slots.
+    64 + match v {
+        Value::String(s) => s.capacity(),
+        Value::Array(a) => a.iter().map(value_bytes).sum(),
+        Value::Object(m) => m.iter().map(|(k, v)| k.capacity() + value_bytes(v)).sum(),
+        _ => 0,
+    }
+}
+
 /// One stored response.
 #[derive(Debug)]
 pub struct Stored {
-    /// The response object as `GET` returns it.
-    pub body: Value,
+    /// The response object as `GET` returns it, serialized.
+    pub body: Box<str>,
     /// The conversation it ended (its input turns without `instructions`,
     /// then its own assistant turn), which a continuation starts from.
-    pub conversation: Vec<ChatMessage>,
-    /// What it counts against the scope's byte bound.
+    pub conversation: Arc<Conversation>,
+    /// What it counts against the scope's byte bound: its body and its
+    /// whole conversation (shared turns counted in each response that
+    /// holds them, so what the store keeps alive never exceeds its count).
     bytes: usize,
 }
 
 impl Stored {
-    /// A response to store; its size is its serialized size.
-    pub fn new(body: Value, conversation: Vec<ChatMessage>) -> Self {
-        let bytes =
-            body.to_string().len() + serde_json::to_string(&conversation).map_or(0, |s| s.len());
+    /// A response to store.
+    pub fn new(body: &Value, conversation: Arc<Conversation>) -> Self {
+        let body: Box<str> = body.to_string().into();
         Self {
+            bytes: body.len() + conversation.bytes + std::mem::size_of::<Self>(),
             body,
             conversation,
-            bytes,
         }
     }
 }
@@ -130,7 +215,29 @@ mod tests {
     use serde_json::json;
 
     fn resp(n: usize) -> Stored {
-        Stored::new(json!({"id": n, "pad": "x".repeat(n)}), Vec::new())
+        Stored::new(
+            &json!({"id": n, "pad": "x".repeat(n)}),
+            Arc::new(Conversation::default()),
+        )
+    }
+
+    fn id_of(s: &Stored) -> Value {
+        serde_json::from_str::<Value>(&s.body).unwrap()["id"].clone()
+    }
+
+    #[test]
+    fn a_chain_shares_its_turns_and_counts_them_in_each_response() {
+        let turn = |t: &str| ChatMessage::new("user", t.repeat(1000));
+        let a = Arc::new(Conversation::new(None, vec![turn("a"), turn("b")]));
+        let b = Arc::new(Conversation::new(Some(a.clone()), vec![turn("c")]));
+        assert_eq!(b.len(), 3);
+        let text: Vec<&str> = b.turns().iter().map(|m| &m.content[..1]).collect();
+        assert_eq!(text, ["a", "b", "c"]);
+        // The shared turns are the same allocation, not a copy.
+        assert!(std::ptr::eq(a.turns()[0], b.turns()[0]));
+        assert!(b.bytes >= 3000 && b.bytes > a.bytes);
+        let stored = Stored::new(&json!({}), b.clone());
+        assert!(stored.bytes >= b.bytes + 2);
     }
 
     #[test]
@@ -154,11 +261,11 @@ mod tests {
         let s = ResponseStore::new(8, 1 << 20);
         assert!(s.put(0, "r".into(), resp(1)));
         assert!(!s.put(0, "r".into(), resp(2)));
-        assert_eq!(s.get(0, "r").unwrap().body["id"], 1);
+        assert_eq!(id_of(&s.get(0, "r").unwrap()), 1);
         assert_eq!(s.len(0), 1);
         // Another scope's id of the same text is its own.
         assert!(s.put(1, "r".into(), resp(3)));
-        assert_eq!(s.get(0, "r").unwrap().body["id"], 1);
+        assert_eq!(id_of(&s.get(0, "r").unwrap()), 1);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::output::{Labels, Shaped};
 use super::request_id::RequestId;
+use crate::api::responses::Echo;
 use crate::api::{ApiError, FinishReason, Usage};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +30,7 @@ enum Open {
 /// One response's items as they are built.
 pub(super) struct ResponsesOut {
     /// The request fields the response object repeats.
-    echo: Map<String, Value>,
+    echo: Echo,
     items: Vec<Value>,
     open: Option<Open>,
     held: String,
@@ -42,7 +43,7 @@ fn item_id(prefix: &str) -> String {
 }
 
 impl ResponsesOut {
-    pub(super) fn new(echo: Map<String, Value>) -> Self {
+    pub(super) fn new(echo: Echo) -> Self {
         Self {
             echo,
             items: Vec::new(),
@@ -72,8 +73,8 @@ impl ResponsesOut {
         m.insert("model".into(), json!(l.model));
         m.insert("output".into(), Value::Array(self.items.clone()));
         m.insert("usage".into(), Value::Null);
-        for (k, v) in &self.echo {
-            m.insert(k.clone(), v.clone());
+        for (k, v) in self.echo.values() {
+            m.insert(k.into(), v);
         }
         Value::Object(m)
     }

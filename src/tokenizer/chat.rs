@@ -511,16 +511,7 @@ mod tests {
         assert!(year.len() == 4 && year.as_str() >= "2024", "{year}");
     }
 
-    /// Kimi K3's template (the tiny fixture's, the real one's copy).
-    fn k3_template() -> String {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/kimi_k3/tiny-hf/tokenizer_config.json"
-        );
-        let config: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-        config["chat_template"].as_str().unwrap().to_owned()
-    }
+    use crate::tokenizer::tests::k3_template;
 
     /// `n` messages: an assistant turn calling `calls` tools, then tool
     /// results and user turns alternating (each tool message a run of its

@@ -124,6 +124,33 @@ fn json_strings(v: &serde_json::Value, out: &mut Vec<String>) {
     }
 }
 
+/// Which assistant turns' `reasoning_content` a chat template writes
+/// into the prompt (found by rendering two probes, [`TextTokenizer::
+/// reasoning_shown`]). Reasoning a template does not write need not be
+/// kept for it or copied into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningShown {
+    /// Every turn's (or the probe could not tell: keep everything).
+    All,
+    /// Only the turns after the last `user` turn (the current exchange,
+    /// tool calls and results included): Kimi K3's and DeepSeek's rule.
+    AfterLastUser,
+    /// None (Qwen2.5's templates).
+    None,
+}
+
+impl ReasoningShown {
+    /// Whether turn `i` keeps its reasoning, `last_user` being the index
+    /// of the conversation's last `user` turn.
+    pub fn keeps(self, i: usize, last_user: Option<usize>) -> bool {
+        match self {
+            ReasoningShown::All => true,
+            ReasoningShown::AfterLastUser => last_user.is_none_or(|u| i > u),
+            ReasoningShown::None => false,
+        }
+    }
+}
+
 impl TextTokenizer {
     /// Renders the chat template over `messages` and encodes the prompt so that only the
     /// template's own markup becomes control tokens: control-token text inside a
@@ -166,6 +193,37 @@ impl TextTokenizer {
         self.encode_chat_with_vars(messages, tools, &none, add_generation_prompt)
     }
 
+    /// Which turns' reasoning the template writes under template
+    /// variables `vars`: an assistant turn with probe reasoning is rendered
+    /// before a later user turn, then as the last turn. A template that
+    /// fails either probe keeps everything ([`ReasoningShown::All`]).
+    pub fn reasoning_shown(
+        &self,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> ReasoningShown {
+        const PROBE: &str = "specgate-reasoning-probe";
+        let super::TemplateState::Ready(template) = &self.template else {
+            return ReasoningShown::All;
+        };
+        let mut answer = ChatMessage::new("assistant", "a");
+        answer.reasoning_content = Some(PROBE.into());
+        let shows = |turns: &[ChatMessage]| {
+            template
+                .render_with_vars(turns, None, vars, true, None, None)
+                .map(|text| text.contains(PROBE))
+        };
+        let before_user = [
+            ChatMessage::new("user", "q"),
+            answer.clone(),
+            ChatMessage::new("user", "r"),
+        ];
+        match (shows(&before_user), shows(&before_user[..2])) {
+            (Ok(false), Ok(true)) => ReasoningShown::AfterLastUser,
+            (Ok(false), Ok(false)) => ReasoningShown::None,
+            _ => ReasoningShown::All,
+        }
+    }
+
     /// As [`encode_chat_with_tools`](Self::encode_chat_with_tools), with
     /// `vars` (a request's `chat_template_kwargs`) as extra template
     /// variables; control-token text in their strings and keys is encoded
@@ -189,9 +247,15 @@ impl TextTokenizer {
         };
         let token_text = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
         let (bos, eos) = (token_text(self.bos), token_text(self.eos));
+        // Reasoning the template does not write is never copied (a long
+        // conversation's earlier thinking can be most of its bytes).
+        let shown = self.reasoning_shown(vars);
+        let last_user = messages.iter().rposition(|m| m.role == "user");
+        let keep = |i: usize| shown.keeps(i, last_user);
         // Every client string, so no placeholder collides with one of them.
         let mut strings: Vec<String> = Vec::new();
-        for m in messages {
+        for (i, m) in messages.iter().enumerate() {
+            let reasoning = m.reasoning_content.iter().filter(|_| keep(i));
             for c in &m.tool_calls {
                 strings.extend([c.id.clone(), c.function.name.clone()]);
                 json_strings(&c.function.arguments, &mut strings);
@@ -200,7 +264,7 @@ impl TextTokenizer {
                 m.tool_call_id
                     .iter()
                     .chain(m.name.iter())
-                    .chain(m.reasoning_content.iter())
+                    .chain(reasoning)
                     .cloned(),
             );
         }
@@ -219,7 +283,8 @@ impl TextTokenizer {
         let mut hidden = Hidden::new(inputs);
         let masked = messages
             .iter()
-            .map(|m| self.hide_message(m, &mut hidden))
+            .enumerate()
+            .map(|(i, m)| self.hide_message(m, keep(i), &mut hidden))
             .collect::<Result<Vec<_>, TokenizerError>>()?;
         let masked_tools = tools
             .map(|ts| {
@@ -247,6 +312,7 @@ impl TextTokenizer {
     fn hide_message(
         &self,
         m: &ChatMessage,
+        with_reasoning: bool,
         hidden: &mut Hidden,
     ) -> Result<ChatMessage, TokenizerError> {
         let mut out = ChatMessage::new(
@@ -267,7 +333,9 @@ impl TextTokenizer {
         };
         out.tool_call_id = hide_opt(&m.tool_call_id)?;
         out.name = hide_opt(&m.name)?;
-        out.reasoning_content = hide_opt(&m.reasoning_content)?;
+        if with_reasoning {
+            out.reasoning_content = hide_opt(&m.reasoning_content)?;
+        }
         Ok(out)
     }
 

@@ -446,3 +446,88 @@ fn difference_names_the_first_id_two_tokenizers_disagree_on() {
         "{d}"
     );
 }
+
+/// Kimi K3's template, from the tiny fixture's tokenizer config (the
+/// real one's copy).
+pub(crate) fn k3_template() -> String {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kimi_k3/tiny-hf/tokenizer_config.json"
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    config["chat_template"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn reasoning_a_template_does_not_write_is_found_and_left_out_unchanged() {
+    let turn = |role: &str, text: &str, reasoning: Option<&str>| {
+        let mut m = ChatMessage::new(role, text);
+        m.reasoning_content = reasoning.map(str::to_owned);
+        m
+    };
+    let mut call = turn("assistant", "", Some("think-2"));
+    call.push_tool_call("c1", "get", serde_json::json!({"x": 1}));
+    let mut result = turn("tool", "sunny", None);
+    result.tool_call_id = Some("c1".into());
+    result.name = Some("get".into());
+    let msgs = vec![
+        turn("system", "sys", None),
+        turn("user", "one", None),
+        turn("assistant", "first", Some("think-1")),
+        turn("user", "two", None),
+        call,
+        result,
+        turn("assistant", "done", Some("think-3")),
+    ];
+    // DeepSeek R1's rule: only the current exchange's reasoning.
+    let after_last_user = "{%- set last = namespace(i=-1) -%}{%- for m in messages -%}\
+        {%- if m.role == 'user' -%}{%- set last.i = loop.index0 -%}{%- endif -%}{%- endfor -%}\
+        {%- for m in messages -%}{{ m.role }}:{%- if loop.index0 > last.i and m.reasoning_content -%}\
+        [{{ m.reasoning_content }}]{%- endif -%}{{ m.content }}|{%- endfor -%}";
+    let no_thinking: serde_json::Map<String, serde_json::Value> =
+        [("thinking".to_owned(), serde_json::json!(false))].into_iter().collect();
+    let none = serde_json::Map::new();
+    for (template, vars, want) in [
+        (QWEN25_TEMPLATE.to_owned(), &none, ReasoningShown::None),
+        (k3_template(), &none, ReasoningShown::All),
+        (k3_template(), &no_thinking, ReasoningShown::None),
+        (after_last_user.to_owned(), &none, ReasoningShown::AfterLastUser),
+    ] {
+        let t = tiny().with_chat_template(template).unwrap();
+        let shown = t.reasoning_shown(vars);
+        assert_eq!(shown, want);
+        let TemplateState::Ready(tpl) = &t.template else {
+            panic!("template")
+        };
+        let render = |msgs: &[ChatMessage]| {
+            tpl.render_with_vars(msgs, None, vars, true, None, None)
+                .unwrap()
+        };
+        let last_user = msgs.iter().rposition(|m| m.role == "user");
+        let kept: Vec<ChatMessage> = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage {
+                reasoning_content: m.reasoning_content.clone().filter(|_| shown.keeps(i, last_user)),
+                ..m.clone()
+            })
+            .collect();
+        let full = render(&msgs);
+        assert_eq!(render(&kept), full, "{want:?}");
+        // The probe's rule is the template's.
+        for (i, r) in ["think-1", "think-2", "think-3"].iter().enumerate() {
+            let written = match want {
+                ReasoningShown::All => true,
+                ReasoningShown::AfterLastUser => i > 0,
+                ReasoningShown::None => false,
+            };
+            assert_eq!(full.contains(r), written, "{want:?} {r}: {full}");
+        }
+        // And encoding leaves it out the same way.
+        assert_eq!(
+            t.encode_chat_with_vars(&msgs, None, vars, true).unwrap(),
+            t.encode_chat_with_vars(&kept, None, vars, true).unwrap()
+        );
+    }
+}
