@@ -8,6 +8,7 @@ pub mod distributed;
 pub mod engine;
 pub mod generate;
 pub mod grammar;
+pub mod heap;
 pub mod http;
 pub mod kv;
 pub mod logging;

@@ -88,9 +88,9 @@ impl Echo {
             .map(|(_, v)| v.to_value())
     }
 
-    /// The fields and their values, decoded, in order.
-    pub fn values(&self) -> impl Iterator<Item = (&'static str, Value)> + '_ {
-        self.0.iter().map(|(k, v)| (*k, v.to_value()))
+    /// The fields and their JSON text, in order.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &RawJson)> + '_ {
+        self.0.iter().map(|(k, v)| (*k, v))
     }
 
     /// Bytes of JSON text held.

@@ -52,7 +52,10 @@ fn items_become_chat_turns() {
         tool_call_id: Some("c1".into()),
         ..ChatMessage::new("tool", "4")
     }];
-    assert_eq!(continue_turns(&stored, more).unwrap()[0].name.as_deref(), Some("add"));
+    assert_eq!(
+        continue_turns(&stored, more).unwrap()[0].name.as_deref(),
+        Some("add")
+    );
 }
 
 #[test]

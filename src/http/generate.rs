@@ -73,13 +73,27 @@ pub(super) async fn handle(
     // A large body is parsed (and its tool results matched to calls) on
     // the blocking pool, so it never stalls the runtime's threads.
     let (v, wire) = if body.len() >= BLOCKING_PARSE_BYTES {
+        // As many large parses at once as there are cores: parsing is all
+        // CPU, and each holds its transient memory only while it runs.
+        let _slot = large_parse_slots()
+            .acquire()
+            .await
+            .map_err(|_| ApiError::internal("The parse slots closed."))?;
         let st = state.clone();
         tokio::task::spawn_blocking(move || parse_wire(&st, api, &body, tenant))
             .await
             .map_err(|e| ApiError::internal(format!("Parsing the request failed: {e}.")))??
     } else {
-        parse_wire(&state, api, &body, tenant)?
+        let parsed = parse_wire(&state, api, &body, tenant);
+        drop(body);
+        parsed?
     };
+    let (mut v, wire) = (v, wire);
+    // Tools the turn does not offer (`tool_choice: "none"`) are neither
+    // rendered nor constrained to: their schemas are not kept while it runs.
+    if !v.tools.active() {
+        v.tools.tools.iter_mut().for_each(|t| t.parameters = None);
+    }
     let chat = api != Api::Completions;
     log.set_model(&v.model);
     // Who sent it (`user`, `safety_identifier`, `metadata`): for the log
@@ -210,6 +224,14 @@ pub(super) enum Wire {
 
 /// Bodies from this size on are parsed on the blocking pool.
 const BLOCKING_PARSE_BYTES: usize = 256 << 10;
+
+/// The slots large bodies are parsed in, one per core.
+fn large_parse_slots() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    })
+}
 
 /// A Responses request's output side.
 pub(super) struct ResponsesWire {
@@ -591,7 +613,7 @@ impl ResponsesWire {
     /// stored conversation continues with the turns the response's output
     /// items read back as, so a continuation by `previous_response_id`
     /// runs on exactly what a client resending those items would.
-    fn keep(&mut self, state: &AppState, id: &str, body: &serde_json::Value) {
+    fn keep(&mut self, state: &AppState, id: &str, body: &serde_json::Value, text: &str) {
         if !self.store {
             return;
         }
@@ -601,7 +623,7 @@ impl ResponsesWire {
         state.responses.put(
             self.scope,
             id.to_owned(),
-            super::response_store::Stored::new(body, conversation),
+            super::response_store::Stored::new(text, conversation),
         );
     }
 }
@@ -650,8 +672,9 @@ async fn whole(
                     Wire::Responses(mut r) => {
                         let reasoning = driver.stage.reasoning_tokens();
                         let (_, body) = r.out.done(&l, reason, usage, reasoning);
-                        r.keep(&state, &l.id, &body);
-                        Ok(body.to_string())
+                        let text = r.out.text(&body);
+                        r.keep(&state, &l.id, &body, &text);
+                        Ok(text)
                     }
                     Wire::OpenAi if l.turn.is_some() => {
                         serde_json::to_string(&chat_body(&l, turn, &lps, reason, usage))
@@ -758,7 +781,10 @@ fn stream(
                 (Some(Piece::Done(reason, usage)), Wire::Responses(r)) => {
                     let reasoning = driver.stage.reasoning_tokens();
                     let (events, body) = r.out.done(&l, reason, usage, reasoning);
-                    r.keep(&state, &l.id, &body);
+                    if r.store {
+                        let text = r.out.text(&body);
+                        r.keep(&state, &l.id, &body, &text);
+                    }
                     events
                 }
                 (Some(Piece::Done(reason, usage)), Wire::OpenAi) => {

@@ -520,7 +520,26 @@ fn bearer_key(value: &str) -> Option<&str> {
 /// a Content-Length larger than what the client sends, a trickling body).
 async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> {
     let limit = state.settings.body_read_timeout;
-    let read = Limited::new(body, state.settings.max_body_bytes).collect();
+    // Appended into one buffer as frames arrive, so the body is never held
+    // twice (collecting then concatenating does, for every large body).
+    // The buffer takes the Content-Length (within the limit) only once
+    // 64 KiB have come: a client that declares a large body and trickles
+    // it costs what it sent.
+    let max = state.settings.max_body_bytes;
+    let hint = usize::try_from(Body::size_hint(&body).lower()).map_or(max, |h| h.min(max));
+    let read = async move {
+        let mut body = Limited::new(body, max);
+        let mut buf = bytes::BytesMut::with_capacity(hint.min(64 << 10));
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                if buf.len() + data.len() > buf.capacity() {
+                    buf.reserve(data.len().max(hint.saturating_sub(buf.len())));
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(buf.freeze())
+    };
     let Ok(read) = tokio::time::timeout(limit, read).await else {
         return Err(ApiError::request_timeout(format!(
             "The request body did not arrive within {} s.",
@@ -528,7 +547,7 @@ async fn read_body(state: &AppState, body: Incoming) -> Result<Bytes, ApiError> 
         )));
     };
     match read {
-        Ok(c) => Ok(c.to_bytes()),
+        Ok(b) => Ok(b),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(ApiError::payload_too_large(state.settings.max_body_bytes))
         }

@@ -57,11 +57,7 @@ impl Conversation {
             chain.push(c);
             at = c.prior.as_deref();
         }
-        chain
-            .iter()
-            .rev()
-            .flat_map(|c| c.turns.iter())
-            .collect()
+        chain.iter().rev().flat_map(|c| c.turns.iter()).collect()
     }
 }
 
@@ -113,9 +109,9 @@ pub struct Stored {
 }
 
 impl Stored {
-    /// A response to store.
-    pub fn new(body: &Value, conversation: Arc<Conversation>) -> Self {
-        let body: Box<str> = body.to_string().into();
+    /// A response to store: its JSON text and its conversation.
+    pub fn new(body: &str, conversation: Arc<Conversation>) -> Self {
+        let body: Box<str> = body.into();
         Self {
             bytes: body.len() + conversation.bytes + std::mem::size_of::<Self>(),
             body,
@@ -216,7 +212,7 @@ mod tests {
 
     fn resp(n: usize) -> Stored {
         Stored::new(
-            &json!({"id": n, "pad": "x".repeat(n)}),
+            &json!({"id": n, "pad": "x".repeat(n)}).to_string(),
             Arc::new(Conversation::default()),
         )
     }
@@ -236,7 +232,7 @@ mod tests {
         // The shared turns are the same allocation, not a copy.
         assert!(std::ptr::eq(a.turns()[0], b.turns()[0]));
         assert!(b.bytes >= 3000 && b.bytes > a.bytes);
-        let stored = Stored::new(&json!({}), b.clone());
+        let stored = Stored::new("{}", b.clone());
         assert!(stored.bytes >= b.bytes + 2);
     }
 

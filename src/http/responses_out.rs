@@ -38,6 +38,27 @@ pub(super) struct ResponsesOut {
     seq: u64,
 }
 
+/// The string an echoed field stands as in a response object until
+/// [`ResponsesOut::text`] puts the field's JSON there: the field's name
+/// after 128 random bits drawn once per process (no client text can hold
+/// it: it is never shown).
+fn echo_mark(field: &str) -> String {
+    static SALT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let salt = SALT.get_or_init(|| {
+        let mut b = [0u8; 16];
+        // Without the OS's generator, the clock and the address of a
+        // stack value: still nothing a client sees.
+        if getrandom::fill(&mut b).is_err() {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            b = (t ^ (&b as *const _ as u128)).to_le_bytes();
+        }
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    });
+    format!("specgate-echo-{salt}-{field}")
+}
+
 fn item_id(prefix: &str) -> String {
     format!("{prefix}_{}", RequestId::generate().as_str())
 }
@@ -58,7 +79,22 @@ impl ResponsesOut {
         let name = data["type"].as_str().unwrap_or("error").to_owned();
         data["sequence_number"] = json!(self.seq);
         self.seq += 1;
-        Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+        Bytes::from(format!("event: {name}\ndata: {}\n\n", self.text(&data)))
+    }
+
+    /// `v` serialized, each echoed field's mark replaced by the field's
+    /// JSON text as the request gave it. The fields are never decoded
+    /// into a tree: a `tools` list can be most of a 1 MB body, and its
+    /// tree would cost 30x that for every event that shows the response.
+    pub(super) fn text(&self, v: &Value) -> String {
+        let mut text = v.to_string();
+        for (k, raw) in self.echo.fields() {
+            let mark = format!("\"{}\"", echo_mark(k));
+            if let Some(at) = text.find(&mark) {
+                text.replace_range(at..at + mark.len(), raw.as_str());
+            }
+        }
+        text
     }
 
     /// The response object with `status` and the items so far.
@@ -73,8 +109,8 @@ impl ResponsesOut {
         m.insert("model".into(), json!(l.model));
         m.insert("output".into(), Value::Array(self.items.clone()));
         m.insert("usage".into(), Value::Null);
-        for (k, v) in self.echo.values() {
-            m.insert(k.into(), v);
+        for (k, _) in self.echo.fields() {
+            m.insert(k.into(), Value::String(echo_mark(k)));
         }
         Value::Object(m)
     }

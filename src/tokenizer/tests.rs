@@ -486,13 +486,19 @@ fn reasoning_a_template_does_not_write_is_found_and_left_out_unchanged() {
         {%- for m in messages -%}{{ m.role }}:{%- if loop.index0 > last.i and m.reasoning_content -%}\
         [{{ m.reasoning_content }}]{%- endif -%}{{ m.content }}|{%- endfor -%}";
     let no_thinking: serde_json::Map<String, serde_json::Value> =
-        [("thinking".to_owned(), serde_json::json!(false))].into_iter().collect();
+        [("thinking".to_owned(), serde_json::json!(false))]
+            .into_iter()
+            .collect();
     let none = serde_json::Map::new();
     for (template, vars, want) in [
         (QWEN25_TEMPLATE.to_owned(), &none, ReasoningShown::None),
         (k3_template(), &none, ReasoningShown::All),
         (k3_template(), &no_thinking, ReasoningShown::None),
-        (after_last_user.to_owned(), &none, ReasoningShown::AfterLastUser),
+        (
+            after_last_user.to_owned(),
+            &none,
+            ReasoningShown::AfterLastUser,
+        ),
     ] {
         let t = tiny().with_chat_template(template).unwrap();
         let shown = t.reasoning_shown(vars);
@@ -509,7 +515,10 @@ fn reasoning_a_template_does_not_write_is_found_and_left_out_unchanged() {
             .iter()
             .enumerate()
             .map(|(i, m)| ChatMessage {
-                reasoning_content: m.reasoning_content.clone().filter(|_| shown.keeps(i, last_user)),
+                reasoning_content: m
+                    .reasoning_content
+                    .clone()
+                    .filter(|_| shown.keeps(i, last_user)),
                 ..m.clone()
             })
             .collect();
