@@ -305,7 +305,7 @@ fn block_type(at: &str, b: &Json, role: &str) -> Result<String, ApiError> {
             ))
         }
     };
-    if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
+    if let Some(k) = obj.keys().find(|k| !keys.contains(k)) {
         let p = format!("{at}.{k}");
         return Err(ApiError::invalid(
             &p,
@@ -565,7 +565,7 @@ fn thinking_budget(map: &Obj) -> Result<Option<usize>, ApiError> {
             ))
         }
     };
-    if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
+    if let Some(k) = obj.keys().find(|k| !keys.contains(k)) {
         let p = format!("thinking.{k}");
         return Err(ApiError::invalid(
             &p,
@@ -643,7 +643,7 @@ fn parse_tools(map: &Obj) -> Result<ToolSetup, ApiError> {
                     "input_schema",
                     "cache_control",
                 ]
-                .contains(&k)
+                .contains(k)
             }) {
                 let p = format!("{at}.{k}");
                 return Err(ApiError::invalid(
@@ -703,7 +703,7 @@ fn parse_tools(map: &Obj) -> Result<ToolSetup, ApiError> {
         "none" => &["type"],
         _ => &["type", "disable_parallel_tool_use"],
     };
-    if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
+    if let Some(k) = obj.keys().find(|k| !keys.contains(k)) {
         let p = format!("{P}.{k}");
         return Err(ApiError::invalid(
             &p,

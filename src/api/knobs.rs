@@ -50,7 +50,7 @@ pub(super) fn parse_knobs(map: &Obj) -> Result<ChatKnobs, ApiError> {
         let obj = v
             .as_object()
             .ok_or_else(|| type_err("chat_template_kwargs", "an object", v))?;
-        if let Some(k) = obj.keys().find(|k| RESERVED_TEMPLATE_VARS.contains(&k)) {
+        if let Some(k) = obj.keys().find(|k| RESERVED_TEMPLATE_VARS.contains(k)) {
             let p = format!("chat_template_kwargs.{k}");
             return Err(ApiError::invalid(
                 &p,

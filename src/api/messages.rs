@@ -63,7 +63,7 @@ fn parse_message(i: usize, v: &Json) -> Result<ChatMessage, ApiError> {
     let m = v
         .as_object()
         .ok_or_else(|| type_err(&here, "an object", v))?;
-    if let Some(k) = m.keys().find(|k| !MESSAGE_KEYS.contains(&k)) {
+    if let Some(k) = m.keys().find(|k| !MESSAGE_KEYS.contains(k)) {
         let param = format!("{here}.{k}");
         return Err(ApiError::invalid(
             &param,
@@ -188,10 +188,7 @@ fn parse_tool_calls(here: &str, v: &Json, msg: &mut ChatMessage) -> Result<(), A
         let obj = call
             .as_object()
             .ok_or_else(|| type_err(&at, "an object", call))?;
-        if let Some(k) = obj
-            .keys()
-            .find(|k| !["id", "type", "function"].contains(&k))
-        {
+        if let Some(k) = obj.keys().find(|k| !["id", "type", "function"].contains(k)) {
             let p = format!("{at}.{k}");
             return Err(ApiError::invalid(
                 &p,

@@ -633,7 +633,7 @@ fn parse_stop(map: &Obj) -> Result<Vec<String>, ApiError> {
                         "stop",
                         format!(
                             "Invalid type for 'stop[{i}]': expected a string, but got {} instead.",
-                            kind_of(&other)
+                            kind_of(other)
                         ),
                     )),
                 })

@@ -440,7 +440,7 @@ fn parse_tools(map: &Obj) -> Result<ToolSetup, ApiError> {
             }
             if let Some(k) = obj
                 .keys()
-                .find(|k| !["type", "name", "description", "parameters", "strict"].contains(&k))
+                .find(|k| !["type", "name", "description", "parameters", "strict"].contains(k))
             {
                 let p = format!("{at}.{k}");
                 return Err(ApiError::invalid(
@@ -585,7 +585,7 @@ fn parse_text(map: &Obj) -> Result<ResponseFormat, ApiError> {
             ))
         }
     };
-    if let Some(k) = f.keys().find(|k| !keys.contains(&k)) {
+    if let Some(k) = f.keys().find(|k| !keys.contains(k)) {
         let p = format!("{F}.{k}");
         return Err(ApiError::invalid(
             &p,
@@ -638,7 +638,7 @@ fn parse_reasoning(map: &Obj) -> Result<Option<String>, ApiError> {
         .ok_or_else(|| type_err("reasoning", "an object", v))?;
     if let Some(k) = obj
         .keys()
-        .find(|k| !["effort", "summary", "generate_summary"].contains(&k))
+        .find(|k| !["effort", "summary", "generate_summary"].contains(k))
     {
         let p = format!("reasoning.{k}");
         return Err(ApiError::invalid(

@@ -55,7 +55,7 @@ pub(super) fn parse_input(v: &Json, from: Items) -> Result<Vec<ChatMessage>, Api
             None => return Err(missing(&format!("{at}.type"))),
         };
         let allow = |keys: &[&str]| -> Result<(), ApiError> {
-            match obj.keys().find(|k| !keys.contains(&k)) {
+            match obj.keys().find(|k| !keys.contains(k)) {
                 None => Ok(()),
                 Some(k) => {
                     let p = format!("{at}.{k}");
@@ -262,7 +262,7 @@ fn content_parts(at: &str, parts: &[Json]) -> Result<String, ApiError> {
                 ))
             }
         };
-        if let Some(k) = obj.keys().find(|k| !keys.contains(&k)) {
+        if let Some(k) = obj.keys().find(|k| !keys.contains(k)) {
             let p = format!("{pp}.{k}");
             return Err(ApiError::invalid(
                 &p,

@@ -229,7 +229,7 @@ fn unknown_field(k: &str, known: &[&str]) -> ApiError {
 /// The first field (in the body's order) outside `known`, as `err` says.
 /// A null counts: a misspelt key is a mistake whatever its value.
 fn check_fields(map: &Obj, known: &[&str], err: impl Fn(&str) -> ApiError) -> Result<(), ApiError> {
-    match map.keys().find(|k| !known.contains(&k)) {
+    match map.keys().find(|k| !known.contains(k)) {
         Some(k) => Err(err(k)),
         None => Ok(()),
     }

@@ -223,7 +223,7 @@ fn parse_tool(i: usize, v: &Json) -> Result<Tool, ApiError> {
         .ok_or_else(|| type_err(&fn_p, "an object", f))?;
     if let Some(k) = f
         .keys()
-        .find(|k| !["name", "description", "parameters", "strict"].contains(&k))
+        .find(|k| !["name", "description", "parameters", "strict"].contains(k))
     {
         return Err(unknown_key(&fn_p, k));
     }
@@ -340,7 +340,7 @@ pub(super) fn parse_response_format(map: &Obj) -> Result<ResponseFormat, ApiErro
         "json_schema" => &["type", "json_schema"],
         _ => &["type"],
     };
-    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k)) {
+    if let Some(k) = obj.keys().find(|k| !allowed.contains(k)) {
         return Err(unknown_key(P, k));
     }
     match t {
@@ -352,7 +352,7 @@ pub(super) fn parse_response_format(map: &Obj) -> Result<ResponseFormat, ApiErro
             let js = js.as_object().ok_or_else(|| type_err(JS, "an object", js))?;
             if let Some(k) = js
                 .keys()
-                .find(|k| !["name", "schema", "strict", "description"].contains(&k))
+                .find(|k| !["name", "schema", "strict", "description"].contains(k))
             {
                 return Err(unknown_key(JS, k));
             }
