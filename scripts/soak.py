@@ -758,6 +758,9 @@ def main():
     ap.add_argument("--ready-timeout", type=float, default=600, help="model load limit (default 600 s)")
     ap.add_argument("--settle-seconds", type=float, default=30)
     ap.add_argument("--log", help="server log file (default: a temporary file)")
+    ap.add_argument("--through-router", action="store_true",
+                    help="send the load through `specgate route` in front of the server "
+                         "(the gauges and /health are still read from the server)")
     args = ap.parse_args()
 
     with open(args.config, "rb") as f:
@@ -787,6 +790,13 @@ def main():
         soak(args, proc, log_path, key, methods, check)
     except BaseException as e:  # a driver bug or Ctrl-C must still stop the server
         check("the soak driver ran to the end", False, f"{type(e).__name__}: {e}")
+    router = getattr(args, "router_proc", None)
+    if router is not None and router.poll() is None:
+        router.send_signal(signal.SIGTERM)
+        try:
+            router.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(router.pid, signal.SIGKILL)
     return finish(checks, proc, log_path)
 
 
@@ -800,6 +810,19 @@ def soak(args, proc, log_path, key, methods, check):
     card = json.loads(body)["data"][0]
     model = card["id"]
     limits = (card["max_model_len"], args.request_timeout)
+    server_port, router = port, None
+    if args.through_router:
+        rlog = log_path + ".router"
+        with open(rlog, "wb") as rf:
+            router = subprocess.Popen(
+                [args.binary, "route", "--host", HOST, "--port", "0",
+                 "--replica", f"http://{HOST}:{port}"],
+                stdout=rf, stderr=subprocess.STDOUT, start_new_session=True)
+        args.router_proc = router
+        port = wait_ready(router, rlog, 60)
+        check("router started and /health is 200", port, f"log {rlog}")
+        if port is None:
+            return
 
     rng = random.Random(args.seed)
     plan = make_plan(rng, args.n, model, methods)
@@ -853,7 +876,7 @@ def soak(args, proc, log_path, key, methods, check):
     end = time.monotonic() + args.settle_seconds
     while True:
         try:
-            text = get(port, "/metrics", timeout=10)[1].decode()
+            text = get(server_port, "/metrics", timeout=10)[1].decode()
         except OSError as e:
             text = ""
             log(f"soak: /metrics: {e}")
@@ -867,7 +890,7 @@ def soak(args, proc, log_path, key, methods, check):
     for n, v in vals.items():
         check(f"specgate_{n} back to 0", v == 0, v)
     try:
-        health = get(port, "/health")[0]
+        health = get(server_port, "/health")[0]
     except OSError as e:
         health = e
     check("/health is 200 afterwards", health == 200, health)

@@ -8,7 +8,6 @@ pub mod distributed;
 pub mod engine;
 pub mod generate;
 pub mod grammar;
-pub mod heap;
 pub mod http;
 pub mod kv;
 pub mod logging;

@@ -105,7 +105,6 @@ fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    specgate::heap::limit_arenas();
     let cli = Cli::parse();
     specgate::logging::init(cli.log_format)?;
     // A panic, like everything else, is one line in the log's format.

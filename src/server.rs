@@ -76,7 +76,6 @@ pub async fn start_with(
     file: Option<ConfigFile>,
     leader: Option<Box<dyn specgate_verify::Communicator>>,
 ) -> Result<Running> {
-    crate::heap::limit_arenas();
     let distributed = leader.is_some();
     let metrics = crate::metrics::install();
     let s = &cfg.server;

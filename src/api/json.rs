@@ -17,6 +17,7 @@
 //! the parse.
 
 use std::borrow::Cow;
+use std::collections::hash_map::{Entry, HashMap};
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -162,6 +163,9 @@ impl<'a> Text<'a> {
     pub(crate) fn entries(self) -> Obj<'a> {
         let s = self.0;
         let mut obj = Obj::default();
+        // Where each key first came, so a repeated key is found in one
+        // step: an object of any size splits in linear time.
+        let mut first: HashMap<Cow<'a, str>, usize> = HashMap::new();
         let mut i = skip_ws(s, 1);
         while s.as_bytes()[i] != b'}' {
             let kend = value_end(s, i);
@@ -170,7 +174,14 @@ impl<'a> Text<'a> {
             // The ':'.
             i = skip_ws(s, i + 1);
             let end = value_end(s, i);
-            obj.insert(key, Json::decode(&s[i..end]));
+            let v = Json::decode(&s[i..end]);
+            match first.entry(key) {
+                Entry::Occupied(e) => obj.entries[*e.get()].1 = v,
+                Entry::Vacant(e) => {
+                    obj.entries.push((e.key().clone(), v));
+                    e.insert(obj.entries.len() - 1);
+                }
+            }
             i = skip_ws(s, end);
             if s.as_bytes()[i] == b',' {
                 i = skip_ws(s, i + 1);
@@ -181,12 +192,6 @@ impl<'a> Text<'a> {
 }
 
 impl<'a> Obj<'a> {
-    fn insert(&mut self, key: Cow<'a, str>, v: Json<'a>) {
-        match self.entries.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = v,
-            None => self.entries.push((key, v)),
-        }
-    }
     /// The value of `key`, `null` included.
     pub(crate) fn get(&self, key: &str) -> Option<&Json<'a>> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
@@ -516,6 +521,20 @@ mod tests {
                 .as_i64(),
             Some(2)
         );
+    }
+
+    #[test]
+    fn a_large_object_splits_in_linear_time_keeping_first_places_and_last_values() {
+        let mut body = String::from("{");
+        for i in 0..200_000 {
+            body.push_str(&format!("\"k{}\":{i},", i % 150_000));
+        }
+        body.push_str("\"end\":true}");
+        let obj = parse_object(body.as_bytes()).unwrap();
+        assert_eq!(obj.len(), 150_001);
+        assert_eq!(obj.keys().next(), Some("k0"));
+        assert_eq!(obj.get("k0").unwrap().as_i64(), Some(150_000));
+        assert_eq!(obj.get("k149999").unwrap().as_i64(), Some(149_999));
     }
 
     #[test]

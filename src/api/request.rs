@@ -546,9 +546,9 @@ fn parse_common(map: &Obj, model: String, input: Input) -> Result<ValidRequest, 
 }
 
 /// Most `metadata` pairs, and their key and value lengths (OpenAI's limits).
-const MAX_METADATA_PAIRS: usize = 16;
-const MAX_METADATA_KEY: usize = 64;
-const MAX_METADATA_VALUE: usize = 512;
+pub(super) const MAX_METADATA_PAIRS: usize = 16;
+pub(super) const MAX_METADATA_KEY: usize = 64;
+pub(super) const MAX_METADATA_VALUE: usize = 512;
 
 fn parse_meta(map: &Obj) -> Result<RequestMeta, ApiError> {
     let text = |name: &str| -> Result<Option<String>, ApiError> {

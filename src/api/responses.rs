@@ -15,7 +15,10 @@ use super::json::{
     as_bool, as_int, as_str, get, kind_of, missing, parse_object, reject_unknown, type_err,
 };
 use super::json::{read_value, Json, Obj, RawJson};
-use super::request::{parse_speculative, RequestMeta, ValidRequest};
+use super::request::{
+    parse_speculative, RequestMeta, ValidRequest, MAX_METADATA_KEY, MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE,
+};
 use super::responses_input::{parse_input, Items};
 use super::sampling::parse_sampling;
 use super::tools::{valid_name, ResponseFormat, Tool, ToolChoice, ToolSetup, MAX_TOOLS};
@@ -689,10 +692,10 @@ fn parse_meta(map: &Obj) -> Result<RequestMeta, ApiError> {
         let obj = v
             .as_object()
             .ok_or_else(|| type_err("metadata", "an object of strings", v))?;
-        if obj.len() > 16 {
+        if obj.len() > MAX_METADATA_PAIRS {
             return Err(ApiError::invalid(
                 "metadata",
-                "Invalid 'metadata': at most 16 pairs are allowed.",
+                format!("Invalid 'metadata': at most {MAX_METADATA_PAIRS} pairs are allowed."),
             ));
         }
         for (k, val) in obj.iter() {
@@ -705,10 +708,10 @@ fn parse_meta(map: &Obj) -> Result<RequestMeta, ApiError> {
                     ),
                 )
             })?;
-            if k.chars().count() > 64 || val.chars().count() > 512 {
+            if k.chars().count() > MAX_METADATA_KEY || val.chars().count() > MAX_METADATA_VALUE {
                 return Err(ApiError::invalid(
                     "metadata",
-                    "Invalid 'metadata': keys may be at most 64 characters and values at most 512.",
+                    format!("Invalid 'metadata': keys may be at most {MAX_METADATA_KEY} characters and values at most {MAX_METADATA_VALUE}."),
                 ));
             }
             meta.metadata.push((k.to_owned(), val.to_owned()));
