@@ -72,7 +72,7 @@ pub(super) async fn handle(
     let body = read_body(&state, req.into_body()).await?;
     // A large body is parsed (and its tool results matched to calls) on
     // the blocking pool, so it never stalls the runtime's threads.
-    let (v, wire) = if body.len() >= BLOCKING_PARSE_BYTES {
+    let (mut v, wire) = if body.len() >= BLOCKING_PARSE_BYTES {
         // As many large parses at once as there are cores: parsing is all
         // CPU, and each holds its transient memory only while it runs.
         let _slot = large_parse_slots()
@@ -88,7 +88,6 @@ pub(super) async fn handle(
         drop(body);
         parsed?
     };
-    let (mut v, wire) = (v, wire);
     // Tools the turn does not offer (`tool_choice: "none"`) are neither
     // rendered nor constrained to: their schemas are not kept while it runs.
     if !v.tools.active() {
