@@ -9,7 +9,9 @@
 #
 #   scripts/soak.sh                        # CI setting: tiny model, N=300, C=16
 #   scripts/soak.sh -n 2000 -c 32 --config configs/default.toml   # the real pair
-#   flags: -n N  -c C  --config FILE  --seed S  --max-seconds T  (see scripts/soak.py -h)
+#   scripts/soak.sh --through-router       # the same load through `specgate route`
+#   flags: -n N  -c C  --config FILE  --seed S  --max-seconds T  --through-router
+#          (see scripts/soak.py -h)
 #
 # The model files come from scripts/fetch-models.sh. Python 3.11+ stdlib only.
 set -euo pipefail
