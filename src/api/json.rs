@@ -231,14 +231,6 @@ impl RawJson {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-    /// Bytes held.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-    /// Whether the text is empty (never, for a valid value).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 impl From<&Value> for RawJson {

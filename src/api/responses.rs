@@ -95,11 +95,6 @@ impl Echo {
     pub fn fields(&self) -> impl Iterator<Item = (&'static str, &RawJson)> + '_ {
         self.0.iter().map(|(k, v)| (*k, v))
     }
-
-    /// Bytes of JSON text held.
-    pub fn bytes(&self) -> usize {
-        self.0.iter().map(|(k, v)| k.len() + v.len()).sum()
-    }
 }
 
 impl serde::Serialize for Echo {

@@ -293,7 +293,13 @@ fn parse_wire(
             let turns = usize::from(r.instructions.is_some()) + prior_turns.len() + new.len();
             super::check_message_count(state, turns)?;
             let new = api::responses::continue_turns(&prior_turns, new)?;
-            let shown = reasoning_shown(state, &v);
+            let has_reasoning = |m: &&crate::tokenizer::ChatMessage| m.reasoning_content.is_some();
+            let shown =
+                if prior_turns.iter().any(has_reasoning) || new.iter().any(|m| has_reasoning(&m)) {
+                    reasoning_shown(state, &v)
+                } else {
+                    crate::tokenizer::ReasoningShown::All
+                };
             v.input = Input::Chat(api::responses::prompt_turns(
                 r.instructions.as_deref(),
                 &prior_turns,

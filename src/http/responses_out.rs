@@ -88,6 +88,11 @@ impl ResponsesOut {
     /// tree would cost 30x that for every event that shows the response.
     pub(super) fn text(&self, v: &Value) -> String {
         let mut text = v.to_string();
+        // Only the events that show the response object hold marks: a
+        // token's delta is passed through after one look.
+        if !text.contains(&echo_mark("")) {
+            return text;
+        }
         for (k, raw) in self.echo.fields() {
             let mark = format!("\"{}\"", echo_mark(k));
             if let Some(at) = text.find(&mark) {

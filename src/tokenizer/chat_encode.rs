@@ -249,7 +249,12 @@ impl TextTokenizer {
         let (bos, eos) = (token_text(self.bos), token_text(self.eos));
         // Reasoning the template does not write is never copied (a long
         // conversation's earlier thinking can be most of its bytes).
-        let shown = self.reasoning_shown(vars);
+        // The probe renders only when some turn has reasoning to leave out.
+        let shown = if messages.iter().any(|m| m.reasoning_content.is_some()) {
+            self.reasoning_shown(vars)
+        } else {
+            ReasoningShown::All
+        };
         let last_user = messages.iter().rposition(|m| m.role == "user");
         let keep = |i: usize| shown.keeps(i, last_user);
         // Every client string, so no placeholder collides with one of them.
