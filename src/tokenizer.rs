@@ -20,6 +20,7 @@ mod chat;
 mod chat_encode;
 pub mod hf_dir;
 mod incremental;
+mod pieces;
 mod template_override;
 pub mod testing;
 pub mod tiktoken;
@@ -194,6 +195,15 @@ const PRE_SMOLLM: &[&str] = &[r"\p{N}", RE_GPT2];
 const PRE_QWEN2: &[&str] = &[RE_QWEN2];
 const PRE_LLAMA3: &[&str] = &[RE_LLAMA3];
 const PRE_KIMI_K2: &[&str] = &[tiktoken::KIMI_PATTERN];
+/// Every regex list [`pre_tokenizer_for`] answers ([`pieces`] cuts text only for these).
+const PRE_TOKENIZER_LISTS: &[&[&str]] = &[
+    PRE_DEFAULT,
+    PRE_GPT2,
+    PRE_SMOLLM,
+    PRE_QWEN2,
+    PRE_LLAMA3,
+    PRE_KIMI_K2,
+];
 
 /// Maps a `tokenizer.ggml.pre` name to its split regexes (applied in order, each
 /// keeping matches and the text between them as separate pieces) and whether whole
@@ -286,6 +296,9 @@ pub struct TextTokenizer {
     unused: Vec<u32>,
     template_source: Option<String>,
     template: TemplateState,
+    /// Encode text in pieces of at least this many bytes, cut where no id changes
+    /// ([`pieces`]); `None` where this tokenizer's pipeline cannot be cut.
+    piece_bytes: Option<usize>,
 }
 
 impl fmt::Debug for TextTokenizer {
@@ -399,6 +412,7 @@ impl TextTokenizer {
         }
         let template_source = md_str(md, KEY_CHAT_TEMPLATE)?.map(str::to_owned);
         Ok(Self {
+            piece_bytes: pieces::default_piece_bytes(&inner),
             inner,
             vocab_size: n,
             bos,
@@ -472,6 +486,7 @@ impl TextTokenizer {
         let mut eos_ids: Vec<u32> = eos.into_iter().collect();
         hf_dir::extend_turn_ends(&inner, &mut eos_ids);
         Ok(Self {
+            piece_bytes: pieces::default_piece_bytes(&inner),
             inner,
             vocab_size,
             bos: None,
@@ -506,16 +521,39 @@ impl TextTokenizer {
     /// (never for complete byte-level vocabularies), [`TokenizerError::Encode`].
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, TokenizerError> {
         self.check_encodable(text)?;
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        let mut ids = Vec::with_capacity(enc.get_ids().len() + 1);
+        let mut ids = Vec::new();
         if add_bos && self.add_bos {
             ids.extend(self.bos);
         }
-        ids.extend_from_slice(enc.get_ids());
+        for (_, piece) in self.pieces(text) {
+            let enc = self
+                .inner
+                .encode_fast(piece, false)
+                .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+            ids.extend_from_slice(enc.get_ids());
+        }
         Ok(ids)
+    }
+
+    /// `text` in the pieces this tokenizer encodes one at a time ([`pieces`]): the ids
+    /// of the pieces, concatenated, are the ids of the whole.
+    fn pieces<'a>(&self, text: &'a str) -> pieces::Pieces<'a> {
+        pieces::pieces(text, self.piece_bytes)
+    }
+
+    /// Whether long text is encoded in pieces (see [`set_piece_bytes`](Self::set_piece_bytes)).
+    pub fn encodes_in_pieces(&self) -> bool {
+        self.piece_bytes.is_some()
+    }
+
+    /// Sets the size of the pieces long text is encoded in, for a tokenizer that
+    /// [encodes in pieces](Self::encodes_in_pieces) (no effect on one that does not):
+    /// `usize::MAX` encodes whole. Ids never depend on it; memory while encoding
+    /// does (~100x a piece). For tests and benchmarks.
+    pub fn set_piece_bytes(&mut self, bytes: usize) {
+        if self.piece_bytes.is_some() {
+            self.piece_bytes = Some(bytes.max(1));
+        }
     }
 
     /// Decodes ids into text; with `skip_special`, control tokens produce no text.
@@ -769,7 +807,9 @@ pub(crate) fn build_byte_level(
 }
 
 /// `Split` (isolated) for each regex in order, then the byte-to-char mapping.
-fn byte_level_pre_tokenizer(regexes: &[&str]) -> Result<PreTokenizerWrapper, TokenizerError> {
+pub(crate) fn byte_level_pre_tokenizer(
+    regexes: &[&str],
+) -> Result<PreTokenizerWrapper, TokenizerError> {
     let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(regexes.len() + 1);
     for re in regexes {
         let split = Split::new(

@@ -593,3 +593,56 @@ fn kimi_k3_chat_template_renders_tools_and_tool_calls() {
         assert_eq!(ids, tok.encode(KIMI_K3_TOOLS, false).unwrap());
     }
 }
+
+/// Long text is encoded in pieces (bounding the tokenizer's working memory);
+/// on the real vocabularies the pieces give exactly the ids of the whole, on
+/// prose, code, JSON, reference texts and every language in them.
+#[test]
+fn real_vocabularies_encode_long_text_in_pieces_to_the_ids_of_the_whole() {
+    let mut text: String = vectors()
+        .qwen
+        .iter()
+        .chain(&vectors().smollm2)
+        .map(|v| v.text.as_str())
+        .collect::<Vec<_>>()
+        .join(" and ");
+    for source in [
+        include_str!("../README.md"),
+        include_str!("../src/tokenizer.rs"),
+        include_str!("../src/tokenizer/chat_encode.rs"),
+        include_str!("fixtures/tokenizer-vectors.json"),
+    ] {
+        text.push_str(source);
+    }
+    let kimi = kimi_fixture("tiny-hf");
+    for file in [QWEN_0_5B, SMOLLM2, "kimi_k3/tiny-hf"] {
+        let mut tok = if file == "kimi_k3/tiny-hf" {
+            TextTokenizer::from_hf_dir(&kimi).unwrap()
+        } else if let Some(path) = real_model(file) {
+            TextTokenizer::from_gguf_file(&path).unwrap()
+        } else {
+            eprintln!("SKIP: {file} not found in {}", models_dir().display());
+            continue;
+        };
+        assert!(tok.encodes_in_pieces(), "{file}");
+        let msgs = [ChatMessage::new("user", text.clone())];
+        tok.set_piece_bytes(usize::MAX);
+        let (whole, chat) = (
+            tok.encode(&text, true).unwrap(),
+            tok.encode_chat(&msgs, true).unwrap(),
+        );
+        for every in [1, 100, 4096] {
+            tok.set_piece_bytes(every);
+            assert_eq!(
+                tok.encode(&text, true).unwrap(),
+                whole,
+                "{file}, every {every}"
+            );
+            assert_eq!(
+                tok.encode_chat(&msgs, true).unwrap(),
+                chat,
+                "{file}, every {every}"
+            );
+        }
+    }
+}

@@ -291,6 +291,13 @@ impl TextTokenizer {
             .enumerate()
             .map(|(i, m)| self.hide_message(m, keep(i), &mut hidden))
             .collect::<Result<Vec<_>, TokenizerError>>()?;
+        // Messages are copied only when one of them changed (a long
+        // conversation is most of a request's bytes).
+        let masked: Cow<[ChatMessage]> = if masked.iter().all(|m| matches!(m, Cow::Borrowed(_))) {
+            Cow::Borrowed(messages)
+        } else {
+            Cow::Owned(masked.into_iter().map(Cow::into_owned).collect())
+        };
         let masked_tools = tools
             .map(|ts| {
                 ts.iter()
@@ -313,35 +320,62 @@ impl TextTokenizer {
         self.encode_rendered(&rendered, &hidden)
     }
 
-    /// `m` with control-token text hidden in every client string it holds.
-    fn hide_message(
+    /// `m` with control-token text hidden in every client string it holds, and its
+    /// reasoning left out unless `with_reasoning`; `m` itself (no copy) when that
+    /// changes nothing, as for almost every message.
+    fn hide_message<'m>(
         &self,
-        m: &ChatMessage,
+        m: &'m ChatMessage,
         with_reasoning: bool,
         hidden: &mut Hidden,
-    ) -> Result<ChatMessage, TokenizerError> {
-        let mut out = ChatMessage::new(
-            self.hide_control_text(&m.role, hidden)?,
-            self.hide_control_text(&m.content, hidden)?,
-        );
+    ) -> Result<Cow<'m, ChatMessage>, TokenizerError> {
+        let role = self.hide_control_text(&m.role, hidden)?;
+        let content = self.hide_control_text(&m.content, hidden)?;
+        let mut calls = Vec::with_capacity(m.tool_calls.len());
         for c in &m.tool_calls {
-            out.push_tool_call(
+            calls.push((
                 self.hide_control_text(&c.id, hidden)?,
                 self.hide_control_text(&c.function.name, hidden)?,
                 self.hide_json(&c.function.arguments, hidden)?,
-            );
+            ));
         }
-        let mut hide_opt = |s: &Option<String>| {
+        let mut hide_opt = |s: &'m Option<String>| {
             s.as_deref()
                 .map(|s| self.hide_control_text(s, hidden))
                 .transpose()
         };
-        out.tool_call_id = hide_opt(&m.tool_call_id)?;
-        out.name = hide_opt(&m.name)?;
-        if with_reasoning {
-            out.reasoning_content = hide_opt(&m.reasoning_content)?;
+        let tool_call_id = hide_opt(&m.tool_call_id)?;
+        let name = hide_opt(&m.name)?;
+        let reasoning = match with_reasoning {
+            true => hide_opt(&m.reasoning_content)?,
+            false => None,
+        };
+        let owned = |s: &Option<Cow<str>>| matches!(s, Some(Cow::Owned(_)));
+        let changed = matches!(role, Cow::Owned(_))
+            || matches!(content, Cow::Owned(_))
+            || calls
+                .iter()
+                .zip(&m.tool_calls)
+                .any(|((id, name, args), c)| {
+                    matches!(id, Cow::Owned(_))
+                        || matches!(name, Cow::Owned(_))
+                        || *args != c.function.arguments
+                })
+            || owned(&tool_call_id)
+            || owned(&name)
+            || owned(&reasoning)
+            || (!with_reasoning && m.reasoning_content.is_some());
+        if !changed {
+            return Ok(Cow::Borrowed(m));
         }
-        Ok(out)
+        let mut out = ChatMessage::new(role, content);
+        for (id, name, args) in calls {
+            out.push_tool_call(id, name, args);
+        }
+        out.tool_call_id = tool_call_id.map(Cow::into_owned);
+        out.name = name.map(Cow::into_owned);
+        out.reasoning_content = reasoning.map(Cow::into_owned);
+        Ok(Cow::Owned(out))
     }
 
     /// `v` with control-token text hidden in every string and object key.
@@ -352,7 +386,7 @@ impl TextTokenizer {
     ) -> Result<serde_json::Value, TokenizerError> {
         use serde_json::Value as J;
         Ok(match v {
-            J::String(s) => J::String(self.hide_control_text(s, hidden)?),
+            J::String(s) => J::String(self.hide_control_text(s, hidden)?.into_owned()),
             J::Array(items) => J::Array(
                 items
                     .iter()
@@ -363,7 +397,7 @@ impl TextTokenizer {
                 let mut out = serde_json::Map::with_capacity(map.len());
                 for (k, item) in map {
                     out.insert(
-                        self.hide_control_text(k, hidden)?,
+                        self.hide_control_text(k, hidden)?.into_owned(),
                         self.hide_json(item, hidden)?,
                     );
                 }
@@ -374,60 +408,75 @@ impl TextTokenizer {
     }
 
     /// `text` with each control-token match (as the tokenizer would find it) replaced by
-    /// a placeholder.
-    fn hide_control_text(&self, text: &str, hidden: &mut Hidden) -> Result<String, TokenizerError> {
+    /// a placeholder. Long text is searched in the pieces it encodes in: no added token
+    /// spans a cut between them.
+    fn hide_control_text<'t>(
+        &self,
+        text: &'t str,
+        hidden: &mut Hidden,
+    ) -> Result<Cow<'t, str>, TokenizerError> {
         let added = self.inner.get_added_vocabulary();
-        let pieces = added.extract_and_normalize(self.inner.get_normalizer(), text);
-        let mut out = String::new();
-        let mut copied = 0;
-        for (_, (start, end), tokens) in
-            pieces.get_splits(OffsetReferential::Original, OffsetType::Byte)
-        {
-            let is_control = tokens.as_ref().is_some_and(|toks| {
-                toks.iter().any(|t| {
-                    added
-                        .simple_id_to_token(t.id)
-                        .is_some_and(|s| added.is_special_token(&s))
-                })
-            });
-            if !is_control {
-                continue;
+        let whole = text;
+        // Pieces before the first hidden match are copied only once one is found.
+        let mut out: Option<String> = None;
+        for (offset, text) in self.pieces(whole) {
+            let splits = added.extract_and_normalize(self.inner.get_normalizer(), text);
+            let mut copied = 0;
+            for (_, (start, end), tokens) in
+                splits.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            {
+                let is_control = tokens.as_ref().is_some_and(|toks| {
+                    toks.iter().any(|t| {
+                        added
+                            .simple_id_to_token(t.id)
+                            .is_some_and(|s| added.is_special_token(&s))
+                    })
+                });
+                if !is_control {
+                    continue;
+                }
+                // Offsets always fall on char boundaries; `get` keeps this panic-free anyway.
+                let (Some(before), Some(matched)) = (text.get(copied..start), text.get(start..end))
+                else {
+                    continue;
+                };
+                let out = out.get_or_insert_with(|| whole[..offset].to_owned());
+                out.push_str(before);
+                out.push(hidden.placeholder(matched)?);
+                copied = end;
             }
-            // Offsets always fall on char boundaries; `get` keeps this panic-free anyway.
-            let (Some(before), Some(matched)) = (text.get(copied..start), text.get(start..end))
-            else {
-                continue;
-            };
-            out.push_str(before);
-            out.push(hidden.placeholder(matched)?);
-            copied = end;
+            if let Some(out) = &mut out {
+                out.push_str(&text[copied..]);
+            }
         }
-        out.push_str(&text[copied..]);
-        Ok(out)
+        Ok(out.map_or(Cow::Borrowed(whole), Cow::Owned))
     }
 
     /// Encodes a rendered prompt: added tokens in it become their ids; the text between
     /// them is restored and encoded without added-token matching. With no placeholders
     /// this is exactly what `encode` does (the `tokenizers` pipeline also pre-tokenizes
-    /// each piece between added tokens on its own).
+    /// each piece between added tokens on its own). A long prompt goes in the pieces
+    /// it encodes in, so the pipeline's working memory follows a piece, not the prompt.
     fn encode_rendered(&self, rendered: &str, hidden: &Hidden) -> Result<Vec<u32>, TokenizerError> {
-        let pieces = self
-            .inner
-            .get_added_vocabulary()
-            .extract_and_normalize(self.inner.get_normalizer(), rendered);
         let mut ids = Vec::new();
-        for (_, (start, end), tokens) in
-            pieces.get_splits(OffsetReferential::Original, OffsetType::Byte)
-        {
-            match tokens {
-                Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
-                None => {
-                    let piece = rendered.get(start..end).ok_or_else(|| {
-                        TokenizerError::Encode(format!(
-                            "split {start}..{end} is not on a char boundary"
-                        ))
-                    })?;
-                    ids.extend(self.encode_plain(&hidden.restore(piece))?);
+        for (_, rendered) in self.pieces(rendered) {
+            let splits = self
+                .inner
+                .get_added_vocabulary()
+                .extract_and_normalize(self.inner.get_normalizer(), rendered);
+            for (_, (start, end), tokens) in
+                splits.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            {
+                match tokens {
+                    Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                    None => {
+                        let piece = rendered.get(start..end).ok_or_else(|| {
+                            TokenizerError::Encode(format!(
+                                "split {start}..{end} is not on a char boundary"
+                            ))
+                        })?;
+                        ids.extend(self.encode_plain(&hidden.restore(piece))?);
+                    }
                 }
             }
         }

@@ -418,6 +418,7 @@ impl TextTokenizer {
             (None, None) => (None, TemplateState::Missing),
         };
         Ok(Self {
+            piece_bytes: super::pieces::default_piece_bytes(&inner),
             inner,
             vocab_size,
             bos,

@@ -540,3 +540,163 @@ fn reasoning_a_template_does_not_write_is_found_and_left_out_unchanged() {
         );
     }
 }
+
+/// The tiny vocabulary under pre-tokenizer `pre`, plus a merge for every pair of a
+/// few byte-level characters: two pre-tokens where the whole has one (`\n\n`, ` a`,
+/// `'s`, `12`) give different ids, so a wrong cut shows.
+fn with_pair_merges(pre: &str) -> TextTokenizer {
+    let mut md = tiny_metadata();
+    md.insert(KEY_PRE.into(), V::String(pre.into()));
+    let alphabet = ['a', 'b', 'A', 's', '\'', '1', ',', 'Ġ', 'Ċ', 'ĉ'];
+    let pairs: Vec<String> = alphabet
+        .iter()
+        .flat_map(|x| alphabet.iter().map(move |y| format!("{x} {y}")))
+        .collect();
+    let mut extend = |key: &str, entries: Vec<V>| {
+        if let Some(V::Array(xs)) = md.get_mut(key) {
+            xs.extend(entries);
+        }
+    };
+    extend(
+        KEY_TOKENS,
+        pairs
+            .iter()
+            .map(|p| V::String(p.replace(' ', "")))
+            .collect(),
+    );
+    extend(KEY_TOKEN_TYPE, pairs.iter().map(|_| V::I32(1)).collect());
+    extend(
+        KEY_MERGES,
+        pairs.iter().map(|p| V::String(p.clone())).collect(),
+    );
+    TextTokenizer::from_gguf_metadata(&md).expect("tokenizer with pair merges builds")
+}
+
+/// Deterministic text of `n` fragments chosen to sit on every side of a cut.
+fn fragments_text(seed: &mut u64, n: usize) -> String {
+    const FRAGMENTS: &[&str] = &[
+        "a",
+        "b",
+        "ab",
+        "A",
+        "s",
+        "'s",
+        "'S",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        " \n",
+        "\t",
+        "\r\n",
+        "1",
+        "123",
+        "1234",
+        ",",
+        ", ",
+        ". ",
+        "é",
+        "中文",
+        "カナ",
+        "🦀",
+        "<|im_start|>",
+        "<tool_call>",
+        "hello",
+        " world",
+        " a",
+        " b",
+        "ab ab",
+        "Ab A",
+        "a  b",
+        "a\u{a0}b",
+    ];
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            FRAGMENTS[(*seed >> 33) as usize % FRAGMENTS.len()]
+        })
+        .collect()
+}
+
+#[test]
+fn text_encodes_in_pieces_to_the_ids_of_the_whole() {
+    let mut seed = 7;
+    for pre in ["default", "gpt2", "qwen2", "smollm", "llama3", "kimi-k2"] {
+        let mut t = with_pair_merges(pre);
+        assert!(t.encodes_in_pieces(), "{pre}");
+        for _ in 0..40 {
+            let text = fragments_text(&mut seed, 200);
+            let msgs = [
+                ChatMessage::new("system", fragments_text(&mut seed, 50)),
+                ChatMessage::new("user", text.clone()),
+            ];
+            t.set_piece_bytes(usize::MAX);
+            let (whole, chat) = (
+                t.encode(&text, true).unwrap(),
+                t.encode_chat(&msgs, true).unwrap(),
+            );
+            for every in [1, 5, 17, 64] {
+                t.set_piece_bytes(every);
+                assert!(t.pieces(&text).count() > 1, "{pre}: the text is cut");
+                assert_eq!(
+                    t.encode(&text, true).unwrap(),
+                    whole,
+                    "{pre}, every {every}: {text:?}"
+                );
+                assert_eq!(
+                    t.encode_chat(&msgs, true).unwrap(),
+                    chat,
+                    "{pre}, every {every}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cut_anywhere_else_would_change_the_ids() {
+    // The vocabulary above is fine enough to see a wrong cut: each of these
+    // splits changes the ids under Qwen2's regex.
+    let t = with_pair_merges("qwen2");
+    let ids = |s: &str| t.inner.encode_fast(s, false).unwrap().get_ids().to_vec();
+    for (left, right) in [
+        ("a\n", "\nb"),
+        ("a", "b"),
+        ("it'", "s"),
+        ("a,", ",b"),
+        ("a ", "\nb"),
+    ] {
+        let mut cut = ids(left);
+        cut.extend(ids(right));
+        assert_ne!(cut, ids(&format!("{left}{right}")), "{left:?} | {right:?}");
+    }
+}
+
+#[test]
+fn a_pipeline_pieces_are_not_proven_for_is_encoded_whole() {
+    let mut t = with_pair_merges("qwen2");
+    let _ = t
+        .inner
+        .with_normalizer(Some(tokenizers::normalizers::Lowercase));
+    assert!(!pieces::cuts_at_word_gaps(&t.inner));
+    let mut t = with_pair_merges("qwen2");
+    t.inner
+        .add_tokens(vec![AddedToken::from("ab ab", false)])
+        .unwrap();
+    assert!(
+        !pieces::cuts_at_word_gaps(&t.inner),
+        "an added token with a space"
+    );
+    let path =
+        std::env::temp_dir().join(format!("specgate-pieces-{}.tmp.json", std::process::id()));
+    with_pair_merges("gpt2").save_tokenizer_json(&path).unwrap();
+    let from_json = TextTokenizer::from_tokenizer_json(&path, None, None);
+    let _ = std::fs::remove_file(&path);
+    let from_json = from_json.unwrap();
+    assert!(
+        from_json.encodes_in_pieces(),
+        "the same pipeline read back from JSON"
+    );
+}
