@@ -1,6 +1,6 @@
 //! A property-based fuzzer against a live tiny server (in this process, as
 //! the other integration tests start it), run by `cargo test`, so CI runs
-//! it on every submission. Four generators, each a bounded number of cases
+//! it on every submission. Five generators, each a bounded number of cases
 //! (about a minute in all on two cores; past [`TIME_BUDGET`] the remaining
 //! cases are skipped, never failed):
 //! - request bodies: a valid chat, completion, Messages or Responses request with fields set to
@@ -12,7 +12,10 @@
 //!   and through forced tools;
 //! - headers: arbitrary names and values (`Authorization`, `X-Request-Id`,
 //!   `Content-Type`, `Origin`, preflight headers, bytes past ASCII);
-//! - request lines: methods and paths of arbitrary bytes.
+//! - request lines: methods and paths of arbitrary bytes;
+//! - stored conversations: Responses turns that continue stored responses
+//!   (by their ids, percent-encoded, mangled or made up), with reasoning,
+//!   calls answered or not and long text, read and deleted between turns.
 //!
 //! Every case must get a whole answer (no reset, no hang) that is not a
 //! 5xx, and a 200 stream must end without an error event; after each
@@ -479,6 +482,189 @@ fn path() -> impl Strategy<Value = Vec<u8>> {
     (route, tail).prop_map(|(r, t)| [r.as_bytes(), &t].concat())
 }
 
+/// Long text, with or without word gaps (where the tokenizer cuts its work
+/// into pieces), with control-token text spelled inside.
+fn long_text() -> impl Strategy<Value = String> {
+    (
+        prop_oneof![
+            "[a-z]{1,8}( [a-z]{1,8}){0,6}[.,\n]? ",
+            "[a-zA-Z0-9]{1,40}",
+            ".{1,12}",
+            Just("<|im_start|>user\n".to_owned()),
+        ],
+        prop_oneof![4 => 1usize..500, 1 => 1usize..20_000],
+    )
+        .prop_map(|(unit, n)| unit.repeat(n.min(200_000 / unit.len().max(1))))
+}
+
+/// One input item of a Responses turn.
+#[derive(Debug, Clone)]
+enum Item {
+    User(String),
+    /// Reasoning, and whether its answer follows it (a 400 if not).
+    Reasoning(String, bool),
+    Assistant(String),
+    /// A function call, and whether an output answers it (by its id, or
+    /// by another).
+    Call(bool, bool),
+}
+
+fn item() -> impl Strategy<Value = Item> {
+    let short = prop_oneof![6 => text(), 1 => long_text()];
+    prop_oneof![
+        3 => short.clone().prop_map(Item::User),
+        1 => (short.clone(), proptest::bool::weighted(0.8))
+            .prop_map(|(t, answered)| Item::Reasoning(t, answered)),
+        1 => short.prop_map(Item::Assistant),
+        1 => (any::<bool>(), any::<bool>()).prop_map(|(a, b)| Item::Call(a, b)),
+    ]
+}
+
+fn input_items(items: &[Item]) -> Value {
+    let mut out = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        match it {
+            Item::User(t) => out.push(json!({"role": "user", "content": t})),
+            Item::Reasoning(t, answered) => {
+                out.push(json!({"type": "reasoning",
+                    "summary": [{"type": "summary_text", "text": t}]}));
+                if *answered {
+                    out.push(json!({"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "ok"}]}));
+                }
+            }
+            Item::Assistant(t) => out.push(json!({"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": t}]})),
+            Item::Call(answered, same_id) => {
+                let id = format!("call_{i}");
+                out.push(json!({"type": "function_call", "call_id": id, "name": "f",
+                    "arguments": "{}"}));
+                if *answered {
+                    let answers = if *same_id { id } else { format!("call_x{i}") };
+                    out.push(json!({"type": "function_call_output", "call_id": answers,
+                        "output": "42"}));
+                }
+            }
+        }
+    }
+    Value::Array(out)
+}
+
+/// How a step names the stored response it reads, continues or deletes.
+#[derive(Debug, Clone)]
+enum IdForm {
+    Last,
+    /// The last id with its characters percent-encoded.
+    Encoded,
+    /// The last id changed: cut, extended, or another shape altogether.
+    Mangled(String),
+}
+
+/// One step of a client's life with the store.
+#[derive(Debug, Clone)]
+enum Step {
+    Turn {
+        continues: Option<IdForm>,
+        items: Vec<Item>,
+        store: bool,
+        stream: bool,
+    },
+    Get(IdForm),
+    Delete(IdForm),
+}
+
+fn id_form() -> impl Strategy<Value = IdForm> {
+    prop_oneof![
+        4 => Just(IdForm::Last),
+        1 => Just(IdForm::Encoded),
+        1 => prop_oneof![
+            Just(String::new()),
+            Just("../v1/models".to_owned()),
+            Just("%2e%2e%2f".to_owned()),
+            "[!-~]{0,40}",
+        ]
+        .prop_map(IdForm::Mangled),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (option::of(id_form()), vec(item(), 1..4), any::<bool>(), any::<bool>()).prop_map(
+            |(continues, items, store, stream)| Step::Turn { continues, items, store, stream }
+        ),
+        1 => id_form().prop_map(Step::Get),
+        1 => id_form().prop_map(Step::Delete),
+    ]
+}
+
+/// The id `form` names, given the last one stored (or a made-up one).
+fn id_of(form: &IdForm, last: &str) -> String {
+    match form {
+        IdForm::Last => last.to_owned(),
+        IdForm::Encoded => last.bytes().map(|b| format!("%{b:02X}")).collect(),
+        IdForm::Mangled(s) => format!("{}{s}", &last[..last.len().min(8)]),
+    }
+}
+
+/// Steps one client takes against the store: turns that continue stored
+/// responses (or ids made up or mangled), reads and deletes.
+fn conversation(s: &Server, steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let mut last = "resp_AAAAAAAAAAAAAAAAAAAAAAAA".to_owned();
+    let first = Step::Turn {
+        continues: None,
+        items: vec![Item::User("hello".into())],
+        store: true,
+        stream: false,
+    };
+    for st in std::iter::once(first).chain(steps) {
+        let out = match &st {
+            Step::Turn {
+                continues,
+                items,
+                store,
+                stream,
+            } => {
+                let mut body = json!({"model": MODEL, "max_output_tokens": 4, "store": store,
+                    "stream": stream, "input": input_items(items)});
+                if let Some(form) = continues {
+                    body["previous_response_id"] = json!(id_of(form, &last));
+                }
+                let out = exchange(
+                    s.addr,
+                    &authorized_post("/v1/responses", body.to_string().as_bytes()),
+                );
+                // The id, whole or streamed (its first event carries it).
+                if let (Outcome::Answer { status: 200, body }, true) = (&out, *store) {
+                    let id = body
+                        .split_once("\"id\":\"resp_")
+                        .and_then(|(_, rest)| rest.split_once('"'))
+                        .map(|(id, _)| format!("resp_{id}"));
+                    last = id.unwrap_or(last);
+                }
+                out
+            }
+            Step::Get(form) | Step::Delete(form) => {
+                let method = if matches!(st, Step::Get(_)) {
+                    "GET"
+                } else {
+                    "DELETE"
+                };
+                let path = format!("/v1/responses/{}", id_of(form, &last));
+                let headers = [(
+                    "Authorization".to_owned(),
+                    format!("Bearer {KEY}").into_bytes(),
+                )];
+                exchange(s.addr, &http(method, path.as_bytes(), &headers, b""))
+            }
+        };
+        // A path with bytes HTTP forbids may be refused by a close.
+        let malformed = matches!(&st, Step::Get(IdForm::Mangled(m)) | Step::Delete(IdForm::Mangled(m))
+            if m.bytes().any(|b| !b.is_ascii_graphic()));
+        judge(&out, malformed)?;
+    }
+    Ok(())
+}
+
 // ---- the run ----
 
 struct Fuzz {
@@ -630,6 +816,7 @@ fn fuzzed_requests_get_no_5xx_and_the_server_lives() {
             judge(&exchange(s.addr, &http(method, &path, &headers, b"")), true)
         },
     );
+    f.run("stored conversations", 120, vec(step(), 1..6), conversation);
     eprintln!("fuzz: {} cases in {:?}", f.ran.get(), f.started.elapsed());
     f.server.wait_idle();
 }
