@@ -16,9 +16,11 @@
 # The model files come from scripts/fetch-models.sh. Python 3.11+ stdlib only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The same selection as `cargo test --release --workspace` (scripts/test.sh runs
-# it first): building the binary alone unifies the dependencies' features
+# The same selection as scripts/test.sh's `cargo test` (which runs first;
+# SPECGATE_TEST_FEATURES carries its features): building the binary alone
+# unifies the dependencies' features
 # differently and would compile candle a second time, which on CI costs
 # minutes and gigabytes of disk.
-cargo test --release --workspace --no-run
+# shellcheck disable=SC2086
+cargo test --release --workspace ${SPECGATE_TEST_FEATURES:-} --no-run
 exec python3 scripts/soak.py --binary "${CARGO_TARGET_DIR:-target}/release/specgate" "$@"

@@ -12,10 +12,11 @@ VENV=target/openai-venv
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
   'openai==3.63.0' 'anthropic==2.17.0' 'openai-agents==0.24.0'
-# The same selection as `cargo test --release --workspace`, so this reuses
-# that build: building the binary alone unifies the dependencies' features
+# The same selection as scripts/test.sh's `cargo test` (SPECGATE_TEST_FEATURES
+# carries its features), so this reuses that build: building the binary alone unifies the dependencies' features
 # differently and would compile candle a second time.
-cargo test --release --workspace --no-run
+# shellcheck disable=SC2086
+cargo test --release --workspace ${SPECGATE_TEST_FEATURES:-} --no-run
 log=$(mktemp)
 "${CARGO_TARGET_DIR:-target}/release/specgate" serve --config "${SPECGATE_CONFIG:-configs/default.toml}" --port 0 2>"$log" &
 pid=$!

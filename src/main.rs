@@ -105,6 +105,14 @@ fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // candle works out its thread count on every matmul, reading
+    // /proc/cpuinfo each time, unless RAYON_NUM_THREADS is set (a tiny
+    // model's step spent most of its time there). Set it once, to what
+    // candle would find, while this process has only this thread.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let threads = candle_core::utils::get_num_threads();
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
     let cli = Cli::parse();
     specgate::logging::init(cli.log_format)?;
     // A panic, like everything else, is one line in the log's format.
