@@ -3,7 +3,8 @@
 # `openai-agents` Python packages (pinned) into a venv under target/, starts
 # `specgate serve` on the real pair (default config, a free port), runs
 # tests/openai_client.py (chat and completions) and tests/agent_sdks_client.py
-# (Responses, Anthropic Messages, one Agents SDK run) against it, stops it.
+# (Responses, Anthropic Messages, one Agents SDK run) against it, then the
+# latter again through `specgate route` in front of it, and stops both.
 # Another config: SPECGATE_CONFIG=configs/kimi-k3-tiny.toml
 # SPECGATE_MODEL=kimi-k3-tiny SPECGATE_RANDOM_WEIGHTS=1 scripts/test-openai.sh
 set -euo pipefail
@@ -17,23 +18,32 @@ VENV=target/openai-venv
 # differently and would compile candle a second time.
 # shellcheck disable=SC2086
 cargo test --release --workspace ${SPECGATE_TEST_FEATURES:-} --no-run
+bin="${CARGO_TARGET_DIR:-target}/release/specgate"
 log=$(mktemp)
-"${CARGO_TARGET_DIR:-target}/release/specgate" serve --config "${SPECGATE_CONFIG:-configs/default.toml}" --port 0 2>"$log" &
+rlog=$(mktemp)
+pid=""
+rpid=""
+trap 'for p in $rpid $pid; do kill $p 2>/dev/null || true; wait $p 2>/dev/null || true; done; rm -f "$log" "$rlog"' EXIT
+# The address process $1 logs to $2, once its /health answers 200.
+wait_ready() {
+  local p=$1 plog=$2 u=""
+  for _ in $(seq 1 300); do
+    kill -0 "$p" 2>/dev/null || { cat "$plog" >&2; echo "process $p exited" >&2; return 1; }
+    [ -n "$u" ] || u=$(grep -o 'http://[0-9.]*:[0-9]*' "$plog" | head -n 1 || true)
+    # /health answers 503 while the models load, 200 when ready.
+    if [ -n "$u" ] && "$VENV/bin/python" -c "import sys, urllib.request; sys.exit(urllib.request.urlopen('$u/health').status != 200)" 2>/dev/null; then
+      echo "$u"
+      return 0
+    fi
+    sleep 1
+  done
+  cat "$plog" >&2
+  echo "process $p did not become ready" >&2
+  return 1
+}
+"$bin" serve --config "${SPECGATE_CONFIG:-configs/default.toml}" --port 0 2>"$log" &
 pid=$!
-trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
-url=""
-ready=""
-for _ in $(seq 1 300); do
-  kill -0 $pid 2>/dev/null || { cat "$log"; echo "specgate serve exited" >&2; exit 1; }
-  [ -n "$url" ] || url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" | head -n 1 || true)
-  # /health answers 503 while the models load, 200 when ready.
-  if [ -n "$url" ] && "$VENV/bin/python" -c "import sys, urllib.request; sys.exit(urllib.request.urlopen('$url/health').status != 200)" 2>/dev/null; then
-    ready=1
-    break
-  fi
-  sleep 1
-done
-[ -n "$ready" ] || { cat "$log"; echo "specgate serve did not become ready" >&2; exit 1; }
+url=$(wait_ready $pid "$log")
 echo "openai client against $url"
 SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/openai_client.py
 SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/agent_sdks_client.py
@@ -41,4 +51,17 @@ SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/agent_sdks_client.py
 # on the config the README serves.
 if [ -z "${SPECGATE_CONFIG:-}" ]; then
   SPECGATE_URL="$url/v1" "$VENV/bin/python" tests/readme_example.py
+fi
+# The Responses, Messages and Agents clients again through `specgate route`
+# in front of the server: each API's stream must arrive as the server ended
+# it (an extra event or `[DONE]` makes the SDKs raise), and the router must
+# log no warning for a complete stream.
+"$bin" route --host 127.0.0.1 --port 0 --replica "$url" >"$rlog" 2>&1 &
+rpid=$!
+rurl=$(wait_ready $rpid "$rlog")
+echo "agent SDK clients through the router at $rurl"
+SPECGATE_URL="$rurl/v1" "$VENV/bin/python" tests/agent_sdks_client.py
+if grep -E 'WARN|"level":"warn' "$rlog"; then
+  echo "the router warned while relaying complete answers" >&2
+  exit 1
 fi

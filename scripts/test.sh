@@ -9,7 +9,7 @@ cargo fmt --all -- --check
 # candle works out its thread count on every matmul (reading /proc/cpuinfo)
 # unless RAYON_NUM_THREADS is set; `specgate` sets it when it starts, and the
 # tests that run models in their own process get it here.
-export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}"
+export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}"  # rayon's own default
 # Open MPI (and libclang, for mpi-sys's bindgen) first, so that one build
 # with the `mpi` feature serves every test, the soak, the SDK runs and
 # tests/mpi.rs (ranks as processes under mpirun: logits at 2 and 4 ranks over

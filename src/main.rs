@@ -107,10 +107,11 @@ fn serve(args: specgate::cli::ServeArgs) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     // candle works out its thread count on every matmul, reading
     // /proc/cpuinfo each time, unless RAYON_NUM_THREADS is set (a tiny
-    // model's step spent most of its time there). Set it once, to what
-    // candle would find, while this process has only this thread.
+    // model's step spent most of its time there). Set it once, to rayon's
+    // own default (so rayon's pool and the kernels' team keep their size),
+    // while this process has only this thread.
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let threads = candle_core::utils::get_num_threads();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     }
     let cli = Cli::parse();
