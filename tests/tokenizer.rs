@@ -16,6 +16,7 @@ use common::{models_dir, real_model};
 use std::sync::OnceLock;
 
 use serde::Deserialize;
+use specgate::tokenizer::testing::assert_pieces_give_the_whole;
 use specgate::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 
 const QWEN_1_5B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
@@ -626,23 +627,6 @@ fn real_vocabularies_encode_long_text_in_pieces_to_the_ids_of_the_whole() {
         };
         assert!(tok.encodes_in_pieces(), "{file}");
         let msgs = [ChatMessage::new("user", text.clone())];
-        tok.set_piece_bytes(usize::MAX);
-        let (whole, chat) = (
-            tok.encode(&text, true).unwrap(),
-            tok.encode_chat(&msgs, true).unwrap(),
-        );
-        for every in [1, 100, 4096] {
-            tok.set_piece_bytes(every);
-            assert_eq!(
-                tok.encode(&text, true).unwrap(),
-                whole,
-                "{file}, every {every}"
-            );
-            assert_eq!(
-                tok.encode_chat(&msgs, true).unwrap(),
-                chat,
-                "{file}, every {every}"
-            );
-        }
+        assert_pieces_give_the_whole(&mut tok, &text, &msgs, &[1, 100, 4096], file);
     }
 }

@@ -293,13 +293,7 @@ fn parse_wire(
             let turns = usize::from(r.instructions.is_some()) + prior_turns.len() + new.len();
             super::check_message_count(state, turns)?;
             let new = api::responses::continue_turns(&prior_turns, new)?;
-            let has_reasoning = |m: &&crate::tokenizer::ChatMessage| m.reasoning_content.is_some();
-            let shown =
-                if prior_turns.iter().any(has_reasoning) || new.iter().any(|m| has_reasoning(&m)) {
-                    reasoning_shown(state, &v)
-                } else {
-                    crate::tokenizer::ReasoningShown::All
-                };
+            let shown = reasoning_shown(state, &v, prior_turns.iter().copied().chain(&new));
             v.input = Input::Chat(api::responses::prompt_turns(
                 r.instructions.as_deref(),
                 &prior_turns,
@@ -319,13 +313,20 @@ fn parse_wire(
     })
 }
 
-/// Which turns' reasoning the served model's template writes for request
-/// `v`'s template variables; all of them when the variables are refused
-/// (the request fails on them later, as before).
-fn reasoning_shown(state: &AppState, v: &ValidRequest) -> crate::tokenizer::ReasoningShown {
+/// Which of `turns`' reasoning the served model's template writes for
+/// request `v`'s template variables; all of it when the variables are
+/// refused (the request fails on them later, as before).
+fn reasoning_shown<'m>(
+    state: &AppState,
+    v: &ValidRequest,
+    turns: impl IntoIterator<Item = &'m crate::tokenizer::ChatMessage>,
+) -> crate::tokenizer::ReasoningShown {
     let Ok(backend) = state.backend() else {
         return crate::tokenizer::ReasoningShown::All;
     };
+    if !crate::tokenizer::ReasoningShown::worth_probing(turns) {
+        return crate::tokenizer::ReasoningShown::All;
+    }
     match ChatFormat::detect(&backend.tokenizer).template_vars(&v.knobs) {
         Ok(vars) => backend.tokenizer.reasoning_shown(&vars),
         Err(_) => crate::tokenizer::ReasoningShown::All,

@@ -149,6 +149,13 @@ impl ReasoningShown {
             ReasoningShown::None => false,
         }
     }
+
+    /// Whether some of `turns` has reasoning that a template writing less
+    /// would leave out: without any, probing the template buys nothing
+    /// ([`ReasoningShown::All`] leaves out nothing).
+    pub fn worth_probing<'m>(turns: impl IntoIterator<Item = &'m ChatMessage>) -> bool {
+        turns.into_iter().any(|m| m.reasoning_content.is_some())
+    }
 }
 
 impl TextTokenizer {
@@ -249,8 +256,7 @@ impl TextTokenizer {
         let (bos, eos) = (token_text(self.bos), token_text(self.eos));
         // Reasoning the template does not write is never copied (a long
         // conversation's earlier thinking can be most of its bytes).
-        // The probe renders only when some turn has reasoning to leave out.
-        let shown = if messages.iter().any(|m| m.reasoning_content.is_some()) {
+        let shown = if ReasoningShown::worth_probing(messages) {
             self.reasoning_shown(vars)
         } else {
             ReasoningShown::All
@@ -350,20 +356,19 @@ impl TextTokenizer {
             true => hide_opt(&m.reasoning_content)?,
             false => None,
         };
-        let owned = |s: &Option<Cow<str>>| matches!(s, Some(Cow::Owned(_)));
-        let changed = matches!(role, Cow::Owned(_))
-            || matches!(content, Cow::Owned(_))
+        // A string is owned only where something was hidden in it.
+        let owned = |s: &Cow<str>| matches!(s, Cow::Owned(_));
+        let changed = owned(&role)
+            || owned(&content)
             || calls
                 .iter()
                 .zip(&m.tool_calls)
                 .any(|((id, name, args), c)| {
-                    matches!(id, Cow::Owned(_))
-                        || matches!(name, Cow::Owned(_))
-                        || *args != c.function.arguments
+                    owned(id) || owned(name) || *args != c.function.arguments
                 })
-            || owned(&tool_call_id)
-            || owned(&name)
-            || owned(&reasoning)
+            || [&tool_call_id, &name, &reasoning]
+                .into_iter()
+                .any(|s| s.as_ref().is_some_and(owned))
             || (!with_reasoning && m.reasoning_content.is_some());
         if !changed {
             return Ok(Cow::Borrowed(m));
@@ -416,11 +421,10 @@ impl TextTokenizer {
         hidden: &mut Hidden,
     ) -> Result<Cow<'t, str>, TokenizerError> {
         let added = self.inner.get_added_vocabulary();
-        let whole = text;
         // Pieces before the first hidden match are copied only once one is found.
         let mut out: Option<String> = None;
-        for (offset, text) in self.pieces(whole) {
-            let splits = added.extract_and_normalize(self.inner.get_normalizer(), text);
+        for (offset, piece) in self.pieces(text) {
+            let splits = added.extract_and_normalize(self.inner.get_normalizer(), piece);
             let mut copied = 0;
             for (_, (start, end), tokens) in
                 splits.get_splits(OffsetReferential::Original, OffsetType::Byte)
@@ -436,20 +440,21 @@ impl TextTokenizer {
                     continue;
                 }
                 // Offsets always fall on char boundaries; `get` keeps this panic-free anyway.
-                let (Some(before), Some(matched)) = (text.get(copied..start), text.get(start..end))
+                let (Some(before), Some(matched)) =
+                    (piece.get(copied..start), piece.get(start..end))
                 else {
                     continue;
                 };
-                let out = out.get_or_insert_with(|| whole[..offset].to_owned());
+                let out = out.get_or_insert_with(|| text[..offset].to_owned());
                 out.push_str(before);
                 out.push(hidden.placeholder(matched)?);
                 copied = end;
             }
             if let Some(out) = &mut out {
-                out.push_str(&text[copied..]);
+                out.push_str(&piece[copied..]);
             }
         }
-        Ok(out.map_or(Cow::Borrowed(whole), Cow::Owned))
+        Ok(out.map_or(Cow::Borrowed(text), Cow::Owned))
     }
 
     /// Encodes a rendered prompt: added tokens in it become their ids; the text between

@@ -1,5 +1,6 @@
 //! A tiny byte-level ChatML vocabulary built in code, for tests and
-//! examples that need a tokenizer without model files.
+//! examples that need a tokenizer without model files, and checks the
+//! unit and real-weight tests share.
 
 use super::*;
 use gguf_file::Value as V;
@@ -62,4 +63,33 @@ pub fn tiny_chatml_metadata(vocab_size: usize) -> Vec<(String, gguf_file::Value)
         types.extend((start..vocab_size).map(|_| V::I32(5)));
     }
     md.into_iter().collect()
+}
+
+/// Asserts that `tok` gives `text` (plain, with BOS where the model adds
+/// one) and `msgs` (as a chat) the same ids in pieces of each of `sizes`
+/// bytes as whole; `label` names the case in a failure. Leaves `tok`
+/// cutting at the last of `sizes`.
+pub fn assert_pieces_give_the_whole(
+    tok: &mut TextTokenizer,
+    text: &str,
+    msgs: &[ChatMessage],
+    sizes: &[usize],
+    label: &str,
+) {
+    tok.set_piece_bytes(usize::MAX);
+    let whole = tok.encode(text, true).unwrap();
+    let chat = tok.encode_chat(msgs, true).unwrap();
+    for &every in sizes {
+        tok.set_piece_bytes(every);
+        assert_eq!(
+            tok.encode(text, true).unwrap(),
+            whole,
+            "{label}, every {every}: {text:?}"
+        );
+        assert_eq!(
+            tok.encode_chat(msgs, true).unwrap(),
+            chat,
+            "{label}, every {every}"
+        );
+    }
 }
